@@ -1,0 +1,266 @@
+"""Validated, typed inputs: hardware profiles, model shape, training settings, schedule, cluster.
+
+Everything here is plain data: constructing a model performs no I/O and touches no global state (the
+loader reads files; this module only checks values). Units are in the field names; the conversion to SI
+happens in the cost model through :mod:`sosim.units`.
+
+Every numeric field of a hardware section must name where it came from in that section's ``sources``
+mapping (spec sheet, paper, calibration file): a profile without provenance is rejected.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+PosFloat = Annotated[float, Field(gt=0)]
+NonNegFloat = Annotated[float, Field(ge=0)]
+PosInt = Annotated[int, Field(gt=0)]
+Fraction = Annotated[float, Field(gt=0, le=1)]
+UnitInterval = Annotated[float, Field(ge=0, le=1)]
+# A piecewise-linear curve: (x, y) points with strictly increasing x.
+Curve = list[tuple[float, float]]
+
+AdamImpl = Literal["torch", "cpu_adam", "grace_adam"]
+
+
+class _Strict(BaseModel):
+    """Unknown keys are errors (typos must not be silently ignored); instances are immutable."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+def _check_curve(name: str, curve: Curve, y_max: float | None = None) -> None:
+    if not curve:
+        raise ValueError(f"{name} needs at least one (x, y) point")
+    xs = [x for x, _ in curve]
+    if any(b <= a for a, b in zip(xs, xs[1:])):
+        raise ValueError(f"{name} x values must be strictly increasing, got {xs}")
+    for x, y in curve:
+        if x <= 0 or y <= 0:
+            raise ValueError(f"{name} points must be positive, got ({x}, {y})")
+        if y_max is not None and y > y_max:
+            raise ValueError(f"{name} values must be at most {y_max}, got {y}")
+
+
+class _Sourced(_Strict):
+    """A hardware section whose every number names its source."""
+
+    sources: dict[str, str] = Field(default_factory=dict)
+
+    @model_validator(mode="after")
+    def _every_number_has_a_source(self) -> _Sourced:
+        missing = []
+        for name, value in self:
+            if name == "sources":
+                continue
+            numeric = isinstance(value, (int, float, list, dict)) and not isinstance(value, bool)
+            if numeric and value is not None and not self.sources.get(name):
+                missing.append(name)
+        if missing:
+            raise ValueError(f"sources: no source given for {', '.join(sorted(missing))}")
+        unknown = set(self.sources) - set(type(self).model_fields)
+        if unknown:
+            raise ValueError(f"sources: names unknown fields {', '.join(sorted(unknown))}")
+        return self
+
+
+class GpuSpec(_Sourced):
+    name: str
+    peak_bf16_tflops: PosFloat  # dense, no sparsity
+    hbm_gib: PosFloat
+    hbm_GBps: PosFloat  # noqa: N815 - unit suffix keeps its case
+    # Fraction of hbm_GBps that memory-bound kernels (norms, activations, optimizer, casts) reach.
+    hbm_efficiency: Fraction
+    # Memory the framework cannot use for the model: CUDA context, NCCL/cuBLAS workspaces, fragmentation.
+    reserved_gib: NonNegFloat
+    # Achieved fraction of peak for a bf16 GEMM as a function of its size in GFLOP (log-interpolated).
+    gemm_efficiency: Curve
+    # Achieved fraction of peak for flash attention forward; backward costs attention_bwd_factor x forward.
+    attention_efficiency: Fraction
+    attention_bwd_factor: PosFloat
+    # Fixed per-layer cost of kernel launches and framework hooks in the forward pass (backward: 2x).
+    layer_overhead_us: NonNegFloat
+
+    @model_validator(mode="after")
+    def _curves(self) -> GpuSpec:
+        _check_curve("gemm_efficiency", self.gemm_efficiency, y_max=1.0)
+        return self
+
+
+class CpuSpec(_Sourced):
+    name: str
+    cores: PosInt
+    mem_gib: PosFloat
+    mem_GBps: PosFloat  # noqa: N815 - achievable (STREAM-like) memory bandwidth
+    # Whole-step Adam latency by implementation: (billions of params, seconds) using adam_ref_cores cores.
+    adam_s_by_gparams: dict[AdamImpl, Curve]
+    adam_ref_cores: PosInt
+    # Cores past which Adam is memory-bandwidth bound and stops speeding up.
+    adam_saturation_cores: PosInt
+    # fp32<->bf16 conversion throughput on all cores, in GB/s of fp32 data.
+    cast_GBps: PosFloat  # noqa: N815
+    # Host memory the training process cannot use (OS, page cache, framework).
+    reserved_gib: NonNegFloat
+
+    @model_validator(mode="after")
+    def _curves(self) -> CpuSpec:
+        if not self.adam_s_by_gparams:
+            raise ValueError("adam_s_by_gparams needs at least one implementation")
+        for impl, curve in self.adam_s_by_gparams.items():
+            _check_curve(f"adam_s_by_gparams.{impl}", curve)
+        return self
+
+
+class LinkSpec(_Sourced):
+    kind: Literal["pcie", "c2c"]
+    h2d_GBps: PosFloat  # noqa: N815 - pinned, large transfers, one direction alone
+    d2h_GBps: PosFloat  # noqa: N815
+    # Total of both directions when both are busy; below h2d+d2h means the directions slow each other.
+    bidir_GBps: PosFloat  # noqa: N815
+    # Pageable (unpinned) copies reach this fraction of the pinned bandwidth.
+    pageable_factor: Fraction
+    latency_us: NonNegFloat
+
+
+class InterconnectSpec(_Sourced):
+    """GPU-GPU fabric for data/sequence parallel collectives."""
+
+    gpu_gpu_GBps: PosFloat  # noqa: N815 - per-GPU algorithm bandwidth inside a node
+    node_node_GBps: PosFloat  # noqa: N815 - per-GPU bandwidth across nodes
+    gpus_per_node: PosInt
+    latency_us: NonNegFloat
+
+
+class HardwareProfile(_Strict):
+    name: str
+    description: str = ""
+    gpu: GpuSpec
+    cpu: CpuSpec
+    link: LinkSpec
+    interconnect: InterconnectSpec | None = None
+    # Optional measured table (see docs/calibration.md); resolved to an absolute path by the loader.
+    calibration: str | None = None
+
+
+class ModelSpec(_Strict):
+    name: str = ""
+    layers: PosInt
+    hidden: PosInt
+    heads: PosInt
+    kv_heads: PosInt | None = None  # None: equal to heads (multi-head attention)
+    ffn: PosInt | None = None  # None: 4*hidden for gelu, Llama's 8/3*hidden rounded to 256 for swiglu
+    ffn_kind: Literal["gelu", "swiglu"] = "gelu"
+    vocab: PosInt = 50432
+    tied_embeddings: bool = False
+
+    @model_validator(mode="after")
+    def _shapes(self) -> ModelSpec:
+        if self.hidden % self.heads:
+            raise ValueError(f"heads ({self.heads}) must divide hidden ({self.hidden})")
+        if self.kv_heads is not None and self.heads % self.kv_heads:
+            raise ValueError(f"kv_heads ({self.kv_heads}) must divide heads ({self.heads})")
+        return self
+
+    @property
+    def n_kv_heads(self) -> int:
+        return self.kv_heads if self.kv_heads is not None else self.heads
+
+    @property
+    def ffn_dim(self) -> int:
+        if self.ffn is not None:
+            return self.ffn
+        if self.ffn_kind == "gelu":
+            return 4 * self.hidden
+        return 256 * ((8 * self.hidden // 3 + 255) // 256)
+
+
+class TrainingSpec(_Strict):
+    seq_len: PosInt
+    micro_batch: PosInt
+    grad_accum: PosInt = 1
+    activation_checkpointing: bool = True
+    precision: Literal["bf16", "fp16"] = "bf16"
+    gradient_clipping: NonNegFloat = 1.0  # 0 disables clipping (and so the global-norm dependency)
+    # Fraction of steps whose gradient norm exceeds the clip threshold (drives STV rollbacks).
+    clip_rate: UnitInterval = 0.0
+    # Simulated iterations; the steady-state step is measured between the last two.
+    iterations: Annotated[int, Field(ge=3, le=50)] = 3
+
+
+class _OffloadKnobs(_Strict):
+    """Knobs shared by every schedule that runs the optimizer on the CPU."""
+
+    cpu_adam: AdamImpl = "cpu_adam"
+    cpu_adam_core_fraction: Fraction = 1.0
+    pin_memory: bool = True
+    overlap_comm: bool = True
+
+
+class GpuOnlySchedule(_Strict):
+    """Plain data parallel training with everything in HBM (PyTorch DDP / ZeRO-0)."""
+
+    system: Literal["gpu_only"]
+    # Bytes of model state per parameter: bf16 params+grads (4) + fp32 master, m, v (12) = 16.
+    state_bytes_per_param: PosFloat = 16.0
+
+
+class ZeroOffloadSchedule(_OffloadKnobs):
+    """ZeRO-Offload (ATC'21): ZeRO-2 with the optimizer and its fp32 state on the CPU."""
+
+    system: Literal["zero_offload"]
+    implementation: Literal["ideal", "deepspeed"] = "ideal"
+    dpu: bool = False  # delayed parameter update: step i's CPU Adam overlaps step i+1's fwd/bwd
+    # Gradient bucket size; DeepSpeed's reduce_bucket_size default is 5e8 elements = 1000 MB of bf16.
+    bucket_mb: PosFloat = 1000.0
+
+
+ScheduleSpec = Annotated[GpuOnlySchedule | ZeroOffloadSchedule, Field(discriminator="system")]
+
+
+class ClusterSpec(_Strict):
+    gpus: PosInt = 1
+    data_parallel: PosInt | None = None  # None: all GPUs data parallel
+    sequence_parallel: PosInt = 1
+
+    @model_validator(mode="after")
+    def _product(self) -> ClusterSpec:
+        if self.dp * self.sequence_parallel != self.gpus:
+            raise ValueError(
+                f"data_parallel ({self.dp}) x sequence_parallel ({self.sequence_parallel}) "
+                f"must equal gpus ({self.gpus})"
+            )
+        return self
+
+    @property
+    def dp(self) -> int:
+        return self.data_parallel if self.data_parallel is not None else self.gpus // self.sequence_parallel
+
+
+class Scenario(_Strict):
+    name: str = "scenario"
+    description: str = ""
+    hardware: HardwareProfile
+    model: ModelSpec
+    training: TrainingSpec
+    schedule: ScheduleSpec
+    cluster: ClusterSpec = ClusterSpec()
+
+    @model_validator(mode="after")
+    def _combinations(self) -> Scenario:
+        sched = self.schedule
+        if isinstance(sched, _OffloadKnobs) and sched.cpu_adam not in self.hardware.cpu.adam_s_by_gparams:
+            known = ", ".join(sorted(self.hardware.cpu.adam_s_by_gparams))
+            raise ValueError(
+                f"schedule.cpu_adam: '{sched.cpu_adam}' has no timing in profile '{self.hardware.name}' "
+                f"(cpu.adam_s_by_gparams has: {known})"
+            )
+        if self.cluster.gpus > 1 and self.hardware.interconnect is None:
+            raise ValueError(
+                f"cluster.gpus: {self.cluster.gpus} GPUs need an 'interconnect' section in profile "
+                f"'{self.hardware.name}'"
+            )
+        if self.cluster.sequence_parallel > 1 and self.model.heads % self.cluster.sequence_parallel:
+            raise ValueError("cluster.sequence_parallel must divide model.heads (Ulysses splits heads)")
+        return self

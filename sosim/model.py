@@ -1,0 +1,147 @@
+"""Transformer arithmetic for GPT- and Llama-style decoders: parameters, FLOPs, activation bytes.
+
+Conventions (stated once, used everywhere):
+
+* A GEMM of (m x k) @ (k x n) costs 2*m*n*k FLOPs.
+* Attention score and value products cost 4*s*h FLOPs per token per layer in the forward pass, counted over
+  the full s x s matrix, as in Megatron's and the DESIGN.md model-FLOPs formula. Causal flash attention
+  does about half of that work; the cost model applies that factor to *time*, never to reported FLOPs.
+* Backward = 2 x forward FLOPs. Activation checkpointing re-runs one forward per layer: it adds hardware
+  FLOPs, not model FLOPs.
+* Model FLOPs per step = 6*N*tokens + 12*L*h*s*tokens, N = all parameters (DESIGN.md "Metric names").
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from sosim.config import ModelSpec, TrainingSpec
+from sosim.units import BF16_BYTES
+
+
+@dataclass(frozen=True)
+class Gemm:
+    """One weight GEMM of a layer: tokens x k_in @ k_in x n_out."""
+
+    name: str
+    k_in: int
+    n_out: int
+
+    def flops(self, tokens: int) -> float:
+        return 2.0 * tokens * self.k_in * self.n_out
+
+
+def layer_gemms(m: ModelSpec) -> list[Gemm]:
+    """The weight GEMMs of one decoder layer (forward), in execution order."""
+    h = m.hidden
+    kv_dim = m.n_kv_heads * (h // m.heads)
+    gemms = [Gemm("qkv", h, h + 2 * kv_dim), Gemm("attn_out", h, h)]
+    if m.ffn_kind == "swiglu":
+        gemms += [Gemm("mlp_gate_up", h, 2 * m.ffn_dim), Gemm("mlp_down", m.ffn_dim, h)]
+    else:
+        gemms += [Gemm("mlp_up", h, m.ffn_dim), Gemm("mlp_down", m.ffn_dim, h)]
+    return gemms
+
+
+def layer_params(m: ModelSpec) -> int:
+    """Parameters of one decoder layer (weights, GPT-style biases, norm scales)."""
+    weights = sum(g.k_in * g.n_out for g in layer_gemms(m))
+    if m.ffn_kind == "gelu":
+        # GPT-2/Megatron: biases on every linear, two LayerNorms with scale and bias.
+        biases = sum(g.n_out for g in layer_gemms(m))
+        norms = 4 * m.hidden
+    else:
+        # Llama: no biases, two RMSNorm scales.
+        biases = 0
+        norms = 2 * m.hidden
+    return weights + biases + norms
+
+
+def embedding_params(m: ModelSpec) -> int:
+    """Token embedding, final norm and (unless tied) the output projection."""
+    emb = m.vocab * m.hidden
+    head = 0 if m.tied_embeddings else m.vocab * m.hidden
+    final_norm = 2 * m.hidden if m.ffn_kind == "gelu" else m.hidden
+    return emb + head + final_norm
+
+
+def total_params(m: ModelSpec) -> int:
+    return m.layers * layer_params(m) + embedding_params(m)
+
+
+def layer_gemm_flops_fwd(m: ModelSpec, tokens: int) -> float:
+    return sum(g.flops(tokens) for g in layer_gemms(m))
+
+
+def attention_flops_fwd(m: ModelSpec, tokens: int, seq_len: int) -> float:
+    """Score (QK^T) and value (PV) products, full s x s convention: 4*s*h per token."""
+    return 4.0 * tokens * seq_len * m.hidden
+
+
+def head_flops_fwd(m: ModelSpec, tokens: int) -> float:
+    """Output projection to the vocabulary (the logits GEMM)."""
+    return 2.0 * tokens * m.hidden * m.vocab
+
+
+def elementwise_bytes_fwd_per_token(m: ModelSpec) -> float:
+    """HBM bytes moved by the memory-bound kernels of one layer's forward, per token.
+
+    Counted for bf16: two norms (read+write h each), two residual adds (read 2h, write h), rotary or bias
+    work on q/k (read+write), the MLP activation (gelu: read+write f; swiglu: read 2f, write f), softmax
+    statistics are inside flash attention. Dropout is not modelled (LLM pre-training runs without it).
+    """
+    h, f = m.hidden, m.ffn_dim
+    kv_dim = m.n_kv_heads * (h // m.heads)
+    act = 2 * f if m.ffn_kind == "gelu" else 3 * f
+    elems = 2 * 2 * h + 2 * 3 * h + 2 * (h + kv_dim) + act
+    return float(elems * BF16_BYTES)
+
+
+def model_flops_per_step(m: ModelSpec, t: TrainingSpec, global_tokens: int) -> float:
+    """DESIGN.md model FLOPs: 6*N*tokens + 12*L*h*s*tokens (no recompute)."""
+    n = total_params(m)
+    return 6.0 * n * global_tokens + 12.0 * m.layers * m.hidden * t.seq_len * global_tokens
+
+
+def hardware_flops_per_step(m: ModelSpec, t: TrainingSpec, global_tokens: int) -> float:
+    """Model FLOPs plus the recomputed forward of every layer when activations are checkpointed."""
+    base = model_flops_per_step(m, t, global_tokens)
+    if not t.activation_checkpointing:
+        return base
+    recompute = m.layers * (
+        layer_gemm_flops_fwd(m, global_tokens) + attention_flops_fwd(m, global_tokens, t.seq_len)
+    )
+    return base + recompute
+
+
+def activation_bytes_per_token_layer(m: ModelSpec) -> float:
+    """Bytes a layer keeps for backward per token without checkpointing (bf16, flash attention).
+
+    Korthikanti et al. 2022 ("Reducing Activation Recomputation") count 34*h bytes per token for a GPT layer
+    with a 4h MLP; flash attention removes their 5*a*s/h term. Generalised to any ffn width and GQA:
+    attention 7h + 4*kv_dim (inputs of QKV, q, k, v, output, projection input; no dropout mask),
+    MLP gelu 3h + 4f / swiglu 3h + 6f, norms 4h.
+    """
+    h, f = m.hidden, m.ffn_dim
+    kv_dim = m.n_kv_heads * (h // m.heads)
+    attention = 7 * h + 4 * kv_dim
+    mlp = 3 * h + (4 * f if m.ffn_kind == "gelu" else 6 * f)
+    return float(attention + mlp + 4 * h)
+
+
+def activation_bytes_peak(m: ModelSpec, t: TrainingSpec, layers_on_gpu: int | None = None) -> float:
+    """Peak activation memory of one micro-batch on one GPU (bytes).
+
+    With checkpointing: every layer's bf16 input (2h bytes per token) plus one layer's full activations
+    during its recompute+backward. Without: every layer's full activations. Both add the logits (bf16
+    logits + fp32 softmax/loss workspace: 6 bytes per token per vocabulary entry).
+    """
+    tokens = t.micro_batch * t.seq_len
+    layers = m.layers if layers_on_gpu is None else layers_on_gpu
+    full_layer = activation_bytes_per_token_layer(m) * tokens
+    if t.activation_checkpointing:
+        kept = layers * m.hidden * BF16_BYTES * tokens + full_layer
+    else:
+        kept = layers * full_layer
+    logits = 6.0 * tokens * m.vocab
+    return kept + logits

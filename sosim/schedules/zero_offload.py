@@ -1,0 +1,133 @@
+"""ZeRO-Offload (Ren et al., USENIX ATC'21): ZeRO-2 with the optimizer on the CPU.
+
+Per iteration (REFERENCE.md §2):
+
+1. forward and backward on the GPU with bf16 parameters resident in HBM;
+2. gradients leave the GPU in buckets as backward produces them (overlapped with backward when
+   ``overlap_comm``), every micro-step; the CPU accumulates them into fp32;
+3. after backward the CPU computes the global norm / overflow check (when clipping or fp16 needs it),
+4. then runs Adam over its partition, bucket by bucket, and each updated bucket's bf16 parameters go back
+   to the GPU (CPU-Adam writes the bf16 copy as it goes);
+5. the next forward waits for every parameter — or, with ``dpu`` (delayed parameter update), for the
+   parameters of the step before, so that Adam of step i overlaps the forward/backward of step i+1.
+
+``implementation: deepspeed`` replays DeepSpeed's stage-2 offload path (see docs/schedules.md): the
+gradient copy into the CPU fp32 buffer converts on the GPU and moves 4 B/param, and the parameter refresh
+is one blocking copy after the whole CPU step.
+"""
+
+from __future__ import annotations
+
+from sosim import model as tm
+from sosim.config import Scenario, ZeroOffloadSchedule
+from sosim.costs import CostModel
+from sosim.memory import MemoryUsage
+from sosim.plan import CAST, COMM, CPU_CAST, CPU_OPT, D2H, GPU, H2D, NET, OPTIMIZER, TRANSFER, Plan
+from sosim.schedules.common import (
+    build_units,
+    cores_for_adam,
+    forward_pass,
+    make_buckets,
+)
+from sosim.units import BF16_BYTES, FP32_BYTES, MB
+
+
+def _sched(sc: Scenario) -> ZeroOffloadSchedule:
+    assert isinstance(sc.schedule, ZeroOffloadSchedule)
+    return sc.schedule
+
+
+def memory_usage(sc: Scenario) -> MemoryUsage:
+    s = _sched(sc)
+    p = tm.total_params(sc.model)
+    part = p / sc.cluster.dp  # ZeRO-2 partitions gradients and optimizer state across data-parallel ranks
+    bucket = s.bucket_mb * MB
+    gpu = {
+        "bf16_params": BF16_BYTES * p,
+        "grad_buckets": 2 * bucket,  # double-buffered bucket being filled / being copied out
+        "activations": tm.activation_bytes_peak(sc.model, sc.training),
+    }
+    cpu = {
+        "fp32_master": FP32_BYTES * part,
+        "adam_moments": 2 * FP32_BYTES * part,
+        "fp32_grads": FP32_BYTES * part * (2 if s.dpu else 1),  # DPU double-buffers the gradients
+    }
+    return MemoryUsage(gpu_bytes=gpu, cpu_bytes=cpu)
+
+
+def build_plan(sc: Scenario, costs: CostModel) -> Plan:
+    s = _sched(sc)
+    deepspeed = s.implementation == "deepspeed"
+    plan = Plan(duplex_derate=costs.duplex_derate)
+    units = build_units(sc, costs)
+    dp = sc.cluster.dp
+    p_total = sum(u.params for u in units)
+    buckets = make_buckets(units, s.bucket_mb * MB / BF16_BYTES)
+    cores = cores_for_adam(sc, s.cpu_adam_core_fraction)
+    needs_norm = sc.training.gradient_clipping > 0 or sc.training.precision == "fp16"
+    # Bytes of gradient per parameter on the link: bf16 as produced (ideal), or fp32 converted on the GPU
+    # by DeepSpeed's copy into the CPU fp32 buffer.
+    grad_bytes = FP32_BYTES if deepspeed else BF16_BYTES
+    refresh: dict[int, list[int]] = {}  # iteration -> ops that complete its parameter refresh
+    link_bytes = 0.0
+    for it in range(sc.training.iterations):
+        gate_it = it - 2 if s.dpu else it - 1
+        gate = refresh.get(gate_it, [])
+        arrived: list[int] = []
+        for micro in range(sc.training.grad_accum):
+            fwd = forward_pass(plan, units, it, {0: gate} if micro == 0 else None)
+            if micro == 0:
+                plan.mark_iteration_start(fwd[0])
+            # Without overlap_comm the backward of the next unit waits for the bucket's copy.
+            bwd_gates: dict[int, list[int]] = {}
+            bwd: dict[int, int] = {}
+            for u in reversed(units):
+                bwd[u.index] = plan.add(GPU, f"bwd:{u.name}", u.bwd_s, bwd_gates.get(u.index, ()),
+                                        layer=u.index, iteration=it)
+                bucket = next((b for b in buckets if b.last_unit == u.index), None)
+                if bucket is None:
+                    continue
+                shard = bucket.params / dp
+                deps = [bwd[u.index]]
+                if dp > 1:
+                    deps = [plan.add(NET, f"reduce_scatter:b{bucket.index}",
+                                     costs.reduce_scatter_s(bucket.params * BF16_BYTES, dp), deps,
+                                     layer=u.index, iteration=it, category=COMM)]
+                if deepspeed:
+                    deps = [plan.add(GPU, f"cast_fp32:b{bucket.index}", costs.gpu_cast_s(shard), deps,
+                                     layer=u.index, iteration=it, category=CAST)]
+                d2h = plan.add(D2H, f"grad_d2h:b{bucket.index}", costs.copy_s(shard * grad_bytes, "d2h", s.pin_memory),
+                               deps, layer=u.index, iteration=it, category=TRANSFER)
+                link_bytes += shard * grad_bytes if it == 0 else 0.0
+                if not deepspeed:
+                    d2h = plan.add(CPU_CAST, f"grad_accum_fp32:b{bucket.index}", costs.cpu_cast_s(shard, cores),
+                                   [d2h], layer=u.index, iteration=it, category=CAST)
+                arrived.append(d2h)
+                if not s.overlap_comm and u.index > 0:
+                    bwd_gates[u.index - 1] = [d2h]
+        step_deps = list(arrived)
+        if needs_norm:
+            step_deps = [plan.add(CPU_OPT, "grad_norm", costs.cpu_norm_s(p_total / dp), arrived,
+                                  iteration=it, category=OPTIMIZER)]
+        done: list[int] = []
+        adam_ops = []
+        for b in buckets:
+            shard = b.params / dp
+            adam_ops.append(plan.add(CPU_OPT, f"cpu_adam:b{b.index}",
+                                     costs.cpu_adam_s(shard, s.cpu_adam, cores, p_total / dp),
+                                     step_deps, layer=b.last_unit, iteration=it, category=OPTIMIZER))
+        for b, adam in zip(buckets, adam_ops):
+            shard = b.params / dp
+            # DeepSpeed copies after the whole step (blocking); ideal CPU-Adam streams each bucket out.
+            deps = adam_ops[-1:] if deepspeed else [adam]
+            h2d = plan.add(H2D, f"param_h2d:b{b.index}", costs.copy_s(shard * BF16_BYTES, "h2d", s.pin_memory),
+                           deps, layer=b.last_unit, iteration=it, category=TRANSFER)
+            if dp > 1:
+                h2d = plan.add(NET, f"allgather:b{b.index}", costs.reduce_scatter_s(b.params * BF16_BYTES, dp),
+                               [h2d], layer=b.last_unit, iteration=it, category=COMM)
+            done.append(h2d)
+            link_bytes += shard * BF16_BYTES if it == 0 else 0.0
+        refresh[it] = done
+    plan.notes["link_bytes_per_step"] = link_bytes
+    plan.notes["buckets"] = len(buckets)
+    return plan

@@ -1,0 +1,34 @@
+"""``simulate(scenario) -> Result``: the one pure entry point (no files written, no global state)."""
+
+from __future__ import annotations
+
+from sosim.config import Scenario
+from sosim.costs import AnalyticCostModel, CostModel
+from sosim.engine import run_plan
+from sosim.memory import check_fit
+from sosim.result import Result, compute_metrics
+from sosim.schedules import SCHEDULES
+from sosim.schedules.common import tokens_per_gpu
+
+
+def make_cost_model(sc: Scenario) -> CostModel:
+    analytic = AnalyticCostModel(sc.hardware, sc.model, sc.training, tokens_per_gpu(sc))
+    if sc.hardware.calibration is None:
+        return analytic
+    # Imported here so that profiles without a calibration table never touch its reader.
+    from sosim.table_costs import TableCostModel
+
+    return TableCostModel.from_profile(analytic)
+
+
+def simulate(sc: Scenario) -> Result:
+    """Simulate ``sc`` and return its metrics, spans and memory. Deterministic for a given scenario."""
+    costs = make_cost_model(sc)
+    module = SCHEDULES[sc.schedule.system]
+    usage = module.memory_usage(sc)
+    plan = module.build_plan(sc, costs)
+    start, end = run_plan(plan)
+    fit = check_fit(usage, sc.hardware)
+    metrics = compute_metrics(sc, plan, start, end, usage, fit)
+    provenance = {**costs.provenance, **{k: v for k, v in plan.notes.items() if isinstance(v, (str, int, float))}}
+    return Result(sc, metrics, plan, start, end, usage, provenance)
