@@ -101,7 +101,12 @@ class Attention(nn.Module):
         k = self.k_proj(x).view(batch, seq, self.kv_heads, self.head_dim).transpose(1, 2)
         v = self.v_proj(x).view(batch, seq, self.kv_heads, self.head_dim).transpose(1, 2)
         q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
-        out = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=self.kv_heads != self.heads)
+        if self.kv_heads != self.heads:
+            # Expand K/V to all query heads as Hugging Face's Llama does (repeat_kv): keeps SDPA on its
+            # flash kernel on every torch version; the copy is part of what a real model pays.
+            groups = self.heads // self.kv_heads
+            k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
+        out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
         return self.o_proj(out.transpose(1, 2).reshape(batch, seq, -1))
 
 
