@@ -10,6 +10,7 @@ mapping (spec sheet, paper, calibration file): a profile without provenance is r
 
 from __future__ import annotations
 
+import itertools
 from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
@@ -35,7 +36,7 @@ def _check_curve(name: str, curve: Curve, y_max: float | None = None) -> None:
     if not curve:
         raise ValueError(f"{name} needs at least one (x, y) point")
     xs = [x for x, _ in curve]
-    if any(b <= a for a, b in zip(xs, xs[1:])):
+    if any(b <= a for a, b in itertools.pairwise(xs)):
         raise ValueError(f"{name} x values must be strictly increasing, got {xs}")
     for x, y in curve:
         if x <= 0 or y <= 0:
@@ -70,7 +71,7 @@ class GpuSpec(_Sourced):
     name: str
     peak_bf16_tflops: PosFloat  # dense, no sparsity
     hbm_gib: PosFloat
-    hbm_GBps: PosFloat  # noqa: N815 - unit suffix keeps its case
+    hbm_GBps: PosFloat
     # Fraction of hbm_GBps that memory-bound kernels (norms, activations, optimizer, casts) reach.
     hbm_efficiency: Fraction
     # Memory the framework cannot use for the model: CUDA context, NCCL/cuBLAS workspaces, fragmentation.
@@ -93,14 +94,14 @@ class CpuSpec(_Sourced):
     name: str
     cores: PosInt
     mem_gib: PosFloat
-    mem_GBps: PosFloat  # noqa: N815 - achievable (STREAM-like) memory bandwidth
+    mem_GBps: PosFloat
     # Whole-step Adam latency by implementation: (billions of params, seconds) using adam_ref_cores cores.
     adam_s_by_gparams: dict[AdamImpl, Curve]
     adam_ref_cores: PosInt
     # Cores past which Adam is memory-bandwidth bound and stops speeding up.
     adam_saturation_cores: PosInt
     # fp32<->bf16 conversion throughput on all cores, in GB/s of fp32 data.
-    cast_GBps: PosFloat  # noqa: N815
+    cast_GBps: PosFloat
     # Host memory the training process cannot use (OS, page cache, framework).
     reserved_gib: NonNegFloat
 
@@ -115,10 +116,10 @@ class CpuSpec(_Sourced):
 
 class LinkSpec(_Sourced):
     kind: Literal["pcie", "c2c"]
-    h2d_GBps: PosFloat  # noqa: N815 - pinned, large transfers, one direction alone
-    d2h_GBps: PosFloat  # noqa: N815
+    h2d_GBps: PosFloat
+    d2h_GBps: PosFloat
     # Total of both directions when both are busy; below h2d+d2h means the directions slow each other.
-    bidir_GBps: PosFloat  # noqa: N815
+    bidir_GBps: PosFloat
     # Pageable (unpinned) copies reach this fraction of the pinned bandwidth.
     pageable_factor: Fraction
     latency_us: NonNegFloat
@@ -127,8 +128,8 @@ class LinkSpec(_Sourced):
 class InterconnectSpec(_Sourced):
     """GPU-GPU fabric for data/sequence parallel collectives."""
 
-    gpu_gpu_GBps: PosFloat  # noqa: N815 - per-GPU algorithm bandwidth inside a node
-    node_node_GBps: PosFloat  # noqa: N815 - per-GPU bandwidth across nodes
+    gpu_gpu_GBps: PosFloat
+    node_node_GBps: PosFloat
     gpus_per_node: PosInt
     latency_us: NonNegFloat
 

@@ -85,7 +85,7 @@ class AnalyticCostModel:
         return self.hw.gpu.peak_bf16_tflops * TFLOP
 
     @cached_property
-    def _hbm_Bps(self) -> float:  # noqa: N802
+    def _hbm_Bps(self) -> float:
         return self.hw.gpu.hbm_GBps * GB * self.hw.gpu.hbm_efficiency
 
     def gemm_s(self, flops: float) -> float:
@@ -168,7 +168,7 @@ class AnalyticCostModel:
         return params * FP32_BYTES / (self.hw.cpu.mem_GBps * GB)
 
     # --- GPU-GPU collectives ------------------------------------------------------------------------------
-    def _fabric_Bps(self, ranks: int) -> float:  # noqa: N802
+    def _fabric_Bps(self, ranks: int) -> float:
         ic = self.hw.interconnect
         if ic is None:
             return math.inf

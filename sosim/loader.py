@@ -146,9 +146,7 @@ def _set_path(data: dict[str, Any], path: KeyPath, value: Any, text: str) -> Non
             where = ".".join(str(p) for p in path[: i + 1])
             raise ConfigError([f"--set {text}: '{where}' is not a mapping"])
     last = path[-1]
-    if isinstance(node, list) and isinstance(last, int) and last < len(node):
-        node[last] = value
-    elif isinstance(node, dict):
+    if (isinstance(node, list) and isinstance(last, int) and last < len(node)) or isinstance(node, dict):
         node[last] = value
     else:
         raise ConfigError([f"--set {text}: cannot set '{'.'.join(str(p) for p in path)}'"])

@@ -119,7 +119,7 @@ def activation_bytes_per_token_layer(m: ModelSpec) -> float:
 
     Korthikanti et al. 2022 ("Reducing Activation Recomputation") count 34*h bytes per token for a GPT layer
     with a 4h MLP; flash attention removes their 5*a*s/h term. Generalised to any ffn width and GQA:
-    attention 7h + 4*kv_dim (inputs of QKV, q, k, v, output, projection input; no dropout mask),
+    attention 7h + 4*kv_dim (inputs of QKV, q, k, v, projection input, its dropout mask),
     MLP gelu 3h + 4f / swiglu 3h + 6f, norms 4h.
     """
     h, f = m.hidden, m.ffn_dim
@@ -139,9 +139,6 @@ def activation_bytes_peak(m: ModelSpec, t: TrainingSpec, layers_on_gpu: int | No
     tokens = t.micro_batch * t.seq_len
     layers = m.layers if layers_on_gpu is None else layers_on_gpu
     full_layer = activation_bytes_per_token_layer(m) * tokens
-    if t.activation_checkpointing:
-        kept = layers * m.hidden * BF16_BYTES * tokens + full_layer
-    else:
-        kept = layers * full_layer
+    kept = layers * m.hidden * BF16_BYTES * tokens + full_layer if t.activation_checkpointing else layers * full_layer
     logits = 6.0 * tokens * m.vocab
     return kept + logits

@@ -27,7 +27,7 @@ def bytes_to_gib(n_bytes: float) -> float:
     return n_bytes / GIB
 
 
-def GBps_to_Bps(gbps: float) -> float:  # noqa: N802 - unit names keep their case
+def GBps_to_Bps(gbps: float) -> float:
     return gbps * GB
 
 

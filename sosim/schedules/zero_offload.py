@@ -70,7 +70,9 @@ def build_plan(sc: Scenario, costs: CostModel) -> Plan:
     grad_bytes = FP32_BYTES if deepspeed else BF16_BYTES
     refresh: dict[int, list[int]] = {}  # iteration -> ops that complete its parameter refresh
     link_bytes = 0.0
-    for it in range(sc.training.iterations):
+    # DPU's one-step staleness needs two extra iterations before the timeline is periodic.
+    iterations = sc.training.iterations + (2 if s.dpu else 0)
+    for it in range(iterations):
         gate_it = it - 2 if s.dpu else it - 1
         gate = refresh.get(gate_it, [])
         arrived: list[int] = []

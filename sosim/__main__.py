@@ -1,0 +1,5 @@
+"""``python -m sosim`` = the ``sosim`` command."""
+
+from sosim.cli import main
+
+raise SystemExit(main())

@@ -1,0 +1,74 @@
+"""Largest model that fits: grow a model family until GPU or CPU memory runs out.
+
+Feasibility depends only on memory, so the search never runs the event simulation; the final candidate is
+simulated once by the caller to report its speed.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from sosim.config import ModelSpec, Scenario
+from sosim.errors import InfeasibleError
+from sosim.memory import Feasibility, check_fit
+from sosim.model import total_params
+from sosim.schedules import SCHEDULES
+
+Growth = Literal["layers", "width", "paper"]
+
+# GPT shapes of the SuperOffload artifact (REFERENCE.md §3): name -> (layers, hidden); 32 heads.
+PAPER_FAMILY: tuple[tuple[str, int, int], ...] = (
+    ("1B", 20, 2048), ("2B", 40, 2048), ("4B", 64, 2304), ("6B", 53, 3072), ("8B", 72, 3072),
+    ("10B", 50, 4096), ("13B", 65, 4096), ("15B", 18, 8192), ("20B", 25, 8192), ("25B", 30, 8192),
+    ("30B", 36, 8192), ("40B", 50, 8192), ("50B", 60, 8192), ("70B", 20, 16384),
+)
+
+
+@dataclass(frozen=True)
+class MaxSize:
+    model: ModelSpec
+    params_b: float
+    next_fit: Feasibility  # why the next size up does not fit
+    scenario: Scenario
+
+
+def fits(sc: Scenario) -> Feasibility:
+    return check_fit(SCHEDULES[sc.schedule.system].memory_usage(sc), sc.hardware)
+
+
+def _with_model(sc: Scenario, **changes: object) -> Scenario:
+    model = sc.model.model_copy(update=changes)
+    return sc.model_copy(update={"model": ModelSpec.model_validate(model.model_dump())})
+
+
+def _bisect(ok: list[Scenario]) -> int:
+    """Index of the last fitting candidate in a list ordered by size (fit is monotone in size)."""
+    lo, hi = -1, len(ok)
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if fits(ok[mid]).feasible:
+            lo = mid
+        else:
+            hi = mid
+    return lo
+
+
+def find_max_size(sc: Scenario, growth: Growth = "layers", max_layers: int = 2048) -> MaxSize:
+    if growth == "layers":
+        candidates = [_with_model(sc, layers=n) for n in range(1, max_layers + 1)]
+    elif growth == "width":
+        step = 64 * sc.model.heads  # head_dim grows in multiples of 64
+        candidates = [_with_model(sc, hidden=k * step, ffn=None) for k in range(1, 513)]
+    else:
+        candidates = [
+            _with_model(sc, name=f"gpt-{name}", layers=layers, hidden=hidden, heads=32, kv_heads=None,
+                        ffn=None, ffn_kind="gelu", vocab=50432)
+            for name, layers, hidden in PAPER_FAMILY
+        ]
+    best = _bisect(candidates)
+    if best < 0:
+        raise InfeasibleError(f"no model of this family fits: {fits(candidates[0]).reason}")
+    nxt = fits(candidates[best + 1]) if best + 1 < len(candidates) else Feasibility(True, "end of family")
+    chosen = candidates[best]
+    return MaxSize(chosen.model, total_params(chosen.model) / 1e9, nxt, chosen)
