@@ -217,7 +217,83 @@ class ZeroOffloadSchedule(_OffloadKnobs):
     bucket_mb: PosFloat = 1000.0
 
 
-ScheduleSpec = Annotated[GpuOnlySchedule | ZeroOffloadSchedule, Field(discriminator="system")]
+class _Stage3Knobs(_OffloadKnobs):
+    """ZeRO stage 3 knobs, named once for the paper's ('ideal') and DeepSpeed's implementation.
+
+    Defaults depend on ``implementation``: DeepSpeed's own defaults for ``deepspeed``, the SuperOffload
+    paper's artifact settings for ``ideal`` (filled in before validation, see ``_IMPL_DEFAULTS``).
+    """
+
+    implementation: Literal["ideal", "deepspeed"] = "ideal"
+    # Optimizer sub-group size in elements (DeepSpeed's sub_group_size).
+    sub_group_elements: PosFloat = 1e9
+    # Gradient reduce bucket (DeepSpeed reduce_bucket_size, 5e8 elements = 1000 MB of bf16).
+    bucket_mb: PosFloat = 1000.0
+
+
+class Zero3OffloadSchedule(_Stage3Knobs):
+    """ZeRO stage 3 with the optimizer (fp32 master + Adam moments) offloaded to the CPU."""
+
+    system: Literal["zero3_offload"]
+
+
+class ZeroInfinitySchedule(_Stage3Knobs):
+    """ZeRO-3 with optimizer and bf16 parameters offloaded; parameters are streamed in per layer."""
+
+    system: Literal["zero_infinity"]
+    # Layers of parameters fetched ahead of use (DeepSpeed prefetch_bucket_size, expressed in layers).
+    prefetch_layers: Annotated[int, Field(ge=0)] = 1
+
+
+class SuperOffloadSchedule(_Stage3Knobs):
+    """SuperOffload (ASPLOS'26): every technique is a knob; defaults follow ``implementation``."""
+
+    system: Literal["superoffload"]
+    weight_placement: Literal["stationary", "flow", "auto"] = "auto"
+    # Fraction of optimizer state kept in HBM and updated on the GPU (the n' tail buckets) = 1 - DeepSpeed ratio.
+    gpu_optimizer_fraction: UnitInterval = 0.1
+    cast: Literal["gpu", "cpu"] = "gpu"
+    speculation: bool = True
+
+
+# Defaults that differ between the paper's schedule and DeepSpeed 0.18-0.19 (REFERENCE.md §2-3).
+_IMPL_DEFAULTS: dict[str, dict[str, dict[str, object]]] = {
+    "zero3_offload": {
+        "ideal": {"sub_group_elements": 6e8, "cpu_adam": "cpu_adam"},
+        "deepspeed": {"sub_group_elements": 1e9, "cpu_adam": "cpu_adam"},
+    },
+    "zero_infinity": {
+        "ideal": {"sub_group_elements": 6e8, "cpu_adam": "cpu_adam"},
+        "deepspeed": {"sub_group_elements": 1e9, "cpu_adam": "cpu_adam"},
+    },
+    "superoffload": {
+        # Paper artifact: sub_group_size 6e8, ratio 0.9, GraceAdam, 64 MB buckets, casts on the GPU.
+        "ideal": {"sub_group_elements": 6e8, "cpu_adam": "grace_adam", "bucket_mb": 64.0,
+                  "gpu_optimizer_fraction": 0.1, "cast": "gpu", "cpu_adam_core_fraction": 1.0},
+        # DeepSpeed: sub_group_size 1e9, ratio 1.0, cpuadam_cores_perc 0.8, DeepSpeed CPU-Adam,
+        # parameter refresh cast on the CPU.
+        "deepspeed": {"sub_group_elements": 1e9, "cpu_adam": "cpu_adam", "bucket_mb": 1000.0,
+                      "gpu_optimizer_fraction": 0.0, "cast": "cpu", "cpu_adam_core_fraction": 0.8},
+    },
+}
+
+
+def _fill_impl_defaults(data: object) -> object:
+    if not isinstance(data, dict):
+        return data
+    per_impl = _IMPL_DEFAULTS.get(str(data.get("system")))
+    if per_impl is None:
+        return data
+    impl = data.get("implementation", "ideal")
+    defaults = per_impl.get(str(impl), {})
+    return {**defaults, **data}
+
+
+ScheduleSpec = Annotated[
+    GpuOnlySchedule | ZeroOffloadSchedule | Zero3OffloadSchedule | ZeroInfinitySchedule | SuperOffloadSchedule,
+    Field(discriminator="system"),
+]
+SCHEDULE_SYSTEMS = ("gpu_only", "zero_offload", "zero3_offload", "zero_infinity", "superoffload")
 
 
 class ClusterSpec(_Strict):
@@ -247,6 +323,13 @@ class Scenario(_Strict):
     training: TrainingSpec
     schedule: ScheduleSpec
     cluster: ClusterSpec = ClusterSpec()
+
+    @model_validator(mode="before")
+    @classmethod
+    def _schedule_defaults(cls, data: object) -> object:
+        if isinstance(data, dict) and isinstance(data.get("schedule"), dict):
+            data = {**data, "schedule": _fill_impl_defaults(data["schedule"])}
+        return data
 
     @model_validator(mode="after")
     def _combinations(self) -> Scenario:
