@@ -11,9 +11,10 @@ Per iteration (REFERENCE.md §2):
 5. the next forward waits for every parameter — or, with ``dpu`` (delayed parameter update), for the
    parameters of the step before, so that Adam of step i overlaps the forward/backward of step i+1.
 
-``implementation: deepspeed`` replays DeepSpeed's stage-2 offload path (see docs/schedules.md): the
-gradient copy into the CPU fp32 buffer converts on the GPU and moves 4 B/param, and the parameter refresh
-is one blocking copy after the whole CPU step.
+``implementation: deepspeed`` replays DeepSpeed's stage-2 offload path (docs/model.md): gradients are
+copied bf16 into the CPU fp32 buffer (PyTorch converts CPU<->GPU copies on the CPU side), and after the
+whole CPU step the fp32 partition is copied into the bf16 GPU parameters with ``copy_`` (a CPU-side
+fp32->bf16 conversion, then 2 B/param H2D) as one blocking refresh before the next forward.
 """
 
 from __future__ import annotations
@@ -65,9 +66,7 @@ def build_plan(sc: Scenario, costs: CostModel) -> Plan:
     buckets = make_buckets(units, s.bucket_mb * MB / BF16_BYTES)
     cores = cores_for_adam(sc, s.cpu_adam_core_fraction)
     needs_norm = sc.training.gradient_clipping > 0 or sc.training.precision == "fp16"
-    # Bytes of gradient per parameter on the link: bf16 as produced (ideal), or fp32 converted on the GPU
-    # by DeepSpeed's copy into the CPU fp32 buffer.
-    grad_bytes = FP32_BYTES if deepspeed else BF16_BYTES
+    grad_bytes = BF16_BYTES  # gradients cross the link as produced, in bf16; the CPU converts to fp32
     refresh: dict[int, list[int]] = {}  # iteration -> ops that complete its parameter refresh
     link_bytes = 0.0
     # DPU's one-step staleness needs two extra iterations before the timeline is periodic.
@@ -95,15 +94,11 @@ def build_plan(sc: Scenario, costs: CostModel) -> Plan:
                     deps = [plan.add(NET, f"reduce_scatter:b{bucket.index}",
                                      costs.reduce_scatter_s(bucket.params * BF16_BYTES, dp), deps,
                                      layer=u.index, iteration=it, category=COMM)]
-                if deepspeed:
-                    deps = [plan.add(GPU, f"cast_fp32:b{bucket.index}", costs.gpu_cast_s(shard), deps,
-                                     layer=u.index, iteration=it, category=CAST)]
                 d2h = plan.add(D2H, f"grad_d2h:b{bucket.index}", costs.copy_s(shard * grad_bytes, "d2h", s.pin_memory),
                                deps, layer=u.index, iteration=it, category=TRANSFER)
                 link_bytes += shard * grad_bytes if it == 0 else 0.0
-                if not deepspeed:
-                    d2h = plan.add(CPU_CAST, f"grad_accum_fp32:b{bucket.index}", costs.cpu_cast_s(shard, cores),
-                                   [d2h], layer=u.index, iteration=it, category=CAST)
+                d2h = plan.add(CPU_CAST, f"grad_accum_fp32:b{bucket.index}", costs.cpu_cast_s(shard, cores),
+                               [d2h], layer=u.index, iteration=it, category=CAST)
                 arrived.append(d2h)
                 if not s.overlap_comm and u.index > 0:
                     bwd_gates[u.index - 1] = [d2h]
@@ -120,8 +115,12 @@ def build_plan(sc: Scenario, costs: CostModel) -> Plan:
                                      step_deps, layer=b.last_unit, iteration=it, category=OPTIMIZER))
         for b, adam in zip(buckets, adam_ops):
             shard = b.params / dp
-            # DeepSpeed copies after the whole step (blocking); ideal CPU-Adam streams each bucket out.
-            deps = adam_ops[-1:] if deepspeed else [adam]
+            # DeepSpeed copies after the whole step, converting on the CPU first; ideal CPU-Adam writes the
+            # bf16 copy as it goes and streams each bucket out.
+            deps = [adam]
+            if deepspeed:
+                deps = [plan.add(CPU_CAST, f"param_cast_bf16:b{b.index}", costs.cpu_cast_s(shard, cores),
+                                 adam_ops[-1:], layer=b.last_unit, iteration=it, category=CAST)]
             h2d = plan.add(H2D, f"param_h2d:b{b.index}", costs.copy_s(shard * BF16_BYTES, "h2d", s.pin_memory),
                            deps, layer=b.last_unit, iteration=it, category=TRANSFER)
             if dp > 1:

@@ -1,0 +1,303 @@
+"""The ZeRO-3 family on one shared builder: ZeRO-3 offload, ZeRO-Infinity and SuperOffload.
+
+The three systems differ only in a handful of decisions, collected in :class:`Stage3Strategy`:
+
+* where bf16 weights live (HBM: *weight-stationary*; CPU, streamed per layer: *weight-flow*);
+* how gradients cross the link (bytes per parameter, where the bf16->fp32 cast runs);
+* when the CPU optimizer may start (after backward and the global norm, or *speculatively* per bucket as
+  gradients arrive, with the expected cost of rollbacks when clipping triggers);
+* how parameters come back (per bucket as soon as its update is done, or one blocking pass at ``step()``;
+  fp32 over the link and cast on the GPU, or cast on the CPU and 2 B/param);
+* which tail of the buckets keeps its optimizer state in HBM and is updated on the GPU;
+* framework costs of the DeepSpeed implementation (per-layer stage-3 hooks, host synchronizations).
+
+Each system module (zero3_offload, zero_infinity, superoffload) only maps its config to a strategy.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from sosim import model as tm
+from sosim.config import Scenario
+from sosim.costs import CostModel
+from sosim.memory import MemoryUsage
+from sosim.plan import (
+    CAST,
+    COMM,
+    CPU_CAST,
+    CPU_OPT,
+    D2H,
+    GPU,
+    GPU_CAST,
+    H2D,
+    NET,
+    OPTIMIZER,
+    SYNC,
+    TRANSFER,
+    Plan,
+)
+from sosim.schedules.common import Bucket, Unit, build_units, cores_for_adam, make_buckets
+from sosim.units import BF16_BYTES, FP32_BYTES, MB
+
+# DeepSpeed ZeRO-3 runs Python hooks around every submodule's forward and backward (fetch, release,
+# partition bookkeeping) even on one GPU. Estimate: ~25 us per parameter tensor per pass; a decoder layer
+# has ~8-12 tensors. Replace with a calibrated value (docs/calibration.md) when measured.
+STAGE3_HOOK_S_PER_TENSOR = 25e-6
+TENSORS_PER_LAYER = 10
+# Host waiting for the GPU stream to drain (torch.cuda.synchronize / event sync): the GPU runs dry for the
+# kernel-launch pipeline depth. Estimate: 100 us.
+HOST_SYNC_S = 100e-6
+# fp32 master + Adam m, v + fp32 gradient: bytes of optimizer state per parameter wherever it lives.
+OPT_STATE_BYTES = 16.0
+
+
+@dataclass(frozen=True)
+class Stage3Strategy:
+    name: str
+    weight_flow: bool
+    offload_checkpoints: bool  # weight-flow also keeps activation checkpoints in CPU memory
+    grad_path: Literal["bf16_cpu_cast", "fp32_gpu_cast", "deepspeed_superoffload"]
+    param_cast: Literal["gpu", "cpu"]  # where the fp32 -> bf16 cast of refreshed parameters runs
+    speculative: bool  # CPU Adam per bucket during backward (STV)
+    refresh: Literal["per_bucket", "blocking"]  # params back as each bucket finishes, or all at step()
+    serial_subgroups: bool  # DeepSpeed: Adam of sub-group k+1 waits for the copy-back of k
+    gpu_optimizer_fraction: float
+    bucket_params: float
+    cpu_adam: str
+    cpu_adam_core_fraction: float
+    pin_memory: bool
+    overlap_comm: bool
+    hook_s_per_layer: float  # framework overhead added to each layer's forward and backward
+    host_sync_per_subgroup: bool
+    prefetch_layers: int = 1
+    notes: tuple[tuple[str, str], ...] = ()
+
+
+@dataclass(frozen=True)
+class _Layout:
+    units: list[Unit]
+    buckets: list[Bucket]
+    gpu_buckets: frozenset[int]  # bucket indices updated on the GPU
+    unit_bucket: dict[int, int]
+    p_total: int
+
+
+def _layout(sc: Scenario, costs: CostModel, st: Stage3Strategy) -> _Layout:
+    units = build_units(sc, costs)
+    if st.hook_s_per_layer:
+        units = [Unit(u.index, u.name, u.params, u.fwd_s + st.hook_s_per_layer, u.bwd_s + st.hook_s_per_layer)
+                 for u in units]
+    buckets = make_buckets(units, st.bucket_params)
+    p_total = sum(u.params for u in units)
+    # The n' buckets produced last by backward (the first layers) stay on the GPU: their update is needed
+    # first by the next forward, and they never cross the link.
+    gpu: set[int] = set()
+    budget = st.gpu_optimizer_fraction * p_total
+    for b in reversed(buckets):
+        if b.params > budget:
+            break
+        gpu.add(b.index)
+        budget -= b.params
+    unit_bucket = {u: b.index for b in buckets for u in b.units}
+    return _Layout(units, buckets, frozenset(gpu), unit_bucket, p_total)
+
+
+def memory_usage(sc: Scenario, st: Stage3Strategy) -> MemoryUsage:
+    m, t = sc.model, sc.training
+    p = tm.total_params(m)
+    dp = sc.cluster.dp
+    gpu_frac = st.gpu_optimizer_fraction
+    layer_bytes = tm.layer_params(m) * BF16_BYTES
+    tokens = t.micro_batch * t.seq_len // sc.cluster.sequence_parallel
+    bucket_bytes = st.bucket_params * FP32_BYTES
+    gpu: dict[str, float] = {"transfer_buffers": 2 * bucket_bytes}
+    cpu: dict[str, float] = {"optimizer_state": OPT_STATE_BYTES * p * (1 - gpu_frac) / dp}
+    if st.weight_flow:
+        # Only the layers being computed or prefetched are resident; embedding and head stay.
+        gpu["bf16_params_working_set"] = (1 + st.prefetch_layers) * layer_bytes + tm.embedding_params(m) * BF16_BYTES
+        cpu["bf16_params"] = BF16_BYTES * p
+        act = tm.activation_bytes_peak(m, t, layers_on_gpu=0 if st.offload_checkpoints else None)
+        if st.offload_checkpoints and t.activation_checkpointing:
+            cpu["activation_checkpoints"] = m.layers * m.hidden * BF16_BYTES * tokens
+    else:
+        gpu["bf16_params"] = BF16_BYTES * p / dp if dp > 1 else BF16_BYTES * p
+        act = tm.activation_bytes_peak(m, t)
+    gpu["activations"] = act
+    if gpu_frac > 0:
+        gpu["gpu_optimizer_state"] = OPT_STATE_BYTES * p * gpu_frac / dp
+    return MemoryUsage(gpu_bytes=gpu, cpu_bytes=cpu)
+
+
+def build_plan(sc: Scenario, costs: CostModel, st: Stage3Strategy) -> Plan:
+    lay = _layout(sc, costs, st)
+    plan = Plan(duplex_derate=costs.duplex_derate)
+    dp = sc.cluster.dp
+    t = sc.training
+    cores = cores_for_adam(sc, st.cpu_adam_core_fraction)
+    # CPU casts run on the cores not given to the Adam worker (at least one).
+    cast_cores = max(1.0, sc.hardware.cpu.cores - cores) if st.cpu_adam_core_fraction < 1 else cores
+    shard_total = lay.p_total / dp
+    needs_norm = t.gradient_clipping > 0 or t.precision == "fp16"
+    speculative = st.speculative
+    tokens = t.micro_batch * t.seq_len // sc.cluster.sequence_parallel
+    ckpt_bytes = sc.model.hidden * BF16_BYTES * tokens
+    # Weight-flow with GPU casting streams fp32 weights and casts them on the GPU.
+    fetch_bytes = FP32_BYTES if st.param_cast == "gpu" else BF16_BYTES
+    link = {"d2h": 0.0, "h2d": 0.0}
+
+    def copy(direction: Literal["h2d", "d2h"], name: str, n_bytes: float, deps: list[int], layer: int, it: int) -> int:
+        if it == 1:  # count link bytes of one steady iteration
+            link[direction] += n_bytes
+        res = H2D if direction == "h2d" else D2H
+        return plan.add(res, name, costs.copy_s(n_bytes, direction, st.pin_memory), deps,
+                        layer=layer, iteration=it, category=TRANSFER)
+
+    def adam_s(params: float) -> float:
+        return costs.cpu_adam_s(params, st.cpu_adam, cores, shard_total)  # type: ignore[arg-type]
+
+    def grads_to_cpu(b: Bucket, dep: int, it: int) -> int:
+        """Ops moving one bucket's gradients into the CPU fp32 buffer; returns the last op."""
+        shard = b.params / dp
+        deps = [dep]
+        if dp > 1:
+            deps = [plan.add(NET, f"reduce_scatter:b{b.index}", costs.reduce_scatter_s(b.params * BF16_BYTES, dp),
+                             deps, layer=b.last_unit, iteration=it, category=COMM)]
+        if st.grad_path == "bf16_cpu_cast":
+            d = copy("d2h", f"grad_d2h:b{b.index}", shard * BF16_BYTES, deps, b.last_unit, it)
+            return plan.add(CPU_CAST, f"grad_cast_fp32:b{b.index}", costs.cpu_cast_s(shard, cast_cores), [d],
+                            layer=b.last_unit, iteration=it, category=CAST)
+        if st.grad_path == "deepspeed_superoffload":
+            # DeepSpeed 0.18-0.19 superoffload: bf16 grad to host, back to the GPU, cast there, fp32 to host.
+            d = copy("d2h", f"grad_d2h_bf16:b{b.index}", shard * BF16_BYTES, deps, b.last_unit, it)
+            deps = [copy("h2d", f"grad_h2d_bf16:b{b.index}", shard * BF16_BYTES, [d], b.last_unit, it)]
+        c = plan.add(GPU_CAST, f"grad_cast_fp32:b{b.index}", costs.gpu_cast_s(shard), deps,
+                     layer=b.last_unit, iteration=it, category=CAST)
+        return copy("d2h", f"grad_d2h_fp32:b{b.index}", shard * FP32_BYTES, [c], b.last_unit, it)
+
+    def params_to_gpu(b: Bucket, dep: list[int], it: int) -> int:
+        shard = b.params / dp
+        if st.weight_flow:
+            # Weights live in CPU memory: the refresh only rewrites the CPU copy; the next forward streams it.
+            if st.param_cast == "gpu":
+                return dep[-1]  # fp32 is streamed and cast on the GPU as it is fetched
+            return plan.add(CPU_CAST, f"param_cast_bf16:b{b.index}", costs.cpu_cast_s(shard, cast_cores), dep,
+                            layer=b.last_unit, iteration=it, category=CAST)
+        if st.param_cast == "cpu":
+            c = plan.add(CPU_CAST, f"param_cast_bf16:b{b.index}", costs.cpu_cast_s(shard, cast_cores), dep,
+                         layer=b.last_unit, iteration=it, category=CAST)
+            last = copy("h2d", f"param_h2d_bf16:b{b.index}", shard * BF16_BYTES, [c], b.last_unit, it)
+        else:
+            h = copy("h2d", f"param_h2d_fp32:b{b.index}", shard * FP32_BYTES, dep, b.last_unit, it)
+            last = plan.add(GPU_CAST, f"param_cast_bf16:b{b.index}", costs.gpu_cast_s(shard), [h],
+                            layer=b.last_unit, iteration=it, category=CAST)
+        if dp > 1:
+            last = plan.add(NET, f"allgather:b{b.index}", costs.reduce_scatter_s(b.params * BF16_BYTES, dp), [last],
+                            layer=b.last_unit, iteration=it, category=COMM)
+        return last
+
+    ready: dict[int, list[int]] = {}  # bucket index -> ops after which its updated params are usable
+    for it in range(t.iterations):
+        prev_ready = ready
+        ready = {}
+        arrived: dict[int, int] = {}
+        ckpt_off: dict[int, int] = {}
+        for micro in range(t.grad_accum):
+            # ---- forward
+            computed: list[int] = []  # GPU ops in order: a fetch may only run prefetch_layers ahead of use
+            for u in lay.units:
+                deps = list(prev_ready.get(lay.unit_bucket.get(u.index, -1), [])) if micro == 0 else []
+                if st.weight_flow and u.params and 0 < u.index <= sc.model.layers:
+                    buffer_free = computed[-1 - st.prefetch_layers:-st.prefetch_layers or None][:1]
+                    deps = [copy("h2d", f"fetch_fwd:{u.name}", u.params * fetch_bytes, deps + buffer_free,
+                                 u.index, it)]
+                f = plan.add(GPU, f"fwd:{u.name}", u.fwd_s, deps, layer=u.index, iteration=it)
+                computed.append(f)
+                if micro == 0 and u.index == 0:
+                    plan.mark_iteration_start(f)
+                if st.offload_checkpoints and t.activation_checkpointing and 0 < u.index <= sc.model.layers:
+                    ckpt_off[u.index] = copy("d2h", f"ckpt_d2h:{u.name}", ckpt_bytes, [f], u.index, it)
+            # ---- backward
+            for u in reversed(lay.units):
+                deps = []
+                if st.weight_flow and u.params and 0 < u.index <= sc.model.layers:
+                    buffer_free = computed[-1 - st.prefetch_layers:-st.prefetch_layers or None][:1]
+                    deps.append(copy("h2d", f"fetch_bwd:{u.name}", u.params * fetch_bytes, buffer_free, u.index, it))
+                if u.index in ckpt_off:
+                    deps.append(copy("h2d", f"ckpt_h2d:{u.name}", ckpt_bytes, [ckpt_off[u.index]], u.index, it))
+                bwd = plan.add(GPU, f"bwd:{u.name}", u.bwd_s, deps, layer=u.index, iteration=it)
+                computed.append(bwd)
+                b_idx = lay.unit_bucket.get(u.index)
+                if b_idx is None or lay.buckets[b_idx].last_unit != u.index or b_idx in lay.gpu_buckets:
+                    continue
+                b = lay.buckets[b_idx]
+                arrived[b.index] = grads_to_cpu(b, bwd, it)
+                if not st.overlap_comm:
+                    # The next backward kernel waits for this bucket's transfer (no comm/compute overlap).
+                    plan.add(GPU, f"wait_grad:b{b.index}", 0.0, [arrived[b.index]], iteration=it, category=SYNC)
+        # ---- optimizer step
+        cpu_buckets = [b for b in lay.buckets if b.index not in lay.gpu_buckets]
+        adam_done: dict[int, int] = {}
+        if speculative:
+            # STV: each bucket's Adam starts as soon as its gradients are in; validation runs alongside.
+            for b in cpu_buckets:
+                deps = [arrived[b.index]]
+                if st.host_sync_per_subgroup:
+                    deps.append(plan.add(GPU, f"host_sync:b{b.index}", HOST_SYNC_S, deps, iteration=it, category=SYNC))
+                adam_done[b.index] = plan.add(CPU_OPT, f"cpu_adam_spec:b{b.index}", adam_s(b.params / dp), deps,
+                                              layer=b.last_unit, iteration=it, category=OPTIMIZER)
+        else:
+            gate = list(arrived.values())
+            if needs_norm:
+                gate = [plan.add(CPU_OPT, "grad_norm", costs.cpu_norm_s(shard_total), gate, iteration=it,
+                                 category=OPTIMIZER)]
+            prev: list[int] = []
+            for b in cpu_buckets:
+                adam = plan.add(CPU_OPT, f"cpu_adam:b{b.index}", adam_s(b.params / dp), gate + prev,
+                                layer=b.last_unit, iteration=it, category=OPTIMIZER)
+                adam_done[b.index] = adam
+                if st.serial_subgroups:
+                    prev = [params_to_gpu(b, [adam], it)]
+                    ready[b.index] = prev
+        # GPU-resident tail buckets: updated on the GPU right after backward.
+        for b in lay.buckets:
+            if b.index in lay.gpu_buckets:
+                ready[b.index] = [plan.add(GPU, f"gpu_adam:b{b.index}", costs.gpu_adam_s(b.params / dp), [],
+                                           layer=b.last_unit, iteration=it, category=OPTIMIZER)]
+        validation: list[int] = []
+        if speculative and t.gradient_clipping > 0 and t.clip_rate > 0:
+            # Expected cost of rollback + re-execution: clip_rate x (two more Adam passes over the CPU buckets
+            # and a second parameter refresh), charged after the speculative pass.
+            spec_params = sum(b.params for b in cpu_buckets) / dp
+            refresh_s = costs.copy_s(spec_params * (FP32_BYTES if st.param_cast == "gpu" else BF16_BYTES),
+                                     "h2d", st.pin_memory)
+            validation = [plan.add(CPU_OPT, "rollback_expected", t.clip_rate * (2 * adam_s(spec_params) + refresh_s),
+                                   list(adam_done.values()), iteration=it, category=OPTIMIZER)]
+        if st.refresh == "blocking":
+            last_adam = list(adam_done.values())
+            prev = []
+            for b in cpu_buckets:
+                if b.index in ready:
+                    continue
+                prev = [params_to_gpu(b, last_adam + prev + validation, it)]
+                ready[b.index] = prev
+            # step() returns only once every copy is done: every bucket waits for the last one.
+            everything = [i for ops in ready.values() for i in ops]
+            ready = {k: everything for k in ready}
+        else:
+            for b in cpu_buckets:
+                if b.index not in ready:
+                    ready[b.index] = [params_to_gpu(b, [adam_done[b.index], *validation], it)]
+    plan.notes.update(dict(st.notes))
+    plan.notes["link_bytes_per_step"] = link["d2h"] + link["h2d"]
+    plan.notes["link_d2h_gb_per_step"] = link["d2h"] / 1e9
+    plan.notes["link_h2d_gb_per_step"] = link["h2d"] / 1e9
+    plan.notes["buckets"] = len(lay.buckets)
+    plan.notes["gpu_buckets"] = len(lay.gpu_buckets)
+    return plan
+
+
+def bucket_params_from_mb(bucket_mb: float) -> float:
+    """Bucket sizes are quoted in MB of bf16 gradients, like DeepSpeed's reduce_bucket_size x 2 B."""
+    return bucket_mb * MB / BF16_BYTES

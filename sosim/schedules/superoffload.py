@@ -1,0 +1,72 @@
+"""SuperOffload (Lian et al., ASPLOS'26), each technique a knob; paper ('ideal') and DeepSpeed variants.
+
+ideal (the paper's schedule):
+  * weight placement: stationary (bf16 weights in HBM) or flow (weights and activation checkpoints in CPU
+    memory, streamed per layer); ``auto`` picks stationary whenever it fits in HBM, else flow, and says why;
+  * bucketization repartitioning: ``bucket_mb`` transfer buckets; the ``gpu_optimizer_fraction`` of the
+    parameters in the buckets backward produces last keep their optimizer state in HBM, updated on the GPU;
+  * casting: ``cast: gpu`` moves fp32 over the link and casts on the GPU; ``cpu`` moves bf16 and casts on
+    the CPU;
+  * speculation (STV): CPU Adam per bucket as soon as its gradients arrive, during backward; with clipping
+    the expected rollback cost ``clip_rate x (2 Adam passes + a second refresh)`` is charged;
+  * ``cpu_adam``: torch | cpu_adam | grace_adam, on ``cpu_adam_core_fraction`` of the cores;
+  * parameters return per bucket as each update finishes.
+deepspeed (0.18-0.19, ``deepspeed/runtime/superoffload/``, REFERENCE.md §2): a ZeRO-3 code path with
+per-layer hooks; gradients take bf16 D2H -> bf16 H2D -> GPU cast -> fp32 D2H (8 B/param); the host
+synchronizes with the GPU stream when a sub-group completes and, only with ``gradient_clipping: 0``, queues
+its Adam on the worker process; ``step()`` waits for all updates, then copies every sub-group's fp32 master
+into the bf16 GPU parameters (CPU cast, blocking) before the next forward.
+"""
+
+from __future__ import annotations
+
+from sosim.config import Scenario, SuperOffloadSchedule
+from sosim.costs import CostModel
+from sosim.memory import MemoryUsage, check_fit
+from sosim.plan import Plan
+from sosim.schedules import stage3
+
+
+def _placement(sc: Scenario, s: SuperOffloadSchedule) -> tuple[bool, str]:
+    """(weight_flow, reason)."""
+    if s.weight_placement != "auto":
+        return s.weight_placement == "flow", f"weight_placement: {s.weight_placement} (set by the scenario)"
+    stationary = stage3.memory_usage(sc, _strategy(sc, s, weight_flow=False))
+    fit = check_fit(stationary, sc.hardware)
+    if fit.feasible:
+        return False, "auto -> stationary: bf16 weights, activations and GPU optimizer tail fit in HBM"
+    return True, f"auto -> flow: weight-stationary does not fit ({fit.reason})"
+
+
+def _strategy(sc: Scenario, s: SuperOffloadSchedule, weight_flow: bool, reason: str = "") -> stage3.Stage3Strategy:
+    ds = s.implementation == "deepspeed"
+    speculative = s.speculation and (not ds or sc.training.gradient_clipping == 0)
+    return stage3.Stage3Strategy(
+        name="superoffload", weight_flow=weight_flow, offload_checkpoints=weight_flow,
+        grad_path="deepspeed_superoffload" if ds else ("fp32_gpu_cast" if s.cast == "gpu" else "bf16_cpu_cast"),
+        param_cast="cpu" if ds else s.cast, speculative=speculative,
+        refresh="blocking" if ds else "per_bucket", serial_subgroups=False,
+        gpu_optimizer_fraction=s.gpu_optimizer_fraction,
+        bucket_params=s.sub_group_elements if ds else stage3.bucket_params_from_mb(s.bucket_mb),
+        cpu_adam=s.cpu_adam, cpu_adam_core_fraction=s.cpu_adam_core_fraction, pin_memory=s.pin_memory,
+        overlap_comm=s.overlap_comm,
+        hook_s_per_layer=stage3.STAGE3_HOOK_S_PER_TENSOR * stage3.TENSORS_PER_LAYER if ds else 0.0,
+        host_sync_per_subgroup=ds,
+        notes=(("weight_placement", "flow" if weight_flow else "stationary"), ("placement_reason", reason),
+               ("speculation_active", str(speculative))),
+    )
+
+
+def strategy(sc: Scenario) -> stage3.Stage3Strategy:
+    s = sc.schedule
+    assert isinstance(s, SuperOffloadSchedule)
+    flow, reason = _placement(sc, s)
+    return _strategy(sc, s, flow, reason)
+
+
+def build_plan(sc: Scenario, costs: CostModel) -> Plan:
+    return stage3.build_plan(sc, costs, strategy(sc))
+
+
+def memory_usage(sc: Scenario) -> MemoryUsage:
+    return stage3.memory_usage(sc, strategy(sc))
