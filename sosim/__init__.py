@@ -14,6 +14,7 @@ from sosim.errors import ConfigError, SosimError
 from sosim.loader import load_profile, load_scenario
 from sosim.result import Result
 from sosim.simulate import simulate
+from sosim.sweep import sweep
 
-__all__ = ["ConfigError", "Result", "Scenario", "SosimError", "load_profile", "load_scenario", "simulate"]
+__all__ = ["ConfigError", "Result", "Scenario", "SosimError", "load_profile", "load_scenario", "simulate", "sweep"]
 __version__ = "0.1.0"
