@@ -18,13 +18,14 @@ from typing import Any
 
 import numpy as np
 
-from sosim.plan import COMPUTE, CPU_CAST, CPU_OPT, D2H, GPU, H2D, HOST, NET
+from sosim.plan import COMPUTE, CPU_CAST, CPU_OPT, D2H, GPU, GPU_CAST, H2D, HOST, NET
 from sosim.result import Result
 from sosim.units import GIB
 
 # Track order and labels; resources a schedule adds later still get a track (after these, by name).
 RESOURCE_LABELS: dict[str, str] = {
     GPU: "GPU compute",
+    GPU_CAST: "GPU cast stream",
     H2D: "H2D link",
     D2H: "D2H link",
     CPU_OPT: "CPU optimizer",

@@ -1,0 +1,210 @@
+"""Sweeps: grid expansion, validation before any work (file:line), error and infeasible rows, incremental
+output with --resume, and the same code path on a process pool and on Dask."""
+
+from __future__ import annotations
+
+import json
+import textwrap
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from sosim import load_scenario, simulate, sweep
+from sosim.cli import main
+from sosim.errors import ConfigError
+from sosim.sweep import expand_grid, load_sweep, point_id, run_sweep
+
+ROOT = Path(__file__).resolve().parent.parent
+BASE = ROOT / "scenarios" / "gh200_zero_offload_4b.yaml"
+
+
+def _write(tmp_path: Path, text: str, name: str = "sweep.yaml") -> Path:
+    path = tmp_path / name
+    path.write_text(textwrap.dedent(text).lstrip())
+    return path
+
+
+def _small(tmp_path: Path, grid: str = "  training.micro_batch: [1, 2]\n  schedule.bucket_mb: [64, 1000]\n",
+           name: str = "sweep.yaml") -> Path:
+    return _write(tmp_path, f"base: {BASE}\nset:\n  model.layers: 2\ngrid:\n{grid}", name)
+
+
+def test_expand_grid_is_the_cartesian_product_last_key_fastest() -> None:
+    points = expand_grid({"a": [1, 2], "b.c": ["x", "y", "z"]})
+    assert len(points) == 6
+    assert points[:3] == [{"a": 1, "b.c": "x"}, {"a": 1, "b.c": "y"}, {"a": 1, "b.c": "z"}]
+
+
+def test_point_id_is_stable_and_order_independent() -> None:
+    assert point_id({"a": 1, "b": 2.5}) == point_id({"b": 2.5, "a": 1})
+    assert point_id({"a": 1}) != point_id({"a": 2})
+
+
+def test_base_is_relative_to_the_sweep_file_and_points_cross_the_grid(tmp_path: Path) -> None:
+    sub = tmp_path / "sweeps"
+    sub.mkdir()
+    (tmp_path / "base.yaml").write_text(BASE.read_text())
+    path = _write(sub, """
+        base: ../base.yaml
+        grid:
+          training.micro_batch: [1, 2, 4]
+        points:
+          - {model.layers: 2}
+          - {model.layers: 3, model.hidden: 1024}
+        """)
+    spec = load_sweep(path)
+    assert len(spec.points) == 6
+    assert spec.keys == ["model.layers", "training.micro_batch", "model.hidden"]
+    assert spec.points[3] == {"model.layers": 3, "model.hidden": 1024, "training.micro_batch": 1}
+
+
+def test_unknown_key_path_is_rejected_with_file_and_line_before_any_work(tmp_path: Path,
+                                                                         capsys: pytest.CaptureFixture[str]) -> None:
+    path = _write(tmp_path, f"""
+        base: {BASE}
+        grid:
+          training.micro_batch: [1, 2]
+          model.layerz: [2, 3]
+          hardware.link.h2d_GBpz: [10]
+        """)
+    with pytest.raises(ConfigError) as err:
+        load_sweep(path)
+    assert sorted(err.value.problems) == [
+        f"{path}:4: model.layerz: unknown key (check the spelling; see docs/scenarios.md)",
+        f"{path}:5: hardware.link.h2d_GBpz: unknown key (check the spelling; see docs/scenarios.md)",
+    ]
+    out = tmp_path / "r.csv"
+    assert main(["sweep", str(path), "--out", str(out)]) == 2
+    assert not out.exists()  # nothing ran, nothing written
+    stderr = capsys.readouterr().err
+    assert f"{path}:4: model.layerz: unknown key" in stderr and "Traceback" not in stderr
+
+
+def test_unknown_key_in_a_later_point_is_found_too(tmp_path: Path) -> None:
+    path = _write(tmp_path, f"""
+        base: {BASE}
+        points:
+          - {{training.micro_batch: 1}}
+          - {{training.micro_batch: 2, schedule.bukcet_mb: 5}}
+        """)
+    with pytest.raises(ConfigError) as err:
+        load_sweep(path)
+    assert err.value.problems == [f"{path}:4: schedule.bukcet_mb: unknown key (check the spelling; "
+                                  "see docs/scenarios.md)"]
+
+
+@pytest.mark.parametrize(
+    ("body", "expected"),
+    [
+        ("grid: {}\n", ":2: grid: empty grid"),
+        ("grid:\n  training.micro_batch: []\n", ":3: grid.training.micro_batch: must be a non-empty list"),
+        ("points: []\n", ":2: points: must be a non-empty list"),
+        ("gird:\n  a: [1]\n", ":2: gird: unknown key"),
+        ("set:\n  training.micro_batch: 0\ngrid:\n  model.layers: [2]\n", ":3: training.micro_batch: Input should be"),
+    ],
+)
+def test_bad_sweep_files_name_file_and_line(tmp_path: Path, body: str, expected: str) -> None:
+    path = _write(tmp_path, f"base: {BASE}\n{body}")
+    with pytest.raises(ConfigError) as err:
+        load_sweep(path)
+    assert any(p.startswith(str(path)) and expected in p for p in err.value.problems), err.value.problems
+
+
+def test_missing_base_names_the_base_line(tmp_path: Path) -> None:
+    path = _write(tmp_path, "# comment\nbase: nowhere.yaml\ngrid: {model.layers: [2]}\n")
+    with pytest.raises(ConfigError, match=rf"{path}:2: base: no such scenario file"):
+        load_sweep(path)
+
+
+def test_rows_hold_metrics_and_swept_values_bad_point_is_an_error_row_infeasible_a_row(tmp_path: Path) -> None:
+    spec = load_sweep(_small(tmp_path, "  training.micro_batch: [0, 2]\n  hardware.gpu.hbm_gib: [2, 80]\n"))
+    frame = sweep(spec)
+    assert list(frame.columns[:3]) == ["point_id", "training.micro_batch", "hardware.gpu.hbm_gib"]
+    assert len(frame) == 4
+    bad = frame[frame["training.micro_batch"] == 0]
+    assert bad["error"].str.contains("training.micro_batch").all()
+    assert bad["tokens_per_s"].isna().all()
+    good = frame[frame["training.micro_batch"] == 2].set_index("hardware.gpu.hbm_gib")
+    assert good["error"].isna().all()
+    assert not good.loc[2, "feasible"] and "GPU memory" in good.loc[2, "reason"]
+    assert good.loc[80, "feasible"]
+    direct = simulate(load_scenario(BASE, ["model.layers=2", "training.micro_batch=2", "hardware.gpu.hbm_gib=80"]))
+    for key in ("step_time_s", "tokens_per_s", "gpu_mem_peak_gib", "exposed_cpu_optimizer_s"):
+        assert good.loc[80, key] == pytest.approx(direct.metrics[key])
+
+
+def test_sweep_of_scenario_objects_keeps_their_order() -> None:
+    scs = [load_scenario(BASE, ["model.layers=2", f"training.micro_batch={mb}"]) for mb in (4, 1, 2)]
+    frame = sweep(scs)
+    expected = [simulate(sc).metrics["tokens_per_s"] for sc in scs]
+    assert frame["tokens_per_s"].tolist() == pytest.approx(expected)
+    assert frame["error"].isna().all()
+
+
+def test_csv_output_resume_skips_finished_points(tmp_path: Path) -> None:
+    out = tmp_path / "r.csv"
+    first = run_sweep(load_sweep(_small(tmp_path)), out, chunk_size=1)
+    assert (first["ran"], first["skipped"]) == (4, 0)
+    # Simulate an interruption in the middle of writing the last row, and a grid that grew meanwhile.
+    text = out.read_text()
+    out.write_text(text[: text.rstrip("\n").rfind("\n") + 1] + text.splitlines()[-1][:20])
+    grown = _small(tmp_path, "  training.micro_batch: [1, 2, 4]\n  schedule.bucket_mb: [64, 1000]\n", "grown.yaml")
+    second = run_sweep(load_sweep(grown), out, chunk_size=2, resume=True)
+    assert (second["ran"], second["skipped"]) == (3, 3)  # 2 new + the cut row
+    frame = pd.read_csv(out)
+    assert len(frame) == 6 and frame["point_id"].is_unique
+    third = run_sweep(load_sweep(grown), out, resume=True)
+    assert third["ran"] == 0
+
+
+def test_existing_output_without_resume_is_refused(tmp_path: Path) -> None:
+    out = tmp_path / "r.csv"
+    out.write_text("x\n")
+    assert main(["sweep", str(_small(tmp_path)), "--out", str(out), "--workers", "1"]) == 2
+    assert out.read_text() == "x\n"
+
+
+def test_parquet_parts_and_resume(tmp_path: Path) -> None:
+    out = tmp_path / "r.parquet"
+    spec = load_sweep(_small(tmp_path))
+    run_sweep(spec, out, chunk_size=3)
+    assert sorted(p.name for p in out.iterdir()) == ["part-00000.parquet", "part-00001.parquet"]
+    frame = pd.read_parquet(out)
+    assert len(frame) == 4 and frame["feasible"].all()
+    assert run_sweep(spec, out, resume=True)["ran"] == 0
+
+
+def test_cli_process_pool_json_summary(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "r.csv"
+    assert main(["sweep", str(_small(tmp_path)), "--out", str(out), "--workers", "2", "--chunk-size", "1",
+                 "--format", "json"]) == 0
+    summary = json.loads(capsys.readouterr().out)
+    assert summary["ran"] == 4 and summary["errors"] == 0
+    assert summary["best"]["training.micro_batch"] == 2
+    assert len(pd.read_csv(out)) == 4
+
+
+def test_process_pool_and_in_process_agree(tmp_path: Path) -> None:
+    spec = load_sweep(_small(tmp_path))
+    with ProcessPoolExecutor(max_workers=2) as pool:
+        pooled = sweep(spec, executor=pool, chunk_size=1)
+    local = sweep(spec)
+    pd.testing.assert_frame_equal(pooled, local)
+
+
+def test_dask_executor_same_rows_as_local(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    distributed = pytest.importorskip("distributed")
+    spec = load_sweep(_small(tmp_path))
+    local = sweep(spec)
+    with distributed.LocalCluster(n_workers=1, threads_per_worker=2, processes=False,
+                                  dashboard_address=None) as cluster, distributed.Client(cluster) as client:
+        on_dask = sweep(spec, executor=client.get_executor(), chunk_size=1)
+        pd.testing.assert_frame_equal(on_dask, local)
+        # The CLI path: --scheduler connects its own client to the running cluster.
+        out = tmp_path / "dask.csv"
+        assert main(["sweep", str(_small(tmp_path)), "--scheduler", cluster.scheduler_address,
+                     "--out", str(out), "--format", "json"]) == 0
+        assert json.loads(capsys.readouterr().out)["ran"] == 4
+        assert len(pd.read_csv(out)) == 4
