@@ -5,8 +5,9 @@
 #
 #   OUT=/tmp/out DEADLINE_S=560 bash scripts/device_run.sh 1.1b:2048:4:floor 1.1b:2048:4:zero2 ...
 #
-# Environment: OUT (results folder), DEADLINE_S (whole-script budget), CAL_TIMEOUT_S (harness budget),
-# SKIP_CAL=1 (DeepSpeed jobs only).
+# Environment: OUT (results folder), DEADLINE_S (whole-script budget), CAL_TIMEOUT_S (budget of each harness
+# invocation), CAL_ARGS (default --quick; empty string for the full set), SKIP_CAL=1 (DeepSpeed jobs only),
+# DS_JOB_TIMEOUT_S (limit of each DeepSpeed job, default 150).
 set -u -o pipefail
 OUT=${OUT:-/tmp/out}
 DEADLINE_S=${DEADLINE_S:-560}
@@ -29,23 +30,27 @@ export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVL
 } > "$RES/machine.txt" 2>&1
 head -c 3000 "$RES/machine.txt"
 
-# Build CPUAdam while the GPU sections of the harness run (they barely use the CPU).
+# Build CPUAdam while the GPU sections of the harness run (they barely use the CPU). The CPU sections
+# (copies, casts, CPU Adam) wait for the build: a compiler on 2 of 16 cores skews 16-thread timings.
 timeout 300 python3 -c "from deepspeed.ops.op_builder import CPUAdamBuilder; CPUAdamBuilder().load(); \
 print('cpu_adam built')" > "$RES/cpuadam_build.log" 2>&1 &
 BUILD_PID=$!
 
-if [ "${SKIP_CAL:-0}" != "1" ]; then
+calibrate() {
   # A copy of the harness alone, so the rest of sosim (maybe mid-edit) is never imported.
   mkdir -p /tmp/calpkg/sosim && cp -r sosim/calibrate /tmp/calpkg/sosim/ && : > /tmp/calpkg/sosim/__init__.py
   (cd /tmp && PYTHONPATH=/tmp/calpkg:/tmp/site timeout "${CAL_TIMEOUT_S:-240}" \
-    python3 -m sosim.calibrate.cli --quick --out "$RES/cal") 2>&1 | tee "$RES/calibrate.log"
-  echo "[device_run] calibrate exit ${PIPESTATUS[0]} at $(( $(date +%s) - START_S )) s"
-fi
-wait "$BUILD_PID"; echo "[device_run] cpu_adam build exit $? : $(tail -1 "$RES/cpuadam_build.log")"
+    python3 -m sosim.calibrate.cli ${CAL_ARGS---quick} --out "$RES/cal" "$@") 2>&1 | tee -a "$RES/calibrate.log"
+  echo "[device_run] calibrate $* exit ${PIPESTATUS[0]} at $(( $(date +%s) - START_S )) s"
+}
+[ "${SKIP_CAL:-0}" != "1" ] && calibrate --only gemm,attention,layer,gpu_cast
+wait "$BUILD_PID"; echo "[device_run] cpu_adam build exit $? at $(( $(date +%s) - START_S )) s: $(tail -1 "$RES/cpuadam_build.log")"
+[ "${SKIP_CAL:-0}" != "1" ] && calibrate --append --only copy,cpu_cast,cpu_adam
 
 if [ "$#" -gt 0 ]; then
   BUDGET_S=$(( $(left_s) - 25 ))
-  timeout $(( BUDGET_S + 10 )) python3 "$REPO/scripts/ds_run_all.py" --out "$RES/ds" --deadline-s "$BUDGET_S" "$@" \
+  timeout $(( BUDGET_S + 10 )) python3 "$REPO/scripts/ds_run_all.py" --out "$RES/ds" --deadline-s "$BUDGET_S" \
+    --job-timeout-s "${DS_JOB_TIMEOUT_S:-150}" "$@" \
     2>&1 | tee "$RES/ds_run_all.log"
 fi
 

@@ -43,6 +43,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--quick", action="store_true", help="fewer sizes and repeats; well under 10 minutes")
     parser.add_argument(
+        "--append",
+        action="store_true",
+        help="keep the rows already in DIR/measurements.csv and add to them (a second invocation with --only)",
+    )
+    parser.add_argument(
         "--only", default=",".join(SECTIONS), help=f"comma-separated subset of sections: {','.join(SECTIONS)}"
     )
     return parser
@@ -61,7 +66,7 @@ def main(argv: list[str] | None = None) -> int:
     torch = _import_torch_with_cuda()
     if torch is None:
         return 2
-    return _run(torch, args.out, args.quick, sections)
+    return _run(torch, args.out, args.quick, sections, args.append)
 
 
 def _import_torch_with_cuda() -> Any | None:
@@ -83,10 +88,10 @@ def _import_torch_with_cuda() -> Any | None:
     return torch
 
 
-def _run(torch: Any, out: Path | None, quick: bool, sections: list[str]) -> int:
+def _run(torch: Any, out: Path | None, quick: bool, sections: list[str], append: bool) -> int:
     from . import copy_bench, cpu_bench, gpu_bench
     from .machine import cpu_model, device_slug, machine_meta, today_utc
-    from .records import Context, Table
+    from .records import Context, Table, read_rows
 
     meta = machine_meta(torch, quick)
     default_dir = Path("calibration") / f"{device_slug(str(meta['device']))}-{today_utc()}"
@@ -100,6 +105,13 @@ def _run(torch: Any, out: Path | None, quick: bool, sections: list[str]) -> int:
             date=today_utc(),
         )
     )
+    csv_path = out_dir / "measurements.csv"
+    meta_path = out_dir / "calibration_meta.json"
+    previous_meta: dict[str, Any] = {}
+    if append and csv_path.exists():
+        table.rows.extend(read_rows(csv_path))
+        if meta_path.exists():
+            previous_meta = json.loads(meta_path.read_text())
     torch.manual_seed(0)
     # Why no TF32 switch: every GPU measurement is bf16, which never uses TF32.
     runners: dict[str, Callable[[Any, Table, bool], None]] = {
@@ -111,9 +123,8 @@ def _run(torch: Any, out: Path | None, quick: bool, sections: list[str]) -> int:
         "cpu_cast": cpu_bench.bench_cpu_cast,
         "cpu_adam": cpu_bench.bench_cpu_adam,
     }
-    failed: list[str] = []
-    timings_s: dict[str, float] = {}
-    csv_path = out_dir / "measurements.csv"
+    failed: list[str] = list(previous_meta.get("failed_sections", []))
+    timings_s: dict[str, float] = dict(previous_meta.get("section_wall_s", {}))
     for name in sections:
         start_s = time.perf_counter()
         before = len(table.rows)
@@ -129,14 +140,15 @@ def _run(torch: Any, out: Path | None, quick: bool, sections: list[str]) -> int:
         added = len(table.rows) - before
         print(f"[calibrate] {name}: {added} rows in {timings_s[name]:.1f} s", file=sys.stderr, flush=True)
         table.write_csv(csv_path)
+    done = [*previous_meta.get("sections", []), *sections]
     meta |= {
-        "sections": sections,
+        "sections": done,
         "failed_sections": failed,
         "section_wall_s": timings_s,
         "deepspeed_version": _deepspeed_version(),
         "rows": len(table.rows),
     }
-    (out_dir / "calibration_meta.json").write_text(json.dumps(meta, indent=2, sort_keys=True) + "\n")
+    meta_path.write_text(json.dumps(meta, indent=2, sort_keys=True) + "\n")
     print(f"[calibrate] wrote {len(table.rows)} rows to {csv_path}", file=sys.stderr)
     return 1 if failed else 0
 

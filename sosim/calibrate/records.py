@@ -134,6 +134,15 @@ class Table:
         tmp.replace(path)
 
 
+def read_rows(path: Path) -> list[dict[str, str]]:
+    """Rows of an existing measurements.csv, to append to; refuses a file with other columns."""
+    with path.open(newline="") as handle:
+        reader = csv.DictReader(handle)
+        if tuple(reader.fieldnames or ()) != COLUMNS:
+            raise ValueError(f"{path}: columns differ from this harness's; not appending to it")
+        return [dict(row) for row in reader]
+
+
 def _format_number(value: int | float) -> str:
     """Integers stay integers in the CSV (1e8 elements -> '100000000'), so readers can match exactly."""
     if isinstance(value, float) and value.is_integer():
