@@ -258,6 +258,8 @@ class SuperOffloadSchedule(_Stage3Knobs):
 
 # Defaults that differ between the paper's schedule and DeepSpeed 0.18-0.19 (REFERENCE.md §2-3).
 _IMPL_DEFAULTS: dict[str, dict[str, dict[str, object]]] = {
+    # DeepSpeed's overlap_comm defaults to False for stages 1-2 (runtime/zero/config.py).
+    "zero_offload": {"ideal": {"overlap_comm": True}, "deepspeed": {"overlap_comm": False}},
     "zero3_offload": {
         "ideal": {"sub_group_elements": 6e8, "cpu_adam": "cpu_adam"},
         "deepspeed": {"sub_group_elements": 1e9, "cpu_adam": "cpu_adam"},

@@ -51,6 +51,8 @@ TENSORS_PER_LAYER = 10
 HOST_SYNC_S = 100e-6
 # fp32 master + Adam m, v + fp32 gradient: bytes of optimizer state per parameter wherever it lives.
 OPT_STATE_BYTES = 16.0
+# DeepSpeed's host buffers per parameter: fp32 master, fp32 grad, m, v + a bf16 staging/grad buffer (18 B).
+DEEPSPEED_CPU_STATE_BYTES = 18.0
 
 
 @dataclass(frozen=True)
@@ -58,7 +60,7 @@ class Stage3Strategy:
     name: str
     weight_flow: bool
     offload_checkpoints: bool  # weight-flow also keeps activation checkpoints in CPU memory
-    grad_path: Literal["bf16_cpu_cast", "fp32_gpu_cast", "deepspeed_superoffload"]
+    grad_path: Literal["bf16_cpu_cast", "fp32_gpu_cast", "deepspeed_stage3"]
     param_cast: Literal["gpu", "cpu"]  # where the fp32 -> bf16 cast of refreshed parameters runs
     speculative: bool  # CPU Adam per bucket during backward (STV)
     refresh: Literal["per_bucket", "blocking"]  # params back as each bucket finishes, or all at step()
@@ -72,6 +74,14 @@ class Stage3Strategy:
     hook_s_per_layer: float  # framework overhead added to each layer's forward and backward
     host_sync_per_subgroup: bool
     prefetch_layers: int = 1
+    # DeepSpeed details (stage3.py / superoffload_stage3.py, 0.19.6): whether the fp32 gradient D2H and the
+    # parameter refresh H2D use pinned memory, the CPU unscale/clip pass over fp32 gradients before each
+    # sub-group's copy-back, the worker's CPU->CPU copy of updated fp32 parameters, host bytes per parameter.
+    grad_d2h_pinned: bool = True
+    refresh_pinned: bool = True
+    cpu_unscale_pass: bool = False
+    worker_copy_back: bool = False
+    cpu_state_bytes: float = OPT_STATE_BYTES
     notes: tuple[tuple[str, str], ...] = ()
 
 
@@ -113,7 +123,7 @@ def memory_usage(sc: Scenario, st: Stage3Strategy) -> MemoryUsage:
     tokens = t.micro_batch * t.seq_len // sc.cluster.sequence_parallel
     bucket_bytes = st.bucket_params * FP32_BYTES
     gpu: dict[str, float] = {"transfer_buffers": 2 * bucket_bytes}
-    cpu: dict[str, float] = {"optimizer_state": OPT_STATE_BYTES * p * (1 - gpu_frac) / dp}
+    cpu: dict[str, float] = {"optimizer_state": st.cpu_state_bytes * p * (1 - gpu_frac) / dp}
     if st.weight_flow:
         # Only the layers being computed or prefetched are resident; embedding and head stay.
         gpu["bf16_params_working_set"] = (1 + st.prefetch_layers) * layer_bytes + tm.embedding_params(m) * BF16_BYTES
@@ -122,7 +132,9 @@ def memory_usage(sc: Scenario, st: Stage3Strategy) -> MemoryUsage:
         if st.offload_checkpoints and t.activation_checkpointing:
             cpu["activation_checkpoints"] = m.layers * m.hidden * BF16_BYTES * tokens
     else:
-        gpu["bf16_params"] = BF16_BYTES * p / dp if dp > 1 else BF16_BYTES * p
+        gpu["bf16_params"] = BF16_BYTES * p / dp
+        if dp > 1:  # gathered working set: the unit being computed and the one prefetched
+            gpu["bf16_params_gathered"] = 2 * layer_bytes
         act = tm.activation_bytes_peak(m, t)
     gpu["activations"] = act
     if gpu_frac > 0:
@@ -147,12 +159,18 @@ def build_plan(sc: Scenario, costs: CostModel, st: Stage3Strategy) -> Plan:
     fetch_bytes = FP32_BYTES if st.param_cast == "gpu" else BF16_BYTES
     link = {"d2h": 0.0, "h2d": 0.0}
 
-    def copy(direction: Literal["h2d", "d2h"], name: str, n_bytes: float, deps: list[int], layer: int, it: int) -> int:
+    def copy(direction: Literal["h2d", "d2h"], name: str, n_bytes: float, deps: list[int], layer: int, it: int,
+             pinned: bool = True) -> int:
         if it == 1:  # count link bytes of one steady iteration
             link[direction] += n_bytes
         res = H2D if direction == "h2d" else D2H
-        return plan.add(res, name, costs.copy_s(n_bytes, direction, st.pin_memory), deps,
+        return plan.add(res, name, costs.copy_s(n_bytes, direction, st.pin_memory and pinned), deps,
                         layer=layer, iteration=it, category=TRANSFER)
+
+    def cpu_pass(name: str, params: float, deps: list[int], b: Bucket, it: int) -> int:
+        """A streaming pass over fp32 data in the training process (read+write 8 B/param)."""
+        return plan.add(CPU_CAST, name, 2.0 * costs.cpu_norm_s(params), deps, layer=b.last_unit, iteration=it,
+                        category=OPTIMIZER)
 
     def adam_s(params: float) -> float:
         return costs.cpu_adam_s(params, st.cpu_adam, cores, shard_total)  # type: ignore[arg-type]
@@ -168,13 +186,15 @@ def build_plan(sc: Scenario, costs: CostModel, st: Stage3Strategy) -> Plan:
             d = copy("d2h", f"grad_d2h:b{b.index}", shard * BF16_BYTES, deps, b.last_unit, it)
             return plan.add(CPU_CAST, f"grad_cast_fp32:b{b.index}", costs.cpu_cast_s(shard, cast_cores), [d],
                             layer=b.last_unit, iteration=it, category=CAST)
-        if st.grad_path == "deepspeed_superoffload":
-            # DeepSpeed 0.18-0.19 superoffload: bf16 grad to host, back to the GPU, cast there, fp32 to host.
+        if st.grad_path == "deepspeed_stage3":
+            # DeepSpeed stage 3 partition_grads: bf16 grad into the pinned host buffer, back to the GPU, cast
+            # to fp32 there at the boundary, fp32 to the host (8 B/param).
             d = copy("d2h", f"grad_d2h_bf16:b{b.index}", shard * BF16_BYTES, deps, b.last_unit, it)
             deps = [copy("h2d", f"grad_h2d_bf16:b{b.index}", shard * BF16_BYTES, [d], b.last_unit, it)]
         c = plan.add(GPU_CAST, f"grad_cast_fp32:b{b.index}", costs.gpu_cast_s(shard), deps,
                      layer=b.last_unit, iteration=it, category=CAST)
-        return copy("d2h", f"grad_d2h_fp32:b{b.index}", shard * FP32_BYTES, [c], b.last_unit, it)
+        return copy("d2h", f"grad_d2h_fp32:b{b.index}", shard * FP32_BYTES, [c], b.last_unit, it,
+                    pinned=st.grad_d2h_pinned)
 
     def params_to_gpu(b: Bucket, dep: list[int], it: int) -> int:
         shard = b.params / dp
@@ -184,18 +204,20 @@ def build_plan(sc: Scenario, costs: CostModel, st: Stage3Strategy) -> Plan:
                 return dep[-1]  # fp32 is streamed and cast on the GPU as it is fetched
             return plan.add(CPU_CAST, f"param_cast_bf16:b{b.index}", costs.cpu_cast_s(shard, cast_cores), dep,
                             layer=b.last_unit, iteration=it, category=CAST)
+        if st.worker_copy_back:
+            dep = [cpu_pass(f"worker_copy_back:b{b.index}", shard, dep, b, it)]
+        if st.cpu_unscale_pass:
+            dep = [cpu_pass(f"unscale_clip:b{b.index}", shard, dep, b, it)]
         if st.param_cast == "cpu":
             c = plan.add(CPU_CAST, f"param_cast_bf16:b{b.index}", costs.cpu_cast_s(shard, cast_cores), dep,
                          layer=b.last_unit, iteration=it, category=CAST)
-            last = copy("h2d", f"param_h2d_bf16:b{b.index}", shard * BF16_BYTES, [c], b.last_unit, it)
+            last = copy("h2d", f"param_h2d_bf16:b{b.index}", shard * BF16_BYTES, [c], b.last_unit, it,
+                        pinned=st.refresh_pinned)
         else:
             h = copy("h2d", f"param_h2d_fp32:b{b.index}", shard * FP32_BYTES, dep, b.last_unit, it)
             last = plan.add(GPU_CAST, f"param_cast_bf16:b{b.index}", costs.gpu_cast_s(shard), [h],
                             layer=b.last_unit, iteration=it, category=CAST)
-        if dp > 1:
-            last = plan.add(NET, f"allgather:b{b.index}", costs.reduce_scatter_s(b.params * BF16_BYTES, dp), [last],
-                            layer=b.last_unit, iteration=it, category=COMM)
-        return last
+        return last  # the rank's own partition: the next use all-gathers it (ZeRO-3)
 
     ready: dict[int, list[int]] = {}  # bucket index -> ops after which its updated params are usable
     for it in range(t.iterations):
@@ -208,10 +230,14 @@ def build_plan(sc: Scenario, costs: CostModel, st: Stage3Strategy) -> Plan:
             computed: list[int] = []  # GPU ops in order: a fetch may only run prefetch_layers ahead of use
             for u in lay.units:
                 deps = list(prev_ready.get(lay.unit_bucket.get(u.index, -1), [])) if micro == 0 else []
+                buffer_free = computed[-1 - st.prefetch_layers:-st.prefetch_layers or None][:1]
                 if st.weight_flow and u.params and 0 < u.index <= sc.model.layers:
-                    buffer_free = computed[-1 - st.prefetch_layers:-st.prefetch_layers or None][:1]
                     deps = [copy("h2d", f"fetch_fwd:{u.name}", u.params * fetch_bytes, deps + buffer_free,
                                  u.index, it)]
+                if dp > 1 and u.params:
+                    # ZeRO-3: each rank holds 1/dp of the weights; gather the unit's weights before use.
+                    deps = [plan.add(NET, f"allgather_fwd:{u.name}", costs.reduce_scatter_s(u.params * BF16_BYTES, dp),
+                                     deps + buffer_free, layer=u.index, iteration=it, category=COMM)]
                 f = plan.add(GPU, f"fwd:{u.name}", u.fwd_s, deps, layer=u.index, iteration=it)
                 computed.append(f)
                 if micro == 0 and u.index == 0:
@@ -221,9 +247,13 @@ def build_plan(sc: Scenario, costs: CostModel, st: Stage3Strategy) -> Plan:
             # ---- backward
             for u in reversed(lay.units):
                 deps = []
+                buffer_free = computed[-1 - st.prefetch_layers:-st.prefetch_layers or None][:1]
                 if st.weight_flow and u.params and 0 < u.index <= sc.model.layers:
-                    buffer_free = computed[-1 - st.prefetch_layers:-st.prefetch_layers or None][:1]
                     deps.append(copy("h2d", f"fetch_bwd:{u.name}", u.params * fetch_bytes, buffer_free, u.index, it))
+                if dp > 1 and u.params:
+                    deps.append(plan.add(NET, f"allgather_bwd:{u.name}",
+                                         costs.reduce_scatter_s(u.params * BF16_BYTES, dp), deps + buffer_free,
+                                         layer=u.index, iteration=it, category=COMM))
                 if u.index in ckpt_off:
                     deps.append(copy("h2d", f"ckpt_h2d:{u.name}", ckpt_bytes, [ckpt_off[u.index]], u.index, it))
                 bwd = plan.add(GPU, f"bwd:{u.name}", u.bwd_s, deps, layer=u.index, iteration=it)

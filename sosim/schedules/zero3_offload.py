@@ -3,9 +3,12 @@
 ideal: the schedule as designed — weights resident on one GPU (partitioned and all-gathered across
 data-parallel ranks), bf16 gradients per sub-group to the CPU, Adam per sub-group after backward and the
 global norm, each sub-group's parameters copied back as soon as it is updated.
-deepspeed: DeepSpeed 0.18-0.19 adds the per-submodule fetch/release hooks of stage 3 on every layer's
-forward and backward, and its ``step()`` alternates per sub-group: CPU Adam, then a synchronous
-``fp16_partition.copy_(fp32_partition)`` (fp32->bf16 on the CPU, 2 B/param H2D) before the next sub-group.
+deepspeed: DeepSpeed 0.19.6 (``runtime/zero/stage3.py``) adds the per-submodule fetch/release hooks of
+stage 3 on every layer's forward and backward; ``partition_grads`` moves each gradient bf16 to a pinned
+host buffer, back to the GPU, casts it to fp32 there and copies fp32 to the host (8 B/param); ``step()``
+walks the sub-groups one after the other: CPU unscale/clip pass, CPU Adam, then a blocking
+``fp16_partition.copy_(fp32_partition)`` from pageable memory (fp32->bf16 on the CPU, 2 B/param H2D)
+before the next sub-group. Host memory is 18 B/param.
 """
 
 from __future__ import annotations
@@ -22,12 +25,14 @@ def strategy(sc: Scenario) -> stage3.Stage3Strategy:
     assert isinstance(s, Zero3OffloadSchedule)
     ds = s.implementation == "deepspeed"
     return stage3.Stage3Strategy(
-        name="zero3_offload", weight_flow=False, offload_checkpoints=False, grad_path="bf16_cpu_cast",
+        name="zero3_offload", weight_flow=False, offload_checkpoints=False,
+        grad_path="deepspeed_stage3" if ds else "bf16_cpu_cast",
         param_cast="cpu", speculative=False, refresh="per_bucket", serial_subgroups=ds,
         gpu_optimizer_fraction=0.0, bucket_params=s.sub_group_elements, cpu_adam=s.cpu_adam,
         cpu_adam_core_fraction=s.cpu_adam_core_fraction, pin_memory=s.pin_memory, overlap_comm=s.overlap_comm,
         hook_s_per_layer=stage3.STAGE3_HOOK_S_PER_TENSOR * stage3.TENSORS_PER_LAYER if ds else 0.0,
-        host_sync_per_subgroup=False,
+        host_sync_per_subgroup=False, refresh_pinned=not ds, cpu_unscale_pass=ds,
+        cpu_state_bytes=stage3.DEEPSPEED_CPU_STATE_BYTES if ds else stage3.OPT_STATE_BYTES,
     )
 
 

@@ -11,10 +11,13 @@ Per iteration (REFERENCE.md §2):
 5. the next forward waits for every parameter — or, with ``dpu`` (delayed parameter update), for the
    parameters of the step before, so that Adam of step i overlaps the forward/backward of step i+1.
 
-``implementation: deepspeed`` replays DeepSpeed's stage-2 offload path (docs/model.md): gradients are
-copied bf16 into the CPU fp32 buffer (PyTorch converts CPU<->GPU copies on the CPU side), and after the
-whole CPU step the fp32 partition is copied into the bf16 GPU parameters with ``copy_`` (a CPU-side
-fp32->bf16 conversion, then 2 B/param H2D) as one blocking refresh before the next forward.
+``implementation: deepspeed`` replays DeepSpeed 0.19.6's stage-1/2 offload path
+(``runtime/zero/stage_1_and_2.py``): ``overlap_comm`` defaults to false, so gradient copies run on the
+compute stream; each gradient is cast to fp32 on the GPU and copied (4 B/param) into the pinned fp32
+partition, with a host synchronization per parameter for the overflow tracker; ``step()`` runs a CPU
+unscale/clip pass over the fp32 gradients, CPU-Adam (which no longer writes a bf16 copy), then casts the
+fp32 partition to bf16 on the CPU into a pinned staging buffer and sends it with one H2D (2 B/param).
+Host memory is 18 B/param (fp32 master, grads, m, v, bf16 staging).
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ from sosim import model as tm
 from sosim.config import Scenario, ZeroOffloadSchedule
 from sosim.costs import CostModel
 from sosim.memory import MemoryUsage
-from sosim.plan import CAST, COMM, CPU_CAST, CPU_OPT, D2H, GPU, H2D, NET, OPTIMIZER, TRANSFER, Plan
+from sosim.plan import CAST, COMM, CPU_CAST, CPU_OPT, D2H, GPU, GPU_CAST, H2D, NET, OPTIMIZER, TRANSFER, Plan
 from sosim.schedules.common import (
     build_units,
     cores_for_adam,
@@ -31,6 +34,11 @@ from sosim.schedules.common import (
     make_buckets,
 )
 from sosim.units import BF16_BYTES, FP32_BYTES, MB
+
+# DeepSpeed's overflow tracker truth-tests a CUDA scalar per parameter: the host waits for the stream once
+# per parameter tensor. Estimate: ~20 us of GPU idle each (launch pipeline refill), ~10 tensors per layer.
+SYNC_S_PER_TENSOR = 20e-6
+TENSORS_PER_LAYER = 10
 
 
 def _sched(sc: Scenario) -> ZeroOffloadSchedule:
@@ -53,6 +61,8 @@ def memory_usage(sc: Scenario) -> MemoryUsage:
         "adam_moments": 2 * FP32_BYTES * part,
         "fp32_grads": FP32_BYTES * part * (2 if s.dpu else 1),  # DPU double-buffers the gradients
     }
+    if s.implementation == "deepspeed":
+        cpu["bf16_staging"] = BF16_BYTES * part
     return MemoryUsage(gpu_bytes=gpu, cpu_bytes=cpu)
 
 
@@ -66,7 +76,9 @@ def build_plan(sc: Scenario, costs: CostModel) -> Plan:
     buckets = make_buckets(units, s.bucket_mb * MB / BF16_BYTES)
     cores = cores_for_adam(sc, s.cpu_adam_core_fraction)
     needs_norm = sc.training.gradient_clipping > 0 or sc.training.precision == "fp16"
-    grad_bytes = BF16_BYTES  # gradients cross the link as produced, in bf16; the CPU converts to fp32
+    # ideal: bf16 gradients cross the link and the CPU converts; DeepSpeed casts on the GPU and moves fp32.
+    grad_bytes = FP32_BYTES if deepspeed else BF16_BYTES
+    sync_s = SYNC_S_PER_TENSOR * TENSORS_PER_LAYER if deepspeed else 0.0
     refresh: dict[int, list[int]] = {}  # iteration -> ops that complete its parameter refresh
     link_bytes = 0.0
     # DPU's one-step staleness needs two extra iterations before the timeline is periodic.
@@ -83,7 +95,7 @@ def build_plan(sc: Scenario, costs: CostModel) -> Plan:
             bwd_gates: dict[int, list[int]] = {}
             bwd: dict[int, int] = {}
             for u in reversed(units):
-                bwd[u.index] = plan.add(GPU, f"bwd:{u.name}", u.bwd_s, bwd_gates.get(u.index, ()),
+                bwd[u.index] = plan.add(GPU, f"bwd:{u.name}", u.bwd_s + sync_s, bwd_gates.get(u.index, ()),
                                         layer=u.index, iteration=it)
                 bucket = next((b for b in buckets if b.last_unit == u.index), None)
                 if bucket is None:
@@ -94,17 +106,28 @@ def build_plan(sc: Scenario, costs: CostModel) -> Plan:
                     deps = [plan.add(NET, f"reduce_scatter:b{bucket.index}",
                                      costs.reduce_scatter_s(bucket.params * BF16_BYTES, dp), deps,
                                      layer=u.index, iteration=it, category=COMM)]
-                d2h = plan.add(D2H, f"grad_d2h:b{bucket.index}", costs.copy_s(shard * grad_bytes, "d2h", s.pin_memory),
+                if deepspeed:
+                    # The fp32 cast runs on the stream doing the copy: the compute stream without overlap_comm.
+                    stream = GPU_CAST if s.overlap_comm else GPU
+                    deps = [plan.add(stream, f"grad_cast_fp32:b{bucket.index}", costs.gpu_cast_s(shard), deps,
+                                     layer=u.index, iteration=it, category=CAST)]
+                d2h = plan.add(D2H, f"grad_d2h:b{bucket.index}",
+                               costs.copy_s(shard * grad_bytes, "d2h", s.pin_memory),
                                deps, layer=u.index, iteration=it, category=TRANSFER)
                 link_bytes += shard * grad_bytes if it == 0 else 0.0
-                d2h = plan.add(CPU_CAST, f"grad_accum_fp32:b{bucket.index}", costs.cpu_cast_s(shard, cores),
-                               [d2h], layer=u.index, iteration=it, category=CAST)
+                if not deepspeed:
+                    d2h = plan.add(CPU_CAST, f"grad_accum_fp32:b{bucket.index}", costs.cpu_cast_s(shard, cores),
+                                   [d2h], layer=u.index, iteration=it, category=CAST)
                 arrived.append(d2h)
                 if not s.overlap_comm and u.index > 0:
                     bwd_gates[u.index - 1] = [d2h]
         step_deps = list(arrived)
-        if needs_norm:
+        if needs_norm and not deepspeed:
             step_deps = [plan.add(CPU_OPT, "grad_norm", costs.cpu_norm_s(p_total / dp), arrived,
+                                  iteration=it, category=OPTIMIZER)]
+        if deepspeed:
+            # The norm was accumulated on the GPU during backward; step() scales the fp32 grads on the CPU.
+            step_deps = [plan.add(CPU_OPT, "unscale_clip", 2.0 * costs.cpu_norm_s(p_total / dp), arrived,
                                   iteration=it, category=OPTIMIZER)]
         done: list[int] = []
         adam_ops = []
