@@ -313,7 +313,7 @@ def run_items(
     ``executor=None`` runs in this process. A chunk whose task fails as a whole (a worker died) is not
     handed to the sink; the others are, then a SosimError names the failure so a resumed run retries it.
     """
-    from tqdm.auto import tqdm
+    from tqdm import tqdm  # plain (not .auto): no ipywidgets warning in notebooks; the bar goes to stderr
 
     workers = 1 if executor is None else _executor_workers(executor)
     size = chunk_size or default_chunk_size(len(items), workers)
