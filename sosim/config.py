@@ -186,6 +186,9 @@ class TrainingSpec(_Strict):
     gradient_clipping: NonNegFloat = 1.0  # 0 disables clipping (and so the global-norm dependency)
     # Fraction of steps whose gradient norm exceeds the clip threshold (drives STV rollbacks).
     clip_rate: UnitInterval = 0.0
+    # Tokens whose logits are materialised at once (tiled/chunked loss, as long-sequence training does);
+    # None = the whole micro-batch at once.
+    loss_chunk_tokens: PosInt | None = None
     # Simulated iterations; the steady-state step is measured between the last two.
     iterations: Annotated[int, Field(ge=3, le=50)] = 3
 

@@ -129,16 +129,19 @@ def activation_bytes_per_token_layer(m: ModelSpec) -> float:
     return float(attention + mlp + 4 * h)
 
 
-def activation_bytes_peak(m: ModelSpec, t: TrainingSpec, layers_on_gpu: int | None = None) -> float:
-    """Peak activation memory of one micro-batch on one GPU (bytes).
+def activation_bytes_peak(
+    m: ModelSpec, t: TrainingSpec, layers_on_gpu: int | None = None, sequence_parallel: int = 1
+) -> float:
+    """Peak activation memory of one micro-batch on one GPU (bytes); Ulysses splits the tokens.
 
     With checkpointing: every layer's bf16 input (2h bytes per token) plus one layer's full activations
     during its recompute+backward. Without: every layer's full activations. Both add the logits (bf16
     logits + fp32 softmax/loss workspace: 6 bytes per token per vocabulary entry).
     """
-    tokens = t.micro_batch * t.seq_len
+    tokens = t.micro_batch * t.seq_len // sequence_parallel
     layers = m.layers if layers_on_gpu is None else layers_on_gpu
     full_layer = activation_bytes_per_token_layer(m) * tokens
     kept = layers * m.hidden * BF16_BYTES * tokens + full_layer if t.activation_checkpointing else layers * full_layer
-    logits = 6.0 * tokens * m.vocab
+    logit_tokens = tokens if t.loss_chunk_tokens is None else min(tokens, t.loss_chunk_tokens)
+    logits = 6.0 * logit_tokens * m.vocab
     return kept + logits

@@ -79,7 +79,7 @@ class TableCostModel:
         return total
 
     def _attention_s(self, backward: bool) -> float:
-        hidden, seq, batch, heads, head_dim = self._shape
+        _, seq, batch, heads, head_dim = self._shape
         a = self.analytic
         fwd_flops = tm.attention_flops_fwd(a.model, a.tokens_per_gpu, seq) * CAUSAL_WORK_FRACTION
         fwd_analytic = fwd_flops / (a.hw.gpu.peak_bf16_tflops * 1e12 * a.hw.gpu.attention_efficiency)

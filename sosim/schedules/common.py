@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from sosim import model as tm
 from sosim.config import Scenario
 from sosim.costs import CostModel
-from sosim.plan import COMPUTE, GPU, Plan
+from sosim.plan import COMM, COMPUTE, GPU, NET, Plan
 
 
 @dataclass(frozen=True)
@@ -24,6 +24,23 @@ class Unit:
     params: int  # parameters held by this rank (after any partitioning)
     fwd_s: float
     bwd_s: float
+    # Ulysses sequence parallelism: all-to-all time the layer waits for in each pass (0 without it).
+    a2a_s: float = 0.0
+
+
+def gpu_pass_op(
+    plan: Plan, u: Unit, kind: str, duration_s: float, deps: Sequence[int], iteration: int
+) -> int:
+    """One unit's forward or backward on the GPU stream, preceded by its Ulysses all-to-all if any.
+
+    The all-to-all of Q/K/V (and of the attention output) sits on the critical path: attention cannot
+    start before every rank holds its heads for the whole sequence, so the compute op depends on it.
+    """
+    deps = tuple(deps)
+    if u.a2a_s > 0:
+        deps = (plan.add(NET, f"all_to_all_{kind}:{u.name}", u.a2a_s, deps, layer=u.index, iteration=iteration,
+                         category=COMM),)
+    return plan.add(GPU, f"{kind}:{u.name}", duration_s, deps, layer=u.index, iteration=iteration, category=COMPUTE)
 
 
 def tokens_per_gpu(sc: Scenario) -> int:
@@ -43,9 +60,23 @@ def build_units(sc: Scenario, costs: CostModel) -> list[Unit]:
     units = [Unit(0, "embed", emb, 0.0, 0.0)]
     layer_p = tm.layer_params(m)
     fwd, bwd = costs.layer_fwd_s(), costs.layer_bwd_s()
-    units += [Unit(i, f"layer{i - 1}", layer_p, fwd, bwd) for i in range(1, m.layers + 1)]
+    a2a = ulysses_all_to_all_s(sc, costs)
+    units += [Unit(i, f"layer{i - 1}", layer_p, fwd, bwd, a2a) for i in range(1, m.layers + 1)]
     units.append(Unit(m.layers + 1, "head", head, costs.head_fwd_s(), costs.head_bwd_s()))
     return units
+
+
+def ulysses_all_to_all_s(sc: Scenario, costs: CostModel) -> float:
+    """DeepSpeed-Ulysses: per layer and pass, all-to-all of q, k, v before attention and of the output after.
+
+    Each rank exchanges 4 * (N/P) * h elements (bf16) per pass, N = sequence tokens of the micro-batch;
+    (P-1)/P of them leave the GPU. Modelled as one collective at the reduce-scatter rate of the fabric.
+    """
+    sp = sc.cluster.sequence_parallel
+    if sp <= 1:
+        return 0.0
+    n_bytes = 4.0 * tokens_per_gpu(sc) * sc.model.hidden * 2.0
+    return costs.reduce_scatter_s(n_bytes * sp, sp)  # reduce_scatter_s moves (P-1)/P of its argument
 
 
 def forward_pass(
@@ -58,13 +89,7 @@ def forward_pass(
 ) -> list[int]:
     """Forward ops of every unit on the GPU stream, in order. ``gates[u]``: extra deps of unit u's op."""
     gates = gates or {}
-    ids = []
-    for u in units:
-        ids.append(
-            plan.add(GPU, f"{prefix}:{u.name}", u.fwd_s, tuple(gates.get(u.index, ())),
-                     layer=u.index, iteration=iteration, category=COMPUTE)
-        )
-    return ids
+    return [gpu_pass_op(plan, u, prefix, u.fwd_s, gates.get(u.index, ()), iteration) for u in units]
 
 
 def backward_pass(
@@ -77,8 +102,7 @@ def backward_pass(
     gates = gates or {}
     out: dict[int, int] = {}
     for u in reversed(units):
-        out[u.index] = plan.add(GPU, f"bwd:{u.name}", u.bwd_s, tuple(gates.get(u.index, ())),
-                                layer=u.index, iteration=iteration, category=COMPUTE)
+        out[u.index] = gpu_pass_op(plan, u, "bwd", u.bwd_s, gates.get(u.index, ()), iteration)
     return out
 
 

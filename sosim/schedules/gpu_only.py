@@ -24,7 +24,7 @@ def memory_usage(sc: Scenario) -> MemoryUsage:
     p = tm.total_params(sc.model)
     gpu = {
         "model_state": sched.state_bytes_per_param * p,
-        "activations": tm.activation_bytes_peak(sc.model, sc.training),
+        "activations": tm.activation_bytes_peak(sc.model, sc.training, sequence_parallel=sc.cluster.sequence_parallel),
     }
     return MemoryUsage(gpu_bytes=gpu, cpu_bytes={})
 

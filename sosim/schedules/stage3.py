@@ -16,7 +16,7 @@ Each system module (zero3_offload, zero_infinity, superoffload) only maps its co
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Literal
 
 from sosim import model as tm
@@ -38,7 +38,7 @@ from sosim.plan import (
     TRANSFER,
     Plan,
 )
-from sosim.schedules.common import Bucket, Unit, build_units, cores_for_adam, make_buckets
+from sosim.schedules.common import Bucket, Unit, build_units, cores_for_adam, gpu_pass_op, make_buckets
 from sosim.units import BF16_BYTES, FP32_BYTES, MB
 
 # DeepSpeed ZeRO-3 runs Python hooks around every submodule's forward and backward (fetch, release,
@@ -97,7 +97,7 @@ class _Layout:
 def _layout(sc: Scenario, costs: CostModel, st: Stage3Strategy) -> _Layout:
     units = build_units(sc, costs)
     if st.hook_s_per_layer:
-        units = [Unit(u.index, u.name, u.params, u.fwd_s + st.hook_s_per_layer, u.bwd_s + st.hook_s_per_layer)
+        units = [replace(u, fwd_s=u.fwd_s + st.hook_s_per_layer, bwd_s=u.bwd_s + st.hook_s_per_layer)
                  for u in units]
     buckets = make_buckets(units, st.bucket_params)
     p_total = sum(u.params for u in units)
@@ -128,14 +128,15 @@ def memory_usage(sc: Scenario, st: Stage3Strategy) -> MemoryUsage:
         # Only the layers being computed or prefetched are resident; embedding and head stay.
         gpu["bf16_params_working_set"] = (1 + st.prefetch_layers) * layer_bytes + tm.embedding_params(m) * BF16_BYTES
         cpu["bf16_params"] = BF16_BYTES * p
-        act = tm.activation_bytes_peak(m, t, layers_on_gpu=0 if st.offload_checkpoints else None)
+        act = tm.activation_bytes_peak(m, t, layers_on_gpu=0 if st.offload_checkpoints else None,
+                                       sequence_parallel=sc.cluster.sequence_parallel)
         if st.offload_checkpoints and t.activation_checkpointing:
             cpu["activation_checkpoints"] = m.layers * m.hidden * BF16_BYTES * tokens
     else:
         gpu["bf16_params"] = BF16_BYTES * p / dp
         if dp > 1:  # gathered working set: the unit being computed and the one prefetched
             gpu["bf16_params_gathered"] = 2 * layer_bytes
-        act = tm.activation_bytes_peak(m, t)
+        act = tm.activation_bytes_peak(m, t, sequence_parallel=sc.cluster.sequence_parallel)
     gpu["activations"] = act
     if gpu_frac > 0:
         gpu["gpu_optimizer_state"] = OPT_STATE_BYTES * p * gpu_frac / dp
@@ -238,7 +239,7 @@ def build_plan(sc: Scenario, costs: CostModel, st: Stage3Strategy) -> Plan:
                     # ZeRO-3: each rank holds 1/dp of the weights; gather the unit's weights before use.
                     deps = [plan.add(NET, f"allgather_fwd:{u.name}", costs.reduce_scatter_s(u.params * BF16_BYTES, dp),
                                      deps + buffer_free, layer=u.index, iteration=it, category=COMM)]
-                f = plan.add(GPU, f"fwd:{u.name}", u.fwd_s, deps, layer=u.index, iteration=it)
+                f = gpu_pass_op(plan, u, "fwd", u.fwd_s, deps, it)
                 computed.append(f)
                 if micro == 0 and u.index == 0:
                     plan.mark_iteration_start(f)
@@ -256,7 +257,7 @@ def build_plan(sc: Scenario, costs: CostModel, st: Stage3Strategy) -> Plan:
                                          layer=u.index, iteration=it, category=COMM))
                 if u.index in ckpt_off:
                     deps.append(copy("h2d", f"ckpt_h2d:{u.name}", ckpt_bytes, [ckpt_off[u.index]], u.index, it))
-                bwd = plan.add(GPU, f"bwd:{u.name}", u.bwd_s, deps, layer=u.index, iteration=it)
+                bwd = gpu_pass_op(plan, u, "bwd", u.bwd_s, deps, it)
                 computed.append(bwd)
                 b_idx = lay.unit_bucket.get(u.index)
                 if b_idx is None or lay.buckets[b_idx].last_unit != u.index or b_idx in lay.gpu_buckets:

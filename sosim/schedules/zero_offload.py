@@ -31,6 +31,7 @@ from sosim.schedules.common import (
     build_units,
     cores_for_adam,
     forward_pass,
+    gpu_pass_op,
     make_buckets,
 )
 from sosim.units import BF16_BYTES, FP32_BYTES, MB
@@ -54,7 +55,7 @@ def memory_usage(sc: Scenario) -> MemoryUsage:
     gpu = {
         "bf16_params": BF16_BYTES * p,
         "grad_buckets": 2 * bucket,  # double-buffered bucket being filled / being copied out
-        "activations": tm.activation_bytes_peak(sc.model, sc.training),
+        "activations": tm.activation_bytes_peak(sc.model, sc.training, sequence_parallel=sc.cluster.sequence_parallel),
     }
     cpu = {
         "fp32_master": FP32_BYTES * part,
@@ -95,8 +96,7 @@ def build_plan(sc: Scenario, costs: CostModel) -> Plan:
             bwd_gates: dict[int, list[int]] = {}
             bwd: dict[int, int] = {}
             for u in reversed(units):
-                bwd[u.index] = plan.add(GPU, f"bwd:{u.name}", u.bwd_s + sync_s, bwd_gates.get(u.index, ()),
-                                        layer=u.index, iteration=it)
+                bwd[u.index] = gpu_pass_op(plan, u, "bwd", u.bwd_s + sync_s, bwd_gates.get(u.index, ()), it)
                 bucket = next((b for b in buckets if b.last_unit == u.index), None)
                 if bucket is None:
                     continue
