@@ -2,8 +2,8 @@
 
 The steady-state step is the window between the start of the second-to-last and the last iteration's
 first forward op. Inside it, every instant is attributed to exactly one bucket, so the breakdown sums to
-the step time: GPU busy (compute or other GPU work), else the first busy resource in the order
-CPU optimizer > CPU cast > D2H > H2D > collectives > host sync, else idle.
+the step time: GPU busy (compute or other GPU work), else the first busy kind of work in the order
+CPU optimizer > CPU cast > D2H > H2D > collectives, else idle.
 """
 
 from __future__ import annotations
@@ -18,23 +18,25 @@ import pandas as pd
 from sosim import model as tm
 from sosim.config import Scenario
 from sosim.memory import Feasibility, MemoryUsage
-from sosim.plan import COMPUTE, CPU_CAST, CPU_OPT, D2H, GPU, H2D, NET, Plan
+from sosim.plan import CAST, COMPUTE, CPU_CAST, CPU_OPT, D2H, GPU, H2D, NET, OPTIMIZER, Plan
 from sosim.schedules.common import global_tokens_per_step
 from sosim.units import GIB, TFLOP
 
 # GPU-idle time goes to the first of these whose resource is busy (the CPU side first: it is what the
 # GPU waits on in offload schedules).
-EXPOSED_ORDER: tuple[tuple[str, str], ...] = (
-    ("exposed_cpu_optimizer_s", CPU_OPT),
-    ("exposed_cpu_cast_s", CPU_CAST),
-    ("exposed_d2h_s", D2H),
-    ("exposed_h2d_s", H2D),
-    ("exposed_comm_s", NET),
+# CPU work is attributed by category (a cast may run on the optimizer worker's cores when they are shared).
+_CPU = frozenset({CPU_OPT, CPU_CAST})
+EXPOSED_ORDER: tuple[tuple[str, frozenset[str], str | None], ...] = (
+    ("exposed_cpu_optimizer_s", _CPU, OPTIMIZER),
+    ("exposed_cpu_cast_s", _CPU, CAST),
+    ("exposed_d2h_s", frozenset({D2H}), None),
+    ("exposed_h2d_s", frozenset({H2D}), None),
+    ("exposed_comm_s", frozenset({NET}), None),
 )
 BREAKDOWN_KEYS: tuple[str, ...] = (
     "gpu_compute_s",
     "gpu_other_s",
-    *(k for k, _ in EXPOSED_ORDER),
+    *(k for k, _, _ in EXPOSED_ORDER),
     "idle_s",
 )
 
@@ -71,8 +73,10 @@ def step_breakdown(plan: Plan, start: np.ndarray, end: np.ndarray, t0: float, t1
     out["gpu_compute_s"] = float(widths[gpu_compute].sum())
     out["gpu_other_s"] = float(widths[gpu_any & ~gpu_compute].sum())
     free = ~gpu_any
-    for key, resource in EXPOSED_ORDER:
-        sel = res == resource
+    for key, resources, category in EXPOSED_ORDER:
+        sel = np.isin(res, list(resources))
+        if category is not None:
+            sel &= cat == category
         hit = free & _active(s[sel], e[sel], mids)
         out[key] = float(widths[hit].sum())
         free &= ~hit

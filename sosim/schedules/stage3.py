@@ -149,8 +149,12 @@ def build_plan(sc: Scenario, costs: CostModel, st: Stage3Strategy) -> Plan:
     dp = sc.cluster.dp
     t = sc.training
     cores = cores_for_adam(sc, st.cpu_adam_core_fraction)
-    # CPU casts run on the cores not given to the Adam worker (at least one).
-    cast_cores = max(1.0, sc.hardware.cpu.cores - cores) if st.cpu_adam_core_fraction < 1 else cores
+    # With a dedicated Adam worker (core fraction < 1) the training process casts on the remaining cores,
+    # concurrently; otherwise casts and Adam share all cores and run one after the other on one resource.
+    if st.cpu_adam_core_fraction < 1:
+        cast_cores, cpu_cast = max(1.0, sc.hardware.cpu.cores - cores), CPU_CAST
+    else:
+        cast_cores, cpu_cast = cores, CPU_OPT
     shard_total = lay.p_total / dp
     needs_norm = t.gradient_clipping > 0 or t.precision == "fp16"
     speculative = st.speculative
@@ -170,7 +174,7 @@ def build_plan(sc: Scenario, costs: CostModel, st: Stage3Strategy) -> Plan:
 
     def cpu_pass(name: str, params: float, deps: list[int], b: Bucket, it: int) -> int:
         """A streaming pass over fp32 data in the training process (read+write 8 B/param)."""
-        return plan.add(CPU_CAST, name, 2.0 * costs.cpu_norm_s(params), deps, layer=b.last_unit, iteration=it,
+        return plan.add(cpu_cast, name, 2.0 * costs.cpu_norm_s(params), deps, layer=b.last_unit, iteration=it,
                         category=OPTIMIZER)
 
     def adam_s(params: float) -> float:
@@ -185,7 +189,7 @@ def build_plan(sc: Scenario, costs: CostModel, st: Stage3Strategy) -> Plan:
                              deps, layer=b.last_unit, iteration=it, category=COMM)]
         if st.grad_path == "bf16_cpu_cast":
             d = copy("d2h", f"grad_d2h:b{b.index}", shard * BF16_BYTES, deps, b.last_unit, it)
-            return plan.add(CPU_CAST, f"grad_cast_fp32:b{b.index}", costs.cpu_cast_s(shard, cast_cores), [d],
+            return plan.add(cpu_cast, f"grad_cast_fp32:b{b.index}", costs.cpu_cast_s(shard, cast_cores), [d],
                             layer=b.last_unit, iteration=it, category=CAST)
         if st.grad_path == "deepspeed_stage3":
             # DeepSpeed stage 3 partition_grads: bf16 grad into the pinned host buffer, back to the GPU, cast
@@ -203,14 +207,14 @@ def build_plan(sc: Scenario, costs: CostModel, st: Stage3Strategy) -> Plan:
             # Weights live in CPU memory: the refresh only rewrites the CPU copy; the next forward streams it.
             if st.param_cast == "gpu":
                 return dep[-1]  # fp32 is streamed and cast on the GPU as it is fetched
-            return plan.add(CPU_CAST, f"param_cast_bf16:b{b.index}", costs.cpu_cast_s(shard, cast_cores), dep,
+            return plan.add(cpu_cast, f"param_cast_bf16:b{b.index}", costs.cpu_cast_s(shard, cast_cores), dep,
                             layer=b.last_unit, iteration=it, category=CAST)
         if st.worker_copy_back:
             dep = [cpu_pass(f"worker_copy_back:b{b.index}", shard, dep, b, it)]
         if st.cpu_unscale_pass:
             dep = [cpu_pass(f"unscale_clip:b{b.index}", shard, dep, b, it)]
         if st.param_cast == "cpu":
-            c = plan.add(CPU_CAST, f"param_cast_bf16:b{b.index}", costs.cpu_cast_s(shard, cast_cores), dep,
+            c = plan.add(cpu_cast, f"param_cast_bf16:b{b.index}", costs.cpu_cast_s(shard, cast_cores), dep,
                          layer=b.last_unit, iteration=it, category=CAST)
             last = copy("h2d", f"param_h2d_bf16:b{b.index}", shard * BF16_BYTES, [c], b.last_unit, it,
                         pinned=st.refresh_pinned)
