@@ -20,7 +20,7 @@ from dataclasses import dataclass, replace
 from typing import Literal
 
 from sosim import model as tm
-from sosim.config import Scenario
+from sosim.config import Scenario, Zero3OffloadSchedule, ZeroInfinitySchedule
 from sosim.costs import CostModel
 from sosim.memory import MemoryUsage
 from sosim.plan import (
@@ -83,6 +83,22 @@ class Stage3Strategy:
     worker_copy_back: bool = False
     cpu_state_bytes: float = OPT_STATE_BYTES
     notes: tuple[tuple[str, str], ...] = ()
+
+
+def zero3_strategy(name: str, s: Zero3OffloadSchedule | ZeroInfinitySchedule, weight_flow: bool) -> Stage3Strategy:
+    """ZeRO-3 offload and ZeRO-Infinity: the same optimizer path, weights resident or streamed."""
+    ds = s.implementation == "deepspeed"
+    return Stage3Strategy(
+        name=name, weight_flow=weight_flow, offload_checkpoints=False,
+        grad_path="deepspeed_stage3" if ds else "bf16_cpu_cast",
+        param_cast="cpu", speculative=False, refresh="per_bucket", serial_subgroups=ds,
+        gpu_optimizer_fraction=0.0, bucket_params=s.sub_group_elements, cpu_adam=s.cpu_adam,
+        cpu_adam_core_fraction=s.cpu_adam_core_fraction, pin_memory=s.pin_memory, overlap_comm=s.overlap_comm,
+        hook_s_per_layer=STAGE3_HOOK_S_PER_TENSOR * TENSORS_PER_LAYER if ds else 0.0,
+        host_sync_per_subgroup=False, refresh_pinned=not ds, cpu_unscale_pass=ds,
+        cpu_state_bytes=DEEPSPEED_CPU_STATE_BYTES if ds else OPT_STATE_BYTES,
+        prefetch_layers=getattr(s, "prefetch_layers", 1),
+    )
 
 
 @dataclass(frozen=True)

@@ -21,19 +21,8 @@ from sosim.schedules import stage3
 
 
 def strategy(sc: Scenario) -> stage3.Stage3Strategy:
-    s = sc.schedule
-    assert isinstance(s, Zero3OffloadSchedule)
-    ds = s.implementation == "deepspeed"
-    return stage3.Stage3Strategy(
-        name="zero3_offload", weight_flow=False, offload_checkpoints=False,
-        grad_path="deepspeed_stage3" if ds else "bf16_cpu_cast",
-        param_cast="cpu", speculative=False, refresh="per_bucket", serial_subgroups=ds,
-        gpu_optimizer_fraction=0.0, bucket_params=s.sub_group_elements, cpu_adam=s.cpu_adam,
-        cpu_adam_core_fraction=s.cpu_adam_core_fraction, pin_memory=s.pin_memory, overlap_comm=s.overlap_comm,
-        hook_s_per_layer=stage3.STAGE3_HOOK_S_PER_TENSOR * stage3.TENSORS_PER_LAYER if ds else 0.0,
-        host_sync_per_subgroup=False, refresh_pinned=not ds, cpu_unscale_pass=ds,
-        cpu_state_bytes=stage3.DEEPSPEED_CPU_STATE_BYTES if ds else stage3.OPT_STATE_BYTES,
-    )
+    assert isinstance(sc.schedule, Zero3OffloadSchedule)
+    return stage3.zero3_strategy("zero3_offload", sc.schedule, weight_flow=False)
 
 
 def build_plan(sc: Scenario, costs: CostModel) -> Plan:
