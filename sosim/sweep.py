@@ -317,7 +317,10 @@ def run_items(
 
     workers = 1 if executor is None else _executor_workers(executor)
     size = chunk_size or default_chunk_size(len(items), workers)
-    chunks = [list(items[i:i + size]) for i in range(0, len(items), size)]
+    n_chunks = math.ceil(len(items) / size)
+    # Strided, not contiguous: neighbouring grid points cost alike (the same bucket count, say), so striding
+    # gives every chunk a similar mix and the last chunks do not leave one worker finishing alone.
+    chunks = [list(items[i::n_chunks]) for i in range(n_chunks)]
     bar = tqdm(total=len(items), unit="pt", file=sys.stderr, disable=(None if progress is None else not progress),
                desc="sweep", dynamic_ncols=True)
     failures: list[str] = []
