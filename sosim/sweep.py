@@ -422,7 +422,7 @@ def sweep(
     - ``sweep(load_sweep("sweep.yaml"))``: a validated sweep file.
 
     ``executor`` is any ``concurrent.futures.Executor`` (``ProcessPoolExecutor()``, or Dask's
-    ``Client.get_executor()``); None runs in this process.
+    ``Client.get_executor()``); None runs in this process. Identical points (same overrides) run once.
     """
     if isinstance(scenarios, Sequence) and not isinstance(scenarios, (str, bytes)) and (
             not scenarios or isinstance(scenarios[0], Scenario)):
@@ -630,6 +630,11 @@ def cmd_sweep(args: argparse.Namespace) -> int:
                 cols = [*spec.keys, "tokens_per_s", "step_time_s", "mfu", "feasible", ERROR_COLUMN]
                 shown = frame[[c for c in cols if c in frame]]
             _print_summary(summary, args.format, shown)
+    except KeyboardInterrupt:
+        # Finished chunks are already in --out; say how to continue instead of printing a traceback.
+        hint = f"; rerun with --resume --out {args.out} to continue" if args.out else ""
+        print(f"sosim sweep: interrupted{hint}", file=sys.stderr)
+        return 130
     finally:
         close()
     return 0
