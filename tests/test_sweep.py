@@ -199,7 +199,7 @@ def test_dask_executor_same_rows_as_local(tmp_path: Path, capsys: pytest.Capture
     spec = load_sweep(_small(tmp_path))
     local = sweep(spec)
     with distributed.LocalCluster(n_workers=1, threads_per_worker=2, processes=False,
-                                  dashboard_address=None) as cluster, distributed.Client(cluster) as client:
+                                  dashboard_address=":0") as cluster, distributed.Client(cluster) as client:
         on_dask = sweep(spec, executor=client.get_executor(), chunk_size=1)
         pd.testing.assert_frame_equal(on_dask, local)
         # The CLI path: --scheduler connects its own client to the running cluster.
