@@ -1,0 +1,206 @@
+"""CalibrationTable: exact values interpolated by hand from a tiny synthetic CSV, fallbacks, bad files."""
+
+from __future__ import annotations
+
+import hashlib
+import pickle
+from pathlib import Path
+
+import pytest
+
+from sosim.calibration_table import CalibrationError, CalibrationTable
+
+HEADER = (
+    "op,variant,dtype,m,n,k,batch,seq,heads,kv_heads,head_dim,hidden,ffn,bytes,elements,threads,"
+    "median_s,p10_s,p90_s,n_samples,device,host_cpu,torch_version,date"
+)
+MIB = 2**20
+W1 = 1 * 16 * 1024**2 * 128  # attention work batch*heads*seq^2*head_dim at seq 1024
+
+
+def row(op: str, variant: str, median_s: float, **cells: float) -> str:
+    names = HEADER.split(",")
+    values = {name: "" for name in names}
+    values.update(op=op, variant=variant, dtype="bf16", median_s=repr(median_s), n_samples="5", device="test")
+    values.update({key: repr(value) if isinstance(value, float) else str(value) for key, value in cells.items()})
+    return ",".join(values[name] for name in names)
+
+
+ROWS = [
+    # GEMM: 100 TFLOP/s at m=1024, 300 TFLOP/s at m=4096 (same 1024x1024 weight).
+    row("gemm", "fwd", 2 * 1024**3 / 100e12, m=1024, n=1024, k=1024),
+    row("gemm", "fwd", 2 * 4096 * 1024**2 / 300e12, m=4096, n=1024, k=1024),
+    # Attention forward: seq 1024 in 1e-4 s; seq 4096 (16x the work) in 8e-4 s (twice the rate).
+    row("attention", "fwd", 1e-4, batch=1, seq=1024, heads=16, kv_heads=16, head_dim=128),
+    row("attention", "fwd", 8e-4, batch=1, seq=4096, heads=16, kv_heads=16, head_dim=128),
+    # Layer forward+backward at hidden 2048, seq 2048: batch 1 and 4.
+    row("layer", "fwd_bwd", 0.001, batch=1, seq=2048, heads=16, kv_heads=4, head_dim=128, hidden=2048, ffn=5632),
+    row("layer", "fwd_bwd", 0.0031, batch=4, seq=2048, heads=16, kv_heads=4, head_dim=128, hidden=2048, ffn=5632),
+    # Pinned H2D: 20, 40, 50 GB/s at 1, 4, 16 MiB.
+    row("copy", "h2d_pinned", MIB / 20e9, bytes=MIB),
+    row("copy", "h2d_pinned", 4 * MIB / 40e9, bytes=4 * MIB),
+    row("copy", "h2d_pinned", 16 * MIB / 50e9, bytes=16 * MIB),
+    # DeepSpeed CPU Adam: 1 ns/param at 1e6 and 3 ns/param at 1e8 on 1 thread; 4x faster on 4 threads.
+    row("cpu_adam", "deepspeed", 1e-3, elements=10**6, threads=1),
+    row("cpu_adam", "deepspeed", 0.3, elements=10**8, threads=1),
+    row("cpu_adam", "deepspeed", 2.5e-4, elements=10**6, threads=4),
+    row("cpu_adam", "deepspeed", 0.075, elements=10**8, threads=4),
+    # Casts: CPU at 2 threads 0.5 ns/element; GPU 10 ps/element at 1e6, 1 ps/element at 1e8.
+    row("cast", "cpu_fp32_to_bf16", 5e-4, elements=10**6, threads=2, bytes=6 * 10**6),
+    row("cast", "cpu_fp32_to_bf16", 0.05, elements=10**8, threads=2, bytes=6 * 10**8),
+    row("cast", "gpu_bf16_to_fp32", 1e-5, elements=10**6, bytes=6 * 10**6),
+    row("cast", "gpu_bf16_to_fp32", 1e-4, elements=10**8, bytes=6 * 10**8),
+]
+
+
+def write(tmp_path: Path, lines: list[str], header: str = HEADER, name: str = "measurements.csv") -> Path:
+    path = tmp_path / name
+    path.write_text("\n".join([header, *lines]) + "\n")
+    return path
+
+
+@pytest.fixture
+def table(tmp_path: Path) -> CalibrationTable:
+    return CalibrationTable.from_csv(write(tmp_path, ROWS))
+
+
+def test_hash_and_path_identify_the_file(tmp_path: Path) -> None:
+    path = write(tmp_path, ROWS)
+    loaded = CalibrationTable.from_csv(path)
+    assert loaded.sha256 == hashlib.sha256(path.read_bytes()).hexdigest()
+    assert loaded.path == path
+    assert pickle.loads(pickle.dumps(loaded)).gemm_time_s(1024, 1024, 1024) == loaded.gemm_time_s(1024, 1024, 1024)
+
+
+def test_gemm_exact_interpolated_flat_and_fallback(table: CalibrationTable) -> None:
+    assert table.gemm_time_s(1024, 1024, 1024) == pytest.approx(2 * 1024**3 / 100e12, rel=1e-12)
+    # m=2048 sits halfway in log FLOPs between the two points: 200 TFLOP/s.
+    assert table.gemm_time_s(2048, 1024, 1024) == pytest.approx(2 * 2048 * 1024**2 / 200e12, rel=1e-12)
+    # Beyond the largest measured FLOPs the rate stays at 300 TFLOP/s.
+    assert table.gemm_time_s(8192, 1024, 1024) == pytest.approx(2 * 8192 * 1024**2 / 300e12, rel=1e-12)
+    # A weight within 2x borrows the nearest shapes' rate: (2048, 2048, 1024) has the FLOPs of m=4096.
+    assert table.gemm_time_s(2048, 2048, 1024) == pytest.approx(2 * 2048 * 2048 * 1024 / 300e12, rel=1e-12)
+    assert table.gemm_time_s(512, 1024, 1024) is None  # thinner than anything measured
+    assert table.gemm_time_s(4096, 8192, 1024) is None  # weight shape far from any measured one
+    assert table.gemm_time_s(0, 1024, 1024) == 0.0
+
+
+def test_attention(table: CalibrationTable) -> None:
+    assert table.attention_time_s(1, 1024, 16, 128, backward=False) == pytest.approx(1e-4, rel=1e-12)
+    # seq 2048 = 4x the work, halfway in log work: rate 1.5x that of seq 1024.
+    assert table.attention_time_s(1, 2048, 16, 128, backward=False) == pytest.approx(4 * 1e-4 / 1.5, rel=1e-12)
+    assert table.attention_time_s(1, 8192, 16, 128, backward=False) == pytest.approx(64 * W1 / (2 * W1 / 1e-4))
+    assert table.attention_time_s(1, 2048, 16, 64, backward=False) is None  # other head_dim
+    assert table.attention_time_s(1, 2048, 16, 128, backward=True) is None  # fwd_bwd not measured
+    assert table.attention_time_s(1, 512, 16, 128, backward=False) is None  # less work than measured
+
+
+def test_layer_only_near_measured_shapes(table: CalibrationTable) -> None:
+    assert table.layer_time_s(2048, 2048, 4, backward=True) == pytest.approx(0.0031, rel=1e-12)
+    assert table.layer_time_s(2048, 2048, 2, backward=True) == pytest.approx(0.0017, rel=1e-12)
+    assert table.layer_time_s(2048, 2048, 8, backward=True) is None
+    assert table.layer_time_s(4096, 2048, 1, backward=True) is None
+    assert table.layer_time_s(2048, 2048, 1, backward=False) is None
+
+
+def test_copy_bandwidth_interpolation(table: CalibrationTable) -> None:
+    assert table.copy_time_s(MIB, "h2d", pinned=True, bidirectional=False) == pytest.approx(MIB / 20e9, rel=1e-12)
+    # 2 MiB is halfway in log size between 1 and 4 MiB: 30 GB/s.
+    assert table.copy_time_s(2 * MIB, "h2d", True, False) == pytest.approx(2 * MIB / 30e9, rel=1e-12)
+    assert table.copy_time_s(2**30, "h2d", True, False) == pytest.approx(2**30 / 50e9, rel=1e-12)  # flat
+    assert table.copy_time_s(MIB // 2, "h2d", True, False) is None  # below the smallest size
+    assert table.copy_time_s(MIB, "d2h", True, False) is None  # direction not measured
+    assert table.copy_time_s(MIB, "h2d", False, False) is None  # pageable not measured
+    assert table.copy_time_s(MIB, "h2d", False, True) is None  # pageable bidirectional never is
+    assert table.copy_time_s(0, "h2d", True, False) == 0.0
+    with pytest.raises(ValueError, match="direction"):
+        table.copy_time_s(MIB, "up", True, False)  # type: ignore[arg-type]
+
+
+def test_cpu_adam_in_size_and_threads(table: CalibrationTable) -> None:
+    assert table.cpu_adam_time_s(10**8, 1, "deepspeed") == pytest.approx(0.3, rel=1e-12)
+    # 1e7 is halfway in log size: 2 ns/param.
+    assert table.cpu_adam_time_s(10**7, 1, "deepspeed") == pytest.approx(0.02, rel=1e-12)
+    assert table.cpu_adam_time_s(10**9, 1, "deepspeed") == pytest.approx(3.0, rel=1e-12)  # flat per element
+    # 2 threads: throughput linear between 1/3e-9 (1 thread) and 1/0.75e-9 (4 threads) = 2/3e-9 params/s.
+    assert table.cpu_adam_time_s(10**8, 2, "deepspeed") == pytest.approx(0.15, rel=1e-12)
+    assert table.cpu_adam_time_s(10**8, 8, "deepspeed") is None  # more threads than measured
+    assert table.cpu_adam_time_s(10**5, 1, "deepspeed") is None  # smaller than measured
+    assert table.cpu_adam_time_s(10**8, 1, "torch") is None  # implementation not measured
+    assert table.cpu_adam_time_s(0, 1, "deepspeed") == 0.0
+
+
+def test_casts(table: CalibrationTable) -> None:
+    assert table.cast_time_s(10**7, "cpu", "bf16", threads=2) == pytest.approx(5e-3, rel=1e-12)
+    assert table.cast_time_s(10**7, "cpu", "bf16", threads=None) == pytest.approx(5e-3, rel=1e-12)
+    assert table.cast_time_s(10**7, "cpu", "bf16", threads=1) is None
+    assert table.cast_time_s(10**7, "cpu", "fp32", threads=2) is None
+    # GPU: 10 ps and 1 ps per element at 1e6 and 1e8, so 5.5 ps halfway at 1e7.
+    assert table.cast_time_s(10**7, "gpu", "fp32", threads=None) == pytest.approx(5.5e-5, rel=1e-12)
+
+
+def test_duplicate_n_header_is_read_as_sample_count(tmp_path: Path) -> None:
+    header = HEADER.replace("n_samples", "n")
+    loaded = CalibrationTable.from_csv(write(tmp_path, ROWS, header=header))
+    assert loaded.gemm_time_s(1024, 1024, 1024) == pytest.approx(2 * 1024**3 / 100e12, rel=1e-12)
+
+
+def test_missing_file_names_it(tmp_path: Path) -> None:
+    missing = tmp_path / "nope.csv"
+    with pytest.raises(CalibrationError, match=r"nope\.csv: calibration file not found"):
+        CalibrationTable.from_csv(missing)
+
+
+def test_empty_and_header_only_files(tmp_path: Path) -> None:
+    empty = tmp_path / "empty.csv"
+    empty.write_text("")
+    with pytest.raises(CalibrationError, match=r"empty\.csv: calibration file is empty"):
+        CalibrationTable.from_csv(empty)
+    with pytest.raises(CalibrationError, match=r"header\.csv: calibration file has a header but no rows"):
+        CalibrationTable.from_csv(write(tmp_path, [], name="header.csv"))
+
+
+def test_missing_columns_are_named(tmp_path: Path) -> None:
+    header = HEADER.replace(",median_s", "").replace(",threads", "")
+    lines = [",".join(["gemm", "fwd"] + [""] * (len(header.split(",")) - 2))]
+    with pytest.raises(CalibrationError, match=r"measurements\.csv: missing column\(s\) threads, median_s"):
+        CalibrationTable.from_csv(write(tmp_path, lines, header=header))
+
+
+def test_non_numeric_timing_names_line_and_column(tmp_path: Path) -> None:
+    bad = ROWS[1].replace(repr(2 * 4096 * 1024**2 / 300e12), "fast")
+    with pytest.raises(CalibrationError, match=r"measurements\.csv: line 3: column median_s: 'fast' is not a number"):
+        CalibrationTable.from_csv(write(tmp_path, [ROWS[0], bad]))
+
+
+def test_negative_and_zero_timings_and_sizes(tmp_path: Path) -> None:
+    negative = row("gemm", "fwd", -1.0, m=1024, n=1024, k=1024)
+    with pytest.raises(CalibrationError, match=r"line 2: column median_s: -1.0 must be positive"):
+        CalibrationTable.from_csv(write(tmp_path, [negative]))
+    zero = row("gemm", "fwd", 0.0, m=1024, n=1024, k=1024)
+    with pytest.raises(CalibrationError, match=r"line 2: column median_s: 0.0 must be positive"):
+        CalibrationTable.from_csv(write(tmp_path, [zero]))
+    negative_size = row("gemm", "fwd", 1e-3, m=-5, n=1024, k=1024)
+    with pytest.raises(CalibrationError, match=r"line 2: column m: -5 must not be negative"):
+        CalibrationTable.from_csv(write(tmp_path, [negative_size]))
+    empty_median = ROWS[0].replace(repr(2 * 1024**3 / 100e12), "")
+    with pytest.raises(CalibrationError, match=r"line 2: column median_s is empty"):
+        CalibrationTable.from_csv(write(tmp_path, [empty_median]))
+    not_finite = row("copy", "h2d_pinned", 1e-3, bytes=MIB).replace(",5,test", ",nan,test")
+    with pytest.raises(CalibrationError, match=r"line 2: column n_samples: 'nan' is not finite"):
+        CalibrationTable.from_csv(write(tmp_path, [not_finite]))
+
+
+def test_negative_query_is_a_programming_error(table: CalibrationTable) -> None:
+    with pytest.raises(ValueError, match="m must not be negative"):
+        table.gemm_time_s(-1, 1024, 1024)
+
+
+def test_real_h200_table_loads_and_answers() -> None:
+    """The committed H200 calibration must stay loadable; spot-check one number of each op against its row."""
+    path = Path(__file__).resolve().parents[1] / "calibration" / "nvidia-h200-2026-11-29" / "measurements.csv"
+    loaded = CalibrationTable.from_csv(path)
+    assert loaded.gemm_time_s(8192, 4096, 4096) == pytest.approx(0.000402624011, rel=1e-9)
+    assert loaded.copy_time_s(2**30, "h2d", pinned=True, bidirectional=False) == pytest.approx(0.0193479195)
+    assert loaded.cpu_adam_time_s(10**8, 16, "deepspeed") == pytest.approx(0.02656596, rel=1e-6)
+    assert loaded.layer_time_s(4096, 2048, 4, backward=True) is not None
