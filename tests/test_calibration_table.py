@@ -204,3 +204,29 @@ def test_real_h200_table_loads_and_answers() -> None:
     assert loaded.copy_time_s(2**30, "h2d", pinned=True, bidirectional=False) == pytest.approx(0.0193479195)
     assert loaded.cpu_adam_time_s(10**8, 16, "deepspeed") == pytest.approx(0.02656596, rel=1e-6)
     assert loaded.layer_time_s(4096, 2048, 4, backward=True) is not None
+
+
+def test_calibrate_cli_without_torch_or_gpu_says_so_in_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """On CI (no GPU, maybe no torch) the harness exits 2 with one line on stderr and writes nothing."""
+    from sosim.calibrate.cli import main
+
+    assert main(["--quick", "--out", str(tmp_path / "cal")]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert len(captured.err.strip().splitlines()) == 1
+    assert captured.err.startswith("sosim calibrate: ")
+    assert not (tmp_path / "cal").exists()
+
+
+def test_harness_rows_use_the_columns_the_reader_expects(tmp_path: Path) -> None:
+    """The harness's CSV writer (torch-free part) produces files this reader loads."""
+    from sosim.calibrate.records import COLUMNS, Context, Table
+
+    assert ",".join(COLUMNS) == HEADER
+    written = Table(Context(device="dev", host_cpu="cpu", torch_version="x", date="2026-11-29"))
+    written.add("copy", "h2d_pinned", "bf16", [2e-3, 1e-3, 3e-3], bytes=MIB)
+    written.write_csv(tmp_path / "measurements.csv")
+    loaded = CalibrationTable.from_csv(tmp_path / "measurements.csv")
+    assert loaded.copy_time_s(MIB, "h2d", pinned=True, bidirectional=False) == pytest.approx(2e-3)
