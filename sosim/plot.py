@@ -49,30 +49,43 @@ def _label(key: str) -> str:
     return key.removesuffix("_s").replace("_", " ")
 
 
+def time_unit(span_s: float) -> tuple[float, str]:
+    """(factor from seconds, unit name) that keeps tick labels short: 1M-token steps last minutes, tiny
+    test scenarios microseconds."""
+    if span_s >= 10:
+        return 1.0, "s"
+    if span_s >= 10e-3:
+        return 1e3, "ms"
+    return 1e6, "µs"
+
+
 def draw_timeline(ax: Axes, result: Result, window_s: tuple[float, float] | None = None) -> None:
-    """Gantt chart of ``window_s`` (default: the steady-state step), one row per resource, time in ms."""
+    """Gantt chart of ``window_s`` (default: the steady-state step), one row per resource."""
     t0, t1 = window_s if window_s is not None else result.steady_window_s
+    scale, unit = time_unit(t1 - t0)
     spans = result.spans
     keep = (spans["end_s"] > t0) & (spans["start_s"] < t1) & (spans["end_s"] > spans["start_s"])
     spans = spans[keep]
     rows = resource_order(list(result.plan.resources))
-    start_ms = (np.clip(spans["start_s"].to_numpy(), t0, t1) - t0) * 1e3
-    end_ms = (np.clip(spans["end_s"].to_numpy(), t0, t1) - t0) * 1e3
+    start = (np.clip(spans["start_s"].to_numpy(), t0, t1) - t0) * scale
+    end = (np.clip(spans["end_s"].to_numpy(), t0, t1) - t0) * scale
     res = spans["resource"].to_numpy()
     cat = spans["category"].to_numpy()
     seen: set[str] = set()
     for y, resource in enumerate(rows):
         for category in sorted(set(cat[res == resource])):
             sel = (res == resource) & (cat == category)
-            bars = list(zip(start_ms[sel], end_ms[sel] - start_ms[sel]))
+            bars = list(zip(start[sel], end[sel] - start[sel]))
             # One broken_barh call per (row, category) instead of one bar per op: 80-layer steps stay fast.
-            ax.broken_barh(bars, (y - 0.4, 0.8), facecolors=CATEGORY_COLORS.get(category, FALLBACK_COLOR),
-                           edgecolor="white", linewidth=0.2, label=category if category not in seen else None)
+            # The edge in the face colour keeps sub-pixel ops (a cast in a minutes-long step) visible as hairlines.
+            color = CATEGORY_COLORS.get(category, FALLBACK_COLOR)
+            ax.broken_barh(bars, (y - 0.4, 0.8), facecolors=color, edgecolor=color, linewidth=0.5,
+                           label=category if category not in seen else None)
             seen.add(category)
     ax.set_yticks(range(len(rows)), [RESOURCE_LABELS.get(r, r) for r in rows])
     ax.invert_yaxis()
-    ax.set_xlim(0, (t1 - t0) * 1e3)
-    ax.set_xlabel("time in the steady-state step (ms)")
+    ax.set_xlim(0, (t1 - t0) * scale)
+    ax.set_xlabel(f"time in the steady-state step ({unit})")
     if seen:
         ax.legend(loc="upper left", bbox_to_anchor=(1.005, 1.0), fontsize="small", title="op category")
 
@@ -110,8 +123,9 @@ def result_figure(result: Result) -> Figure:
     draw_timeline(top, result)
     m = result.metrics
     sc = result.scenario
-    top.set_title(f"{sc.name}: {sc.schedule.system} on {sc.hardware.name} — step {m['step_time_s'] * 1e3:.1f} ms, "
-                  f"{m['tokens_per_s']:,.0f} tokens/s, MFU {m['mfu']:.1%}"
+    scale, unit = time_unit(m["step_time_s"])
+    top.set_title(f"{sc.name}: {sc.schedule.system} on {sc.hardware.name} — "
+                  f"step {m['step_time_s'] * scale:.4g} {unit}, {m['tokens_per_s']:,.0f} tokens/s, MFU {m['mfu']:.1%}"
                   + ("" if m["feasible"] else "  [INFEASIBLE: out of memory]"))
     draw_breakdown(bottom, [result], ["breakdown"])
     return fig
