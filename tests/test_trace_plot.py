@@ -10,7 +10,7 @@ import pytest
 
 from sosim import load_scenario, simulate
 from sosim.cli import main
-from sosim.plot import plot_compare, plot_result
+from sosim.plot import plot_compare, plot_result, time_unit
 from sosim.result import Result
 from sosim.trace import RESOURCE_LABELS, activation_curve_bytes, chrome_trace, write_trace
 from sosim.units import GIB
@@ -91,3 +91,10 @@ def test_cli_run_writes_trace_and_plot(root: Path, tmp_path: Path, capsys: pytes
     json.loads(capsys.readouterr().out)
     assert json.loads(trace.read_text())["otherData"]["scenario"] == "gh200_zero_offload_4b"
     assert png.read_bytes()[:8] == PNG_MAGIC
+
+
+@pytest.mark.parametrize(("span_s", "unit"), [(854.0, "s"), (1.4, "ms"), (0.002, "µs")])
+def test_timeline_unit_follows_step_length(span_s: float, unit: str) -> None:
+    scale, name = time_unit(span_s)
+    assert name == unit
+    assert 1 <= span_s * scale < 1e6
