@@ -331,15 +331,17 @@ def build_plan(sc: Scenario, costs: CostModel, st: Stage3Strategy) -> Plan:
             for b in cpu_buckets:
                 if b.index in ready:
                     continue
-                prev = [params_to_gpu(b, last_adam + prev + validation, it)]
+                prev = [params_to_gpu(b, last_adam + prev, it)]
                 ready[b.index] = prev
             # step() returns only once every copy is done: every bucket waits for the last one.
-            everything = [i for ops in ready.values() for i in ops]
+            everything = [i for ops in ready.values() for i in ops] + validation
             ready = {k: everything for k in ready}
         else:
             for b in cpu_buckets:
                 if b.index not in ready:
-                    ready[b.index] = [params_to_gpu(b, [adam_done[b.index], *validation], it)]
+                    # Speculative copies go out as each update finishes; the next forward additionally waits for
+                    # validation (and, in expectation, a rollback and re-copy).
+                    ready[b.index] = [params_to_gpu(b, [adam_done[b.index]], it), *validation]
     plan.notes.update(dict(st.notes))
     plan.notes["link_bytes_per_step"] = link["d2h"] + link["h2d"]
     plan.notes["link_d2h_gb_per_step"] = link["d2h"] / 1e9
