@@ -82,6 +82,9 @@ class Stage3Strategy:
     cpu_unscale_pass: bool = False
     worker_copy_back: bool = False
     cpu_state_bytes: float = OPT_STATE_BYTES
+    # DeepSpeed's partition_grads uses blocking copies (copy_ / .to() without non_blocking) and pageable
+    # destinations: the training thread waits for them, so the next backward kernels are issued only after.
+    blocking_grad_copies: bool = False
     notes: tuple[tuple[str, str], ...] = ()
 
 
@@ -97,7 +100,7 @@ def zero3_strategy(name: str, s: Zero3OffloadSchedule | ZeroInfinitySchedule, we
         hook_s_per_layer=STAGE3_HOOK_S_PER_TENSOR * TENSORS_PER_LAYER if ds else 0.0,
         host_sync_per_subgroup=False, refresh_pinned=not ds, cpu_unscale_pass=ds,
         cpu_state_bytes=DEEPSPEED_CPU_STATE_BYTES if ds else OPT_STATE_BYTES,
-        prefetch_layers=getattr(s, "prefetch_layers", 1),
+        prefetch_layers=getattr(s, "prefetch_layers", 1), blocking_grad_copies=ds,
     )
 
 
@@ -284,7 +287,7 @@ def build_plan(sc: Scenario, costs: CostModel, st: Stage3Strategy) -> Plan:
                     continue
                 b = lay.buckets[b_idx]
                 arrived[b.index] = grads_to_cpu(b, bwd, it)
-                if not st.overlap_comm:
+                if not st.overlap_comm or st.blocking_grad_copies:
                     # The next backward kernel waits for this bucket's transfer (no comm/compute overlap).
                     plan.add(GPU, f"wait_grad:b{b.index}", 0.0, [arrived[b.index]], iteration=it, category=SYNC)
         # ---- optimizer step
