@@ -58,7 +58,8 @@ def _strategy(sc: Scenario, s: SuperOffloadSchedule, weight_flow: bool, reason: 
         overlap_comm=s.overlap_comm,
         hook_s_per_layer=stage3.STAGE3_HOOK_S_PER_TENSOR * stage3.TENSORS_PER_LAYER if ds else 0.0,
         host_sync_per_subgroup=ds, grad_d2h_pinned=not ds, refresh_pinned=not ds, cpu_unscale_pass=ds,
-        worker_copy_back=ds, blocking_grad_copies=ds, cpu_state_bytes=stage3.DEEPSPEED_CPU_STATE_BYTES if ds else stage3.OPT_STATE_BYTES,
+        worker_copy_back=ds, blocking_grad_copies=ds,
+        cpu_state_bytes=stage3.DEEPSPEED_CPU_STATE_BYTES if ds else stage3.OPT_STATE_BYTES,
         notes=(("weight_placement", "flow" if weight_flow else "stationary"), ("placement_reason", reason),
                ("speculation_active", str(speculative))),
     )
