@@ -83,6 +83,11 @@ class GpuSpec(_Sourced):
     attention_bwd_factor: PosFloat
     # Fixed per-layer cost of kernel launches and framework hooks in the forward pass (backward: 2x).
     layer_overhead_us: NonNegFloat
+    # HBM traffic of the memory-bound kernels relative to a fused count (norms, rotary, activation,
+    # residuals): eager PyTorch moves several times the minimum.
+    elementwise_traffic_factor: PosFloat = 1.0
+    # A layer's forward never takes less than this (host-side kernel launch rate); backward: 2x.
+    layer_min_fwd_us: NonNegFloat = 0.0
 
     @model_validator(mode="after")
     def _curves(self) -> GpuSpec:

@@ -99,16 +99,22 @@ class AnalyticCostModel:
         gemm = sum(self.gemm_s(g.flops(t)) for g in tm.layer_gemms(self.model))
         attn_flops = tm.attention_flops_fwd(self.model, t, self.training.seq_len) * CAUSAL_WORK_FRACTION
         attn = attn_flops / (self._peak_flops * self.hw.gpu.attention_efficiency)
-        elem = tm.elementwise_bytes_fwd_per_token(self.model) * t / self._hbm_Bps
+        elem_bytes = tm.elementwise_bytes_fwd_per_token(self.model) * self.hw.gpu.elementwise_traffic_factor
+        elem = elem_bytes * t / self._hbm_Bps
         return gemm, attn, elem, us_to_s(self.hw.gpu.layer_overhead_us)
 
+    @cached_property
+    def _min_fwd_s(self) -> float:
+        return us_to_s(self.hw.gpu.layer_min_fwd_us)
+
     def layer_fwd_s(self) -> float:
-        return sum(self._layer_parts_s)
+        return max(sum(self._layer_parts_s), self._min_fwd_s)
 
     def layer_bwd_s(self) -> float:
         """Backward of one layer (dgrad + wgrad GEMMs = 2x forward), plus its recompute when checkpointing."""
         gemm, attn, elem, over = self._layer_parts_s
         bwd = 2.0 * gemm + self.hw.gpu.attention_bwd_factor * attn + 2.0 * elem + 2.0 * over
+        bwd = max(bwd, 2.0 * self._min_fwd_s)
         if self.training.activation_checkpointing:
             bwd += self.layer_fwd_s()
         return bwd
