@@ -172,8 +172,12 @@ _SUBCOMMAND_MODULES = ("sosim.compare", "sosim.sweep", "sosim.ablation", "sosim.
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    args_list = list(sys.argv[1:] if argv is None else argv)
+    if args_list[:1] == ["calibrate"]:
+        # argparse's REMAINDER drops '--options' inside a sub-parser: hand the rest over untouched.
+        return cmd_calibrate(argparse.Namespace(rest=args_list[1:]))
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args = parser.parse_args(args_list)
     try:
         return int(args.func(args))
     except SosimError as exc:

@@ -54,7 +54,8 @@ class _Sourced(_Strict):
     def _every_number_has_a_source(self) -> _Sourced:
         missing = []
         for name, value in self:
-            if name == "sources":
+            # Defaults are neutral (no effect); only numbers the profile states need a source.
+            if name == "sources" or name not in self.model_fields_set:
                 continue
             numeric = isinstance(value, (int, float, list, dict)) and not isinstance(value, bool)
             if numeric and value is not None and not self.sources.get(name):

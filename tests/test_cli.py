@@ -47,3 +47,12 @@ def test_maxsize_paper_family(root: Path, capsys: pytest.CaptureFixture[str]) ->
 def test_python_dash_m(root: Path) -> None:
     proc = subprocess.run([sys.executable, "-m", "sosim", "profiles"], capture_output=True, text=True, check=False)
     assert proc.returncode == 0 and "gh200" in proc.stdout
+
+
+def test_calibrate_passes_options_through_and_says_what_is_missing(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # CI has no torch and no GPU: one line on stderr, exit 2, no traceback.
+    assert main(["calibrate", "--quick", "--out", str(tmp_path / "cal")]) == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and ("torch" in err or "GPU" in err or "CUDA" in err)
