@@ -27,7 +27,8 @@ def main() -> None:
         steps = isinstance(r.published, str)
         err = f"{r.error:.0f} steps" if steps else f"{r.error:+.1%}"
         bud = f"{r.budget:.0f} steps" if steps else f"±{r.budget:.0%}"
-        print(f"| {r.id} | {_fmt(r.published)} | {_fmt(r.predicted)} | {err} | {bud} | {'yes' if r.within else '**no**'} |")
+        ok = "yes" if r.within else "**no**"
+        print(f"| {r.id} | {_fmt(r.published)} | {_fmt(r.predicted)} | {err} | {bud} | {ok} |")
     ok = sum(r.within for r in rows)
     print(f"\n{ok}/{len(rows)} rows within budget.\n")
     data = read_yaml(Path(DEFAULT_REFERENCES)).data["rows"]
