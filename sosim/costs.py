@@ -44,7 +44,7 @@ class CostModel(Protocol):
     def allreduce_s(self, n_bytes: float, ranks: int) -> float: ...
     def reduce_scatter_s(self, n_bytes: float, ranks: int) -> float: ...
     @property
-    def duplex_derate(self) -> float: ...
+    def duplex_factors(self) -> dict[str, float]: ...
     @property
     def provenance(self) -> dict[str, str]: ...
 
@@ -145,10 +145,15 @@ class AnalyticCostModel:
         return us_to_s(link.latency_us) + n_bytes / bw
 
     @property
-    def duplex_derate(self) -> float:
-        """Speed factor of each direction while the other is busy (1.0 = full duplex)."""
+    def duplex_factors(self) -> dict[str, float]:
+        """Speed factor of each direction while the other is busy: it runs at min(own, bidir / 2).
+
+        An even split of the bidirectional total; monotone in every bandwidth (more bandwidth never slows
+        a copy), at the price of under-using a very asymmetric link.
+        """
         link = self.hw.link
-        return min(1.0, link.bidir_GBps / (link.h2d_GBps + link.d2h_GBps))
+        half = link.bidir_GBps / 2.0
+        return {"h2d": min(1.0, half / link.h2d_GBps), "d2h": min(1.0, half / link.d2h_GBps)}
 
     # --- CPU -------------------------------------------------------------------------------------------
     def _core_factor(self, cores: float) -> float:

@@ -2,9 +2,9 @@
 
 One long-lived process per serial resource walks that resource's op list (a process per op is ~5x slower);
 cross-resource dependencies are pre-created events. The only dynamic behaviour is duplex contention on
-the host link: a copy that starts while the opposite direction is busy runs at ``plan.duplex_derate`` of
-its speed for its whole length (a first-order model of a link whose bidirectional total is below the sum
-of its directions). Without contention the result equals :func:`sosim.plan.list_schedule`.
+the host link: a copy that starts while the opposite direction is busy runs at
+``plan.duplex_factors[direction]`` of its speed for its whole length (a first-order model of a link whose
+bidirectional total is below the sum of its directions). Without contention the result equals :func:`sosim.plan.list_schedule`.
 """
 
 from __future__ import annotations
@@ -27,10 +27,11 @@ def run_plan(plan: Plan) -> tuple[np.ndarray, np.ndarray]:
     start = np.zeros(len(ops))
     end = np.zeros(len(ops))
     busy = {H2D: False, D2H: False}
-    derate = plan.duplex_derate
+    factors = {r: f for r, f in plan.duplex_factors.items() if f < 1.0}
 
     def worker(resource: str, op_ids: list[int]) -> Generator[simpy.Event, object, None]:
-        opposite = _OPPOSITE.get(resource) if derate < 1.0 else None
+        opposite = _OPPOSITE.get(resource) if factors else None
+        factor = factors.get(resource, 1.0)
         for i in op_ids:
             op = ops[i]
             for d in op.deps:
@@ -40,7 +41,7 @@ def run_plan(plan: Plan) -> tuple[np.ndarray, np.ndarray]:
             duration = op.duration_s
             if opposite is not None:
                 if busy[opposite]:
-                    duration /= derate
+                    duration /= factor
                 busy[resource] = True
             start[i] = env.now
             if duration > 0.0:

@@ -191,10 +191,22 @@ def _load_profile_located(ref: str, relative_to: Path | None) -> Located:
     if not isinstance(located.data, dict):
         raise ConfigError([f"{path}:1: a hardware profile must be a mapping"])
     cal = located.data.get("calibration")
-    if isinstance(cal, str) and not Path(cal).is_absolute():
+    if isinstance(cal, str):
         # Calibration tables are named relative to the profile file so profiles can move with their data.
-        located.data["calibration"] = str((path.parent / cal).resolve())
+        resolved = Path(cal) if Path(cal).is_absolute() else (path.parent / cal).resolve()
+        located.data["calibration"] = str(resolved)
+        _check_calibration(resolved, located.where(("calibration",)))
     return located
+
+
+def _check_calibration(table: Path, where: str) -> None:
+    """A profile naming a missing or malformed table is a load error that names both files."""
+    from sosim.table_costs import load_table  # pandas-backed reader; only profiles with a table need it
+
+    try:
+        load_table(str(table))
+    except ConfigError as exc:
+        raise ConfigError([f"{where}: calibration: {p}" for p in exc.problems]) from None
 
 
 def load_scenario(

@@ -46,8 +46,8 @@ class Plan:
     ops: list[Op] = field(default_factory=list)
     # op id of the first forward op of each iteration: the steady-state step is measured between them.
     iteration_starts: list[int] = field(default_factory=list)
-    # Speed factor of one link direction while the other is busy (1.0 = full duplex).
-    duplex_derate: float = 1.0
+    # Speed factor of each link direction ("h2d", "d2h") while the other is busy (1.0 = full duplex).
+    duplex_factors: dict[str, float] = field(default_factory=dict)
     # Free-form facts the schedule wants in the result (choices made, bytes moved per step, ...).
     notes: dict[str, object] = field(default_factory=dict)
 

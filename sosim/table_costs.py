@@ -134,14 +134,16 @@ class TableCostModel:
         return self._pick(measured, self.analytic.copy_s(n_bytes, direction, pinned))
 
     @functools.cached_property
-    def duplex_derate(self) -> float:
-        """Measured: per-direction time alone / time while both directions copy, at 256 MiB."""
+    def duplex_factors(self) -> dict[str, float]:
+        """Measured: each direction's time alone / its time while both directions copy, at 256 MiB."""
         size = 256 * 2**20
-        alone = self.table.copy_time_s(size, "h2d", True, False)
-        both = self.table.copy_time_s(size, "h2d", True, True)
-        if alone is None or both is None or both <= 0:
-            return self.analytic.duplex_derate
-        return min(1.0, alone / both)
+        out = dict(self.analytic.duplex_factors)
+        for direction in ("h2d", "d2h"):
+            alone = self.table.copy_time_s(size, direction, True, False)  # type: ignore[arg-type]
+            both = self.table.copy_time_s(size, direction, True, True)  # type: ignore[arg-type]
+            if alone is not None and both is not None and both > 0:
+                out[direction] = min(1.0, alone / both)
+        return out
 
     # --- CPU -----------------------------------------------------------------------------------------------
     def cpu_adam_s(self, params: float, impl: AdamImpl, cores: float, total_params: float) -> float:

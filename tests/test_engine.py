@@ -24,8 +24,8 @@ def test_hand_computed_two_resources() -> None:
     assert list(end) == [1.0, 3.0, 1.5, 4.0, 5.0]
 
 
-def test_duplex_derate_slows_a_copy_that_starts_while_the_other_direction_is_busy() -> None:
-    plan = Plan(duplex_derate=0.5)
+def test_duplex_factor_slows_a_copy_that_starts_while_the_other_direction_is_busy() -> None:
+    plan = Plan(duplex_factors={"h2d": 0.5, "d2h": 0.5})
     plan.add(D2H, "down", 2.0)
     plan.add(H2D, "up", 1.0)  # starts at 0 too: whichever starts second sees the other busy
     _start, end = run_plan(plan)

@@ -112,3 +112,19 @@ def test_cli_bad_input_exits_nonzero_without_traceback(tmp_path: Path, capsys: p
     assert f"{path}:3: model.layers: Input should be greater than 0" in err
     assert main(["run", str(tmp_path / "missing.yaml")]) == 2
     assert "cannot read file" in capsys.readouterr().err
+
+
+def test_profile_with_missing_or_malformed_calibration_table(tmp_path: Path) -> None:
+    prof = dict(TINY_PROFILE)
+    prof["calibration"] = "nowhere.csv"
+    ppath = _write(tmp_path, "calprof.yaml", yaml.safe_dump(prof, sort_keys=False))
+    spath = _write(tmp_path, "s.yaml", GOOD.replace("hardware: gh200", "hardware: calprof.yaml"))
+    with pytest.raises(ConfigError) as exc:
+        load_scenario(spath)
+    msg = str(exc.value)
+    assert f"{ppath}:" in msg and "calibration" in msg and "nowhere.csv" in msg
+    (tmp_path / "bad.csv").write_text("op,variant\ngemm,fwd\n")
+    prof["calibration"] = "bad.csv"
+    ppath.write_text(yaml.safe_dump(prof, sort_keys=False))
+    with pytest.raises(ConfigError, match="bad.csv"):
+        load_scenario(spath)

@@ -164,7 +164,7 @@ def memory_usage(sc: Scenario, st: Stage3Strategy) -> MemoryUsage:
 
 def build_plan(sc: Scenario, costs: CostModel, st: Stage3Strategy) -> Plan:
     lay = _layout(sc, costs, st)
-    plan = Plan(duplex_derate=costs.duplex_derate)
+    plan = Plan(duplex_factors=costs.duplex_factors)
     dp = sc.cluster.dp
     t = sc.training
     cores = cores_for_adam(sc, st.cpu_adam_core_fraction)

@@ -70,7 +70,7 @@ def memory_usage(sc: Scenario) -> MemoryUsage:
 def build_plan(sc: Scenario, costs: CostModel) -> Plan:
     s = _sched(sc)
     deepspeed = s.implementation == "deepspeed"
-    plan = Plan(duplex_derate=costs.duplex_derate)
+    plan = Plan(duplex_factors=costs.duplex_factors)
     units = build_units(sc, costs)
     dp = sc.cluster.dp
     p_total = sum(u.params for u in units)
