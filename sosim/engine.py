@@ -4,7 +4,8 @@ One long-lived process per serial resource walks that resource's op list (a proc
 cross-resource dependencies are pre-created events. The only dynamic behaviour is duplex contention on
 the host link: a copy that starts while the opposite direction is busy runs at
 ``plan.duplex_factors[direction]`` of its speed for its whole length (a first-order model of a link whose
-bidirectional total is below the sum of its directions). Without contention the result equals :func:`sosim.plan.list_schedule`.
+bidirectional total is below the sum of its directions). Without contention the result equals
+:func:`sosim.plan.list_schedule`.
 """
 
 from __future__ import annotations

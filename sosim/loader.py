@@ -21,6 +21,8 @@ from sosim.config import HardwareProfile, Scenario
 from sosim.errors import ConfigError
 
 KeyPath = tuple[str | int, ...]
+# libyaml's loader when PyYAML was built with it (several times faster), else the pure-Python one.
+_Loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 
 # Profiles ship beside the package in the repository (the layout the user asked for); SOSIM_PROFILE_PATH
 # (os.pathsep-separated folders) adds more.
@@ -65,8 +67,13 @@ def _index_lines(node: yaml.Node, path: KeyPath, origin: str, lines: dict[KeyPat
 def parse_yaml(text: str, origin: str) -> Located:
     """Parse YAML text keeping line numbers; syntax errors become a ConfigError with the line."""
     try:
-        node = yaml.compose(text, Loader=yaml.SafeLoader)
-        data = yaml.safe_load(text)
+        # One parse: compose the node tree (it carries the line marks), then construct Python data from it.
+        loader = _Loader(text)
+        try:
+            node = loader.get_single_node()
+            data = loader.construct_document(node) if node is not None else None
+        finally:
+            loader.dispose()
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark
         line = mark.line + 1 if mark is not None else 1

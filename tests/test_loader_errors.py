@@ -126,5 +126,5 @@ def test_profile_with_missing_or_malformed_calibration_table(tmp_path: Path) -> 
     (tmp_path / "bad.csv").write_text("op,variant\ngemm,fwd\n")
     prof["calibration"] = "bad.csv"
     ppath.write_text(yaml.safe_dump(prof, sort_keys=False))
-    with pytest.raises(ConfigError, match="bad.csv"):
+    with pytest.raises(ConfigError, match=r"bad\.csv"):
         load_scenario(spath)
