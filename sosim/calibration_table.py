@@ -19,8 +19,13 @@ from typing import Literal
 import numpy as np
 import pandas as pd
 
+# One schema for writer and reader: the harness's records module is torch-free and imports nothing else.
+from sosim.calibrate.records import COLUMNS
+
 Array = np.ndarray
 
+# Text columns of the schema: identification and context, never parsed as numbers.
+TEXT_COLUMNS: frozenset[str] = frozenset(("op", "variant", "dtype", "device", "host_cpu", "torch_version", "date"))
 # Columns the lookups read; a file without one of them cannot be used at all.
 REQUIRED_COLUMNS: tuple[str, ...] = (
     "op",
@@ -38,26 +43,9 @@ REQUIRED_COLUMNS: tuple[str, ...] = (
     "threads",
     "median_s",
 )
-# Numeric columns checked when present; empty cells mean "not applicable" except for median_s.
-NUMERIC_COLUMNS: tuple[str, ...] = (
-    "m",
-    "n",
-    "k",
-    "batch",
-    "seq",
-    "heads",
-    "kv_heads",
-    "head_dim",
-    "hidden",
-    "ffn",
-    "bytes",
-    "elements",
-    "threads",
-    "median_s",
-    "p10_s",
-    "p90_s",
-    "n_samples",
-)
+# Numeric columns checked when present (the harness's schema minus its text columns); empty cells mean
+# "not applicable" except for median_s.
+NUMERIC_COLUMNS: tuple[str, ...] = tuple(c for c in COLUMNS if c not in TEXT_COLUMNS)
 TIMING_COLUMNS: frozenset[str] = frozenset(("median_s", "p10_s", "p90_s"))
 
 # Sizes closer than this relative gap count as the same measured point (CSV round-trips of 1e8 etc.).

@@ -1,9 +1,12 @@
 """Schedule families. Each module turns a Scenario into a Plan (``build_plan``) and reports what it keeps
-resident (``memory_usage``). Adding a system = adding a module here and its config model."""
+resident (``memory_usage``); the ZeRO-3 family's modules only map their config to a
+:class:`~sosim.schedules.stage3.Stage3Strategy` for the shared builder. Adding a system = adding a module
+here and its config model."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from functools import partial
 from types import MappingProxyType
 from typing import NamedTuple
 
@@ -11,7 +14,7 @@ from sosim.config import Scenario
 from sosim.costs import CostModel
 from sosim.memory import MemoryUsage
 from sosim.plan import Plan
-from sosim.schedules import gpu_only, superoffload, zero3_offload, zero_infinity, zero_offload
+from sosim.schedules import gpu_only, stage3, superoffload, zero3_offload, zero_infinity, zero_offload
 
 
 class ScheduleModule(NamedTuple):
@@ -19,12 +22,27 @@ class ScheduleModule(NamedTuple):
     memory_usage: Callable[[Scenario], MemoryUsage]
 
 
+StrategyFn = Callable[[Scenario], stage3.Stage3Strategy]
+
+
+def _stage3_build(strategy: StrategyFn, sc: Scenario, costs: CostModel) -> Plan:
+    return stage3.build_plan(sc, costs, strategy(sc))
+
+
+def _stage3_memory(strategy: StrategyFn, sc: Scenario) -> MemoryUsage:
+    return stage3.memory_usage(sc, strategy(sc))
+
+
+def _stage3_module(strategy: StrategyFn) -> ScheduleModule:
+    return ScheduleModule(partial(_stage3_build, strategy), partial(_stage3_memory, strategy))
+
+
 SCHEDULES: MappingProxyType[str, ScheduleModule] = MappingProxyType(
     {
         "gpu_only": ScheduleModule(gpu_only.build_plan, gpu_only.memory_usage),
         "zero_offload": ScheduleModule(zero_offload.build_plan, zero_offload.memory_usage),
-        "zero3_offload": ScheduleModule(zero3_offload.build_plan, zero3_offload.memory_usage),
-        "zero_infinity": ScheduleModule(zero_infinity.build_plan, zero_infinity.memory_usage),
-        "superoffload": ScheduleModule(superoffload.build_plan, superoffload.memory_usage),
+        "zero3_offload": _stage3_module(zero3_offload.strategy),
+        "zero_infinity": _stage3_module(zero_infinity.strategy),
+        "superoffload": _stage3_module(superoffload.strategy),
     }
 )

@@ -27,9 +27,7 @@ overflow rollback), so ``clip_rate`` has no effect here.
 from __future__ import annotations
 
 from sosim.config import Scenario, SuperOffloadSchedule
-from sosim.costs import CostModel
-from sosim.memory import MemoryUsage, check_fit
-from sosim.plan import Plan
+from sosim.memory import check_fit
 from sosim.schedules import stage3
 
 
@@ -70,11 +68,3 @@ def strategy(sc: Scenario) -> stage3.Stage3Strategy:
     assert isinstance(s, SuperOffloadSchedule)
     flow, reason = _placement(sc, s)
     return _strategy(sc, s, flow, reason)
-
-
-def build_plan(sc: Scenario, costs: CostModel) -> Plan:
-    return stage3.build_plan(sc, costs, strategy(sc))
-
-
-def memory_usage(sc: Scenario) -> MemoryUsage:
-    return stage3.memory_usage(sc, strategy(sc))

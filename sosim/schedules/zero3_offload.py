@@ -14,20 +14,9 @@ before the next sub-group. Host memory is 18 B/param.
 from __future__ import annotations
 
 from sosim.config import Scenario, Zero3OffloadSchedule
-from sosim.costs import CostModel
-from sosim.memory import MemoryUsage
-from sosim.plan import Plan
 from sosim.schedules import stage3
 
 
 def strategy(sc: Scenario) -> stage3.Stage3Strategy:
     assert isinstance(sc.schedule, Zero3OffloadSchedule)
     return stage3.zero3_strategy("zero3_offload", sc.schedule, weight_flow=False)
-
-
-def build_plan(sc: Scenario, costs: CostModel) -> Plan:
-    return stage3.build_plan(sc, costs, strategy(sc))
-
-
-def memory_usage(sc: Scenario) -> MemoryUsage:
-    return stage3.memory_usage(sc, strategy(sc))

@@ -9,20 +9,9 @@ model size is bounded by CPU memory; every step moves the weights over the link 
 from __future__ import annotations
 
 from sosim.config import Scenario, ZeroInfinitySchedule
-from sosim.costs import CostModel
-from sosim.memory import MemoryUsage
-from sosim.plan import Plan
 from sosim.schedules import stage3
 
 
 def strategy(sc: Scenario) -> stage3.Stage3Strategy:
     assert isinstance(sc.schedule, ZeroInfinitySchedule)
     return stage3.zero3_strategy("zero_infinity", sc.schedule, weight_flow=True)
-
-
-def build_plan(sc: Scenario, costs: CostModel) -> Plan:
-    return stage3.build_plan(sc, costs, strategy(sc))
-
-
-def memory_usage(sc: Scenario) -> MemoryUsage:
-    return stage3.memory_usage(sc, strategy(sc))
