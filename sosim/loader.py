@@ -188,12 +188,13 @@ def load_profile(ref: str | Path, relative_to: Path | None = None) -> HardwarePr
         raise ConfigError(_format_validation(exc, located)) from None
 
 
-def _load_profile_located(ref: str, relative_to: Path | None) -> Located:
+def _load_profile_located(ref: str, relative_to: Path | None, where: str = "") -> Located:
+    """``where`` prefixes an unknown-name message with the place that named the profile."""
     try:
         path = resolve_profile_path(ref, relative_to)
     except KeyError:
         names = ", ".join(sorted(available_profiles())) or "(none found)"
-        raise ConfigError([f"unknown hardware profile '{ref}'; available: {names}"]) from None
+        raise ConfigError([f"{where}unknown hardware profile '{ref}'; available: {names}"]) from None
     located = read_yaml(path)
     if not isinstance(located.data, dict):
         raise ConfigError([f"{path}:1: a hardware profile must be a mapping"])
@@ -239,33 +240,21 @@ def load_scenario(
         if path == ("hardware",):
             data["hardware"] = value
             located.overridden[path] = text
-    profile_problems: list[str] = []
     hw = data.get("hardware")
+    if hw is None:
+        raise ConfigError([f"{located.where(())}: hardware: missing (a profile name or path)"])
     if isinstance(hw, (str, Path)):
-        try:
-            prof = _load_profile_located(str(hw), base_dir)
-        except ConfigError as exc:
-            where = located.where(("hardware",))
-            # Unknown names are the scenario's fault; problems inside a found profile name its file.
-            profile_problems = [p if p.startswith("unknown") is False else f"{where}: hardware: {p}"
-                                for p in exc.problems]
-        else:
-            data["hardware"] = prof.data
-            # Errors inside the profile point at the profile file and its lines.
-            for key, where in prof.lines.items():
-                located.lines[("hardware", *key)] = where
-    elif hw is None:
-        profile_problems = [f"{located.where(())}: hardware: missing (a profile name or path)"]
+        prof = _load_profile_located(str(hw), base_dir, where=f"{located.where(('hardware',))}: hardware: ")
+        data["hardware"] = prof.data
+        # Errors inside the profile point at the profile file and its lines.
+        for key, where in prof.lines.items():
+            located.lines[("hardware", *key)] = where
 
     for (path, value), text in parsed:
         if path == ("hardware",):
             continue
-        if not isinstance(data, dict):
-            break
         _set_path(data, path, value, text)
         located.overridden[path] = text
-    if profile_problems:
-        raise ConfigError(profile_problems)
     try:
         return Scenario.model_validate(data)
     except ValidationError as exc:

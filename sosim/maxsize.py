@@ -6,6 +6,7 @@ simulated once by the caller to report its speed.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal
 
@@ -42,12 +43,15 @@ def _with_model(sc: Scenario, **changes: object) -> Scenario:
     return sc.model_copy(update={"model": ModelSpec.model_validate(model.model_dump())})
 
 
-def _bisect(ok: list[Scenario]) -> int:
-    """Index of the last fitting candidate in a list ordered by size (fit is monotone in size)."""
-    lo, hi = -1, len(ok)
+def _bisect(candidate: Callable[[int], Scenario], count: int) -> int:
+    """Index of the last fitting candidate among ``count`` ordered by size (fit is monotone in size).
+
+    Candidates are built on demand: a bisection validates ~log2(count) models, not all of them.
+    """
+    lo, hi = -1, count
     while hi - lo > 1:
         mid = (lo + hi) // 2
-        if fits(ok[mid]).feasible:
+        if fits(candidate(mid)).feasible:
             lo = mid
         else:
             hi = mid
@@ -55,20 +59,25 @@ def _bisect(ok: list[Scenario]) -> int:
 
 
 def find_max_size(sc: Scenario, growth: Growth = "layers", max_layers: int = 2048) -> MaxSize:
+    candidate: Callable[[int], Scenario]
     if growth == "layers":
-        candidates = [_with_model(sc, layers=n) for n in range(1, max_layers + 1)]
+        count = max_layers
+        def candidate(i: int) -> Scenario:
+            return _with_model(sc, layers=i + 1)
     elif growth == "width":
         step = 64 * sc.model.heads  # head_dim grows in multiples of 64
-        candidates = [_with_model(sc, hidden=k * step, ffn=None) for k in range(1, 513)]
+        count = 512
+        def candidate(i: int) -> Scenario:
+            return _with_model(sc, hidden=(i + 1) * step, ffn=None)
     else:
-        candidates = [
-            _with_model(sc, name=f"gpt-{name}", layers=layers, hidden=hidden, heads=32, kv_heads=None,
-                        ffn=None, ffn_kind="gelu", vocab=50432)
-            for name, layers, hidden in PAPER_FAMILY
-        ]
-    best = _bisect(candidates)
+        count = len(PAPER_FAMILY)
+        def candidate(i: int) -> Scenario:
+            name, layers, hidden = PAPER_FAMILY[i]
+            return _with_model(sc, name=f"gpt-{name}", layers=layers, hidden=hidden, heads=32, kv_heads=None,
+                               ffn=None, ffn_kind="gelu", vocab=50432)
+    best = _bisect(candidate, count)
     if best < 0:
-        raise InfeasibleError(f"no model of this family fits: {fits(candidates[0]).reason}")
-    nxt = fits(candidates[best + 1]) if best + 1 < len(candidates) else Feasibility(True, "end of family")
-    chosen = candidates[best]
+        raise InfeasibleError(f"no model of this family fits: {fits(candidate(0)).reason}")
+    nxt = fits(candidate(best + 1)) if best + 1 < count else Feasibility(True, "end of family")
+    chosen = candidate(best)
     return MaxSize(chosen.model, total_params(chosen.model) / 1e9, nxt, chosen)
