@@ -14,6 +14,7 @@ from typing import Any
 
 from sosim.config import Scenario
 from sosim.loader import load_scenario
+from sosim.output import print_json
 from sosim.simulate import simulate
 
 BASELINE: tuple[str, ...] = (
@@ -56,11 +57,9 @@ def run_ablation(source: str | dict[str, Any] | Scenario, overrides: list[str] |
 
 
 def _cmd(args: argparse.Namespace) -> int:
-    from sosim.cli import _print_json
-
     rows = run_ablation(str(args.scenario), args.overrides)
     if args.format == "json":
-        _print_json({"scenario": args.scenario, "rows": [r.__dict__ for r in rows]})
+        print_json({"scenario": args.scenario, "rows": [r.__dict__ for r in rows]})
         return 0
     print(f"{'step':<30} {'tokens/s':>10} {'incr':>7} {'paper':>7} {'cumul':>7} {'paper':>7}")
     for r in rows:

@@ -8,40 +8,19 @@ from __future__ import annotations
 
 import argparse
 import importlib
-import json
-import math
 import sys
 from collections.abc import Sequence
 from typing import Any
 
 from sosim.errors import SosimError
+from sosim.output import format_value, print_json
 
 EXIT_USAGE = 2
 
 
-def _json_default(value: Any) -> Any:
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    if hasattr(value, "item"):
-        return value.item()
-    return str(value)
-
-
-def _print_json(obj: Any) -> None:
-    print(json.dumps(obj, default=_json_default, sort_keys=False))
-
-
-def _fmt(value: Any) -> str:
-    if isinstance(value, bool) or value is None:
-        return str(value)
-    if isinstance(value, float):
-        return f"{value:.4g}"
-    return str(value)
-
-
 def _metrics_table(metrics: dict[str, Any]) -> str:
     width = max(len(k) for k in metrics)
-    return "\n".join(f"{k:<{width}}  {_fmt(v)}" for k, v in metrics.items() if k != "reason" or v)
+    return "\n".join(f"{k:<{width}}  {format_value(v)}" for k, v in metrics.items() if k != "reason" or v)
 
 
 def _add_scenario_args(p: argparse.ArgumentParser) -> None:
@@ -65,7 +44,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
         plot_result(result, args.plot)
     if args.format == "json":
-        _print_json({"scenario": sc.name, "system": sc.schedule.system, **result.metrics,
+        print_json({"scenario": sc.name, "system": sc.schedule.system, **result.metrics,
                      "provenance": result.provenance})
     else:
         print(f"# {sc.name}: {sc.schedule.system} on {sc.hardware.name}, {result.metrics['params_b']:.2f}B params")
@@ -89,7 +68,7 @@ def cmd_profiles(args: argparse.Namespace) -> int:
                      "link": f"{prof.link.kind} {prof.link.h2d_GBps:g}/{prof.link.d2h_GBps:g} GB/s",
                      "calibrated": prof.calibration is not None, "description": prof.description})
     if args.format == "json":
-        _print_json({"profiles": rows})
+        print_json({"profiles": rows})
     else:
         for r in rows:
             if "error" in r:
@@ -116,7 +95,7 @@ def cmd_maxsize(args: argparse.Namespace) -> int:
         "tokens_per_s": result.metrics["tokens_per_s"], "model_tflops": result.metrics["model_tflops"],
     }
     if args.format == "json":
-        _print_json(out)
+        print_json(out)
     else:
         print(_metrics_table(out))
     return 0

@@ -4,14 +4,13 @@ each relative to the first. ``--set`` overrides apply to every scenario (e.g. th
 from __future__ import annotations
 
 import argparse
-import json
 import math
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
 
 import pandas as pd
 
+from sosim.output import format_value, print_json
 from sosim.result import BREAKDOWN_KEYS, Result
 
 # Rows of the table, in order; the breakdown follows so that the reader sees why one is faster.
@@ -46,32 +45,16 @@ def compare_frame(results: Sequence[Result], labels: Sequence[str] | None = None
     return pd.DataFrame(rows).set_index("label")
 
 
-def _cell(value: Any) -> str:
-    if isinstance(value, bool) or value is None:
-        return str(value)
-    if isinstance(value, float):
-        return f"{value:.4g}"
-    return str(value)
-
-
 def format_table(frame: pd.DataFrame) -> str:
     """Metrics as rows, scenarios as columns (reads well for 2-6 scenarios)."""
     shown = frame.drop(columns=["reason"]).T
     header = ["metric", *shown.columns]
-    body = [[str(idx), *(_cell(v) for v in row)] for idx, row in zip(shown.index, shown.itertuples(index=False))]
+    body = [[str(idx), *(format_value(v) for v in row)] for idx, row in zip(shown.index, shown.itertuples(index=False))]
     widths = [max(len(line[i]) for line in [header, *body]) for i in range(len(header))]
     lines = ["  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(line, widths)))
              for line in [header, *body]]
     notes = [f"{label}: INFEASIBLE: {reason}" for label, reason in frame["reason"].items() if reason]
     return "\n".join([*lines, *(["", *notes] if notes else [])])
-
-
-def _json_value(value: Any) -> Any:
-    if hasattr(value, "item"):
-        value = value.item()
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    return value
 
 
 def cmd_compare(args: argparse.Namespace) -> int:
@@ -86,9 +69,8 @@ def cmd_compare(args: argparse.Namespace) -> int:
 
         plot_compare(results, args.plot, list(frame.index))
     if args.format == "json":
-        rows = [{"label": label, **{k: _json_value(v) for k, v in row.items()}}
-                for label, row in frame.to_dict(orient="index").items()]
-        print(json.dumps({"baseline": frame.index[0], "scenarios": rows}))
+        rows = [{"label": label, **row} for label, row in frame.to_dict(orient="index").items()]
+        print_json({"baseline": frame.index[0], "scenarios": rows})
     else:
         print(format_table(frame))
     return 0

@@ -17,7 +17,7 @@ from typing import Any
 import yaml
 from pydantic import ValidationError
 
-from sosim.config import HardwareProfile, Scenario
+from sosim.config import SCHEDULE_SYSTEMS, HardwareProfile, Scenario
 from sosim.errors import ConfigError
 
 KeyPath = tuple[str | int, ...]
@@ -165,7 +165,7 @@ def _format_validation(exc: ValidationError, loc: Located, prefix: KeyPath = ())
         # Drop the discriminator tag pydantic inserts for tagged unions (e.g. 'zero_offload').
         raw_path = tuple(p for p in err["loc"] if not (isinstance(p, str) and "[" in p))
         path: KeyPath = (*prefix, *raw_path)
-        path = tuple(p for p in path if p not in _UNION_TAGS)
+        path = tuple(p for p in path if p not in SCHEDULE_SYSTEMS)
         dotted = ".".join(str(p) for p in path) or "(top level)"
         msg = err["msg"]
         if err["type"] == "extra_forbidden":
@@ -175,8 +175,6 @@ def _format_validation(exc: ValidationError, loc: Located, prefix: KeyPath = ())
         problems.append(f"{loc.where(path)}: {dotted}: {msg}")
     return problems
 
-
-_UNION_TAGS = frozenset({"gpu_only", "zero_offload", "zero3_offload", "zero_infinity", "superoffload"})
 
 
 def load_profile(ref: str | Path, relative_to: Path | None = None) -> HardwareProfile:

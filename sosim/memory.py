@@ -17,9 +17,8 @@ from sosim.units import GIB
 @dataclass(frozen=True)
 class MemoryUsage:
     gpu_bytes: dict[str, float] = field(default_factory=dict)
+    # Per rank; a hardware profile describes one GPU's share of its host, so this is also the host's need.
     cpu_bytes: dict[str, float] = field(default_factory=dict)
-    # How many ranks share one host's CPU memory (several GPUs of one x86 server share its DRAM).
-    ranks_per_host: int = 1
 
     @property
     def gpu_peak_bytes(self) -> float:
@@ -27,8 +26,7 @@ class MemoryUsage:
 
     @property
     def cpu_peak_bytes(self) -> float:
-        """Host memory of one host: every rank on it keeps its own share."""
-        return sum(self.cpu_bytes.values()) * self.ranks_per_host
+        return sum(self.cpu_bytes.values())
 
 
 @dataclass(frozen=True)
@@ -52,9 +50,8 @@ def check_fit(usage: MemoryUsage, hw: HardwareProfile) -> Feasibility:
             f"> {gpu_cap / GIB:.1f} GiB usable on {hw.gpu.name}"
         )
     if usage.cpu_peak_bytes > cpu_cap:
-        per_host = f" x {usage.ranks_per_host} ranks" if usage.ranks_per_host > 1 else ""
         reasons.append(
-            f"CPU memory: needs {usage.cpu_peak_bytes / GIB:.1f} GiB ({_items(usage.cpu_bytes)}{per_host}) "
+            f"CPU memory: needs {usage.cpu_peak_bytes / GIB:.1f} GiB ({_items(usage.cpu_bytes)}) "
             f"> {cpu_cap / GIB:.1f} GiB usable on {hw.cpu.name}"
         )
     return Feasibility(not reasons, "; ".join(reasons))

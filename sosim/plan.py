@@ -17,7 +17,6 @@ D2H = "d2h"  # device -> host
 CPU_OPT = "cpu_opt"  # CPU optimizer worker(s)
 CPU_CAST = "cpu_cast"  # CPU-side dtype conversion and bookkeeping
 NET = "net"  # GPU-GPU collectives (NCCL stream)
-HOST = "host"  # the training loop's Python thread: synchronizations, bookkeeping
 GPU_CAST = "gpu_cast"  # a side CUDA stream for dtype casts (memory bound, overlaps compute)
 
 # Categories drive the breakdown of where the step time goes.

@@ -39,6 +39,7 @@ import pandas as pd
 from sosim.config import Scenario
 from sosim.errors import ConfigError, SosimError
 from sosim.loader import KeyPath, Located, read_yaml
+from sosim.output import print_json
 
 Point = dict[str, Any]  # dotted key path -> value
 Row = dict[str, Any]
@@ -587,19 +588,13 @@ def _make_executor(args: argparse.Namespace) -> tuple[Executor, Callable[[], Non
     return pool, lambda: pool.shutdown(wait=True, cancel_futures=True)
 
 
-def _json_scalar(value: Any) -> Any:
-    if hasattr(value, "item"):
-        return value.item()
-    return None if value is pd.NA else str(value)
-
-
 def _print_summary(summary: dict[str, Any], fmt: str, frame: pd.DataFrame | None) -> None:
     if fmt == "json":
         obj = dict(summary)
         if frame is not None:
             # pandas' writer turns NaN/NA into null and numpy scalars into numbers.
             obj["rows"] = json.loads(frame.to_json(orient="records"))
-        print(json.dumps(obj, default=_json_scalar))
+        print_json(obj)
         return
     if frame is not None:
         print(frame.to_string(index=False, max_rows=60))

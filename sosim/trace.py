@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from sosim.plan import COMPUTE, CPU_CAST, CPU_OPT, D2H, GPU, GPU_CAST, H2D, HOST, NET
+from sosim.plan import COMPUTE, CPU_CAST, CPU_OPT, D2H, GPU, GPU_CAST, H2D, NET
 from sosim.result import Result
 from sosim.units import GIB
 
@@ -31,7 +31,6 @@ RESOURCE_LABELS: dict[str, str] = {
     CPU_OPT: "CPU optimizer",
     CPU_CAST: "CPU cast",
     NET: "Collectives (NCCL)",
-    HOST: "Host (Python loop)",
 }
 PID = 1
 US_PER_S = 1e6
@@ -123,7 +122,7 @@ def _memory_events(result: Result) -> list[dict[str, Any]]:
         for t, a in zip(times, levels)
     ]
     end_us = float(np.max(result.end_s)) * US_PER_S if len(result.end_s) else 0.0
-    cpu = {name: float(v) * mem.ranks_per_host / GIB for name, v in mem.cpu_bytes.items()}
+    cpu = {name: float(v) / GIB for name, v in mem.cpu_bytes.items()}
     # Host state is resident for the whole run: one sample at each end draws a flat stacked counter.
     for ts in (0.0, end_us):
         events.append({"name": "CPU memory (GiB)", "ph": "C", "pid": PID, "ts": ts, "args": cpu})

@@ -19,21 +19,6 @@ BF16_BYTES: int = 2
 FP32_BYTES: int = 4
 
 
-def gib_to_bytes(gib: float) -> float:
-    return gib * GIB
-
-
-def bytes_to_gib(n_bytes: float) -> float:
-    return n_bytes / GIB
-
-
-def GBps_to_Bps(gbps: float) -> float:
-    return gbps * GB
-
-
-def tflops_to_flops(tflops: float) -> float:
-    return tflops * TFLOP
-
 
 def us_to_s(us: float) -> float:
     return us * US

@@ -18,6 +18,7 @@ from sosim.ablation import run_ablation
 from sosim.errors import ConfigError
 from sosim.loader import load_scenario, read_yaml
 from sosim.maxsize import PAPER_FAMILY, find_max_size
+from sosim.output import print_json
 from sosim.simulate import simulate
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -86,12 +87,10 @@ def run_validation(path: Path = DEFAULT_REFERENCES) -> list[Row]:
 
 
 def _cmd(args: argparse.Namespace) -> int:
-    from sosim.cli import _print_json
-
     rows = run_validation(Path(args.references))
     bad = [r for r in rows if not r.within]
     if args.format == "json":
-        _print_json({"rows": [r.__dict__ for r in rows], "out_of_budget": len(bad)})
+        print_json({"rows": [r.__dict__ for r in rows], "out_of_budget": len(bad)})
     else:
         print(f"{'id':<34} {'published':>10} {'predicted':>10} {'error':>8} {'budget':>7}  ok")
         for r in rows:

@@ -56,3 +56,12 @@ def test_calibrate_passes_options_through_and_says_what_is_missing(
     assert main(["calibrate", "--quick", "--out", str(tmp_path / "cal")]) == 2
     err = capsys.readouterr().err
     assert "Traceback" not in err and ("torch" in err or "GPU" in err or "CUDA" in err)
+
+
+def test_json_output_is_strict(capsys: pytest.CaptureFixture[str]) -> None:
+    import numpy as np
+
+    from sosim.output import print_json
+
+    print_json({"a": float("nan"), "b": np.float64(1.5), "c": [np.int64(2), float("inf")], "d": None})
+    assert json.loads(capsys.readouterr().out) == {"a": None, "b": 1.5, "c": [2, None], "d": None}
