@@ -19,6 +19,5 @@ BF16_BYTES: int = 2
 FP32_BYTES: int = 4
 
 
-
 def us_to_s(us: float) -> float:
     return us * US
