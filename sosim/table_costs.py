@@ -17,7 +17,7 @@ from pathlib import Path
 from sosim import model as tm
 from sosim.calibration_table import CalibrationError, CalibrationTable
 from sosim.config import AdamImpl
-from sosim.costs import CAUSAL_WORK_FRACTION, AnalyticCostModel, Direction
+from sosim.costs import CAUSAL_WORK_FRACTION, AnalyticCostModel, CollectiveKind, Direction, stage3_variant
 from sosim.errors import ConfigError
 
 # sosim's CPU-Adam names -> the implementations the harness times.
@@ -161,11 +161,41 @@ class TableCostModel:
     def cpu_norm_s(self, params: float) -> float:
         return self.analytic.cpu_norm_s(params)
 
+    def collective_s(self, kind: CollectiveKind, n_bytes: float, ranks: int) -> float:
+        measured = self.table.collective_time_s(kind, n_bytes, ranks)
+        return self._pick(measured, self.analytic.collective_s(kind, n_bytes, ranks))
+
     def allreduce_s(self, n_bytes: float, ranks: int) -> float:
-        return self.analytic.allreduce_s(n_bytes, ranks)
+        return self.collective_s("all_reduce", n_bytes, ranks)
 
     def reduce_scatter_s(self, n_bytes: float, ranks: int) -> float:
-        return self.analytic.reduce_scatter_s(n_bytes, ranks)
+        return self.collective_s("reduce_scatter", n_bytes, ranks)
+
+    def disk_s(self, n_bytes: float, write: bool) -> float:
+        return self._pick(self.table.disk_time_s(n_bytes, write), self.analytic.disk_s(n_bytes, write))
+
+    # --- DeepSpeed stage-3 paths -------------------------------------------------------------------------
+    def ds_refresh_s(self, elements: float, threads: float, pinned: bool, system: str = "zero3_offload") -> float:
+        fallback = self.analytic.ds_refresh_s(elements, threads, pinned, system)
+        if pinned:  # the table times DeepSpeed's allocating, pageable path only
+            return self._pick(None, fallback)
+        return self._pick(self.table.ds_refresh_time_s(elements, threads, stage3_variant(system)), fallback)
+
+    def stage3_hook_s(self, tokens: int, backward: bool) -> float:
+        m = self.analytic.model
+        fallback = self.analytic.stage3_hook_s(tokens, backward)
+        if m.ffn_kind != "swiglu":  # the harness times Hugging Face Llama layers only
+            return self._pick(None, fallback)
+        found = self.table.stage3_hook_time_s(m.hidden, m.heads, m.n_kv_heads, m.ffn_dim, tokens, backward)
+        return self._pick(None if found is None else found[0], fallback)
+
+    def ds_step_fixed_s(self, params: float, subgroups: int, system: str) -> float:
+        measured = self.table.ds_step_fixed_time_s(params, subgroups, stage3_variant(system))
+        return self._pick(measured, self.analytic.ds_step_fixed_s(params, subgroups, system))
+
+    def so_worker_roundtrip_s(self, elements: float, with_copies: bool = False) -> float:
+        measured = self.table.so_worker_time_s(elements, "with_copies" if with_copies else "alone")
+        return self._pick(measured, self.analytic.so_worker_roundtrip_s(elements, with_copies))
 
     @property
     def provenance(self) -> dict[str, str]:
