@@ -21,9 +21,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Protocol, cast
 
-from sosim.plan import GPU, NET, SYNC, Category, Phase, Plan, Resource, ResourceKind
+from sosim.plan import GPU, NET, SYNC, Category, Op, Phase, Plan, Resource, ResourceKind
 
 if TYPE_CHECKING:
     from sosim.config import Scenario
@@ -58,9 +58,15 @@ class Ctx:
     def add(self, resource: Resource, name: str, duration_s: float, deps: Sequence[int | None], *,
             phase: Phase, category: Category, layer: int = -1, n_bytes: float = 0.0, flops: float = 0.0,
             group: int = -1) -> int:
-        return self.plan.add(resource, name, duration_s, [d for d in deps if d is not None], phase=phase,
-                             category=category, layer=layer, iteration=self.it, n_bytes=n_bytes, flops=flops,
-                             group=group)
+        # Plan.add's checks, inlined: this is the hot path of plan building.
+        ops = self.plan.ops
+        op_id = len(ops)
+        clean = tuple(sorted({d for d in deps if d is not None}))
+        if not duration_s >= 0 or (clean and clean[-1] >= op_id):
+            return self.plan.add(resource, name, duration_s, clean, phase=phase)  # raises the error
+        ops.append(Op(op_id, resource, name, float(duration_s), clean, layer, self.it, category, phase,
+                      float(n_bytes), float(flops), group))
+        return op_id
 
     def host_op(self, name: str, duration_s: float, deps: Sequence[int | None], *, phase: Phase,
                 category: Category = SYNC, layer: int = -1, group: int = -1) -> int:
@@ -229,4 +235,29 @@ class _Arrivals:
 def plan_for(sc: Scenario, costs: CostModel, recipe: Recipe) -> Plan:
     """The plan of ``sc`` built from ``recipe``'s blocks."""
     duplex = {ResourceKind(k): f for k, f in costs.duplex_factors.items()}
-    return build(Ctx(sc, costs, Plan(duplex_factors=duplex), recipe.layout, recipe.cpu), recipe)
+    memo = cast("CostModel", _MemoCosts(costs))
+    return build(Ctx(sc, memo, Plan(duplex_factors=duplex), recipe.layout, recipe.cpu), recipe)
+
+
+class _MemoCosts:
+    """The cost model with every call remembered for the build of one plan: iterations and groups of the
+    same size ask the same questions, and a cost (an interpolation, a table lookup) is a pure function."""
+
+    def __init__(self, costs: CostModel) -> None:
+        self._costs = costs
+        self._memo: dict[tuple[object, ...], object] = {}
+
+    def __getattr__(self, name: str) -> object:
+        attr = getattr(self._costs, name)
+        if not callable(attr):
+            return attr
+        memo = self._memo
+
+        def call(*args: object, **kwargs: object) -> object:
+            key = (name, args, tuple(sorted(kwargs.items()))) if kwargs else (name, args)
+            if key not in memo:
+                memo[key] = attr(*args, **kwargs)
+            return memo[key]
+
+        setattr(self, name, call)
+        return call

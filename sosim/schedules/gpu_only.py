@@ -49,12 +49,11 @@ class AllReduce:
         del done
         if not ctx.boundary or ctx.dp <= 1:
             return
-        for f in ctx.layout.flushes:
-            if f.unit == u.index:
-                n = f.elements * BF16_BYTES
-                self.ops.append(ctx.add(NET, f"allreduce:f{f.index}", ctx.costs.collective_s("all_reduce", n, ctx.dp),
-                                        [op], phase=Phase.GRADIENT, category=Category.COMM, layer=u.index,
-                                        group=f.index, n_bytes=2.0 * (ctx.dp - 1) / ctx.dp * n))
+        for f in ctx.layout.flushes_at.get(u.index, ()):
+            n = f.elements * BF16_BYTES
+            self.ops.append(ctx.add(NET, f"allreduce:f{f.index}", ctx.costs.collective_s("all_reduce", n, ctx.dp),
+                                    [op], phase=Phase.GRADIENT, category=Category.COMM, layer=u.index,
+                                    group=f.index, n_bytes=2.0 * (ctx.dp - 1) / ctx.dp * n))
 
     def finish(self, ctx: Ctx, done: DoneCallback) -> None:
         del ctx, done

@@ -19,10 +19,7 @@ G = Phase.GRADIENT
 
 def _split(ctx: Ctx, f: Flush) -> tuple[float, float]:
     """(elements of the flush whose optimizer runs on the CPU, on the GPU), per rank."""
-    lay = ctx.layout
-    group_of = {t: g for g in lay.groups for t in g.tensors}
-    size = {t.index: t.elements for t in lay.tensors}
-    gpu = sum(size[t] for t in f.tensors if group_of[t].on_gpu)
+    gpu = ctx.layout.gpu_elements[f.index]
     return (f.elements - gpu) / ctx.dp, gpu / ctx.dp
 
 
@@ -64,9 +61,8 @@ class HostGradients:
         del ctx
 
     def after_backward(self, ctx: Ctx, u: Unit, op: int, done: DoneCallback) -> None:
-        for f in ctx.layout.flushes:
-            if f.unit == u.index:
-                self._flush(ctx, f, op, done)
+        for f in ctx.layout.flushes_at.get(u.index, ()):
+            self._flush(ctx, f, op, done)
 
     def finish(self, ctx: Ctx, done: DoneCallback) -> None:
         del ctx, done
@@ -106,9 +102,8 @@ class Stage2Gradients:
         del ctx
 
     def after_backward(self, ctx: Ctx, u: Unit, op: int, done: DoneCallback) -> None:
-        for f in ctx.layout.flushes:
-            if f.unit == u.index:
-                self._flush(ctx, f, op, done)
+        for f in ctx.layout.flushes_at.get(u.index, ()):
+            self._flush(ctx, f, op, done)
 
     def finish(self, ctx: Ctx, done: DoneCallback) -> None:
         del ctx, done
@@ -166,9 +161,8 @@ class Stage3Gradients:
         self._flush_ends = []
 
     def after_backward(self, ctx: Ctx, u: Unit, op: int, done: DoneCallback) -> None:
-        for f in ctx.layout.flushes:
-            if f.unit == u.index:
-                self._flush(ctx, f, op, done)
+        for f in ctx.layout.flushes_at.get(u.index, ()):
+            self._flush(ctx, f, op, done)
 
     def finish(self, ctx: Ctx, done: DoneCallback) -> None:
         del done

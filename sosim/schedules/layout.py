@@ -88,13 +88,15 @@ class Layout:
     done_after: dict[int, int] = field(default_factory=dict)
     # unit index -> groups holding its tensors (the next forward of the unit waits for their update)
     unit_groups: dict[int, tuple[int, ...]] = field(default_factory=dict)
+    # Precomputed lookups (the blocks ask them once per flush and iteration).
+    flushes_at: dict[int, tuple[Flush, ...]] = field(default_factory=dict)  # unit -> flushes issued after it
+    done_by: dict[int, tuple[Group, ...]] = field(default_factory=dict)  # flush -> groups it completes
+    # flush -> elements whose optimizer runs on the GPU (their gradients need not reach the host)
+    gpu_elements: dict[int, int] = field(default_factory=dict)
+    p_total: int = 0
 
-    @property
-    def p_total(self) -> int:
-        return sum(u.params for u in self.units)
-
-    def groups_done_by(self, flush: int) -> list[Group]:
-        return [self.groups[g] for g, f in self.done_after.items() if f == flush]
+    def groups_done_by(self, flush: int) -> tuple[Group, ...]:
+        return self.done_by.get(flush, ())
 
     @property
     def cpu_groups(self) -> list[Group]:
@@ -268,10 +270,19 @@ def gpu_groups_by_fraction(groups: list[Group], fraction: float) -> list[Group]:
 
 def make_layout(units: list[Unit], tensors: list[Tensor], flushes: list[Flush], groups: list[Group]) -> Layout:
     flush_of = {t: f.index for f in flushes for t in f.tensors}
-    group_of = {t: g.index for g in groups for t in g.tensors}
+    group_of = {t: g for g in groups for t in g.tensors}
     done_after = {g.index: max(flush_of[t] for t in g.tensors) for g in groups}
     unit_groups: dict[int, set[int]] = {}
     for t in tensors:
-        unit_groups.setdefault(t.unit, set()).add(group_of[t.index])
+        unit_groups.setdefault(t.unit, set()).add(group_of[t.index].index)
+    flushes_at: dict[int, list[Flush]] = {}
+    for f in flushes:
+        flushes_at.setdefault(f.unit, []).append(f)
+    done_by: dict[int, list[Group]] = {}
+    for g in groups:
+        done_by.setdefault(done_after[g.index], []).append(g)
+    gpu_elements = {f.index: sum(tensors[t].elements for t in f.tensors if group_of[t].on_gpu) for f in flushes}
     return Layout(units, tensors, flushes, groups, done_after,
-                  {u: tuple(sorted(gs)) for u, gs in unit_groups.items()})
+                  {u: tuple(sorted(gs)) for u, gs in unit_groups.items()},
+                  {u: tuple(fs) for u, fs in flushes_at.items()}, {f: tuple(gs) for f, gs in done_by.items()},
+                  gpu_elements, sum(u.params for u in units))
