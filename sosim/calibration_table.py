@@ -9,6 +9,7 @@ measured sizes are spaced geometrically.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import math
 from collections.abc import Mapping
@@ -81,6 +82,40 @@ class CalibrationTable:
             raise CalibrationError(f"{path}: cannot read calibration file: {error.strerror}") from None
         frame = _read_frame(path)
         return cls(path=path, sha256=hashlib.sha256(raw_bytes).hexdigest(), columns_by_op=_group(frame))
+
+    def thread_range(self, op: str, variant: str) -> tuple[float, float] | None:
+        """Smallest and largest thread count measured for (op, variant); None if none was."""
+        cols = self.columns_by_op.get((op, variant))
+        if cols is None or "threads" not in cols:
+            return None
+        threads = cols["threads"][np.isfinite(cols["threads"])]
+        return (float(threads.min()), float(threads.max())) if threads.size else None
+
+    # ---- spread: the same table at another point of each measurement's run-to-run distribution ------------
+
+    def at_quantile(self, q: float) -> CalibrationTable:
+        """The table with every timing replaced by its quantile ``q`` (see :func:`quantile_times`)."""
+        if not 0.0 <= q <= 1.0:
+            raise ValueError(f"quantile must be in [0, 1], got {q}")
+        return self._with_times({key: q for key in self.columns_by_op})
+
+    def sampled(self, rng: np.random.Generator) -> tuple[CalibrationTable, dict[str, float]]:
+        """One seeded draw: a uniform quantile per op (component kind), shared by all its variants and rows.
+
+        Why one draw per kind and not per row: the rows of one kind were measured minutes apart on the same
+        machine state (clocks, NUMA placement, background load), so they move together; independent draws
+        per row would average the spread away over the many lookups of one replay. The ops are drawn in
+        sorted order, so a seed gives the same table whatever the file's row order.
+        """
+        ops = sorted({op for op, _ in self.columns_by_op})
+        draws = {op: float(rng.uniform()) for op in ops}
+        return self._with_times({key: draws[key[0]] for key in self.columns_by_op}), draws
+
+    def _with_times(self, q_by_key: Mapping[tuple[str, str], float]) -> CalibrationTable:
+        columns = {
+            key: {**cols, "median_s": quantile_times(cols, q_by_key[key])} for key, cols in self.columns_by_op.items()
+        }
+        return dataclasses.replace(self, columns_by_op=columns)
 
     # ---- GPU compute -------------------------------------------------------------------------------
 
@@ -444,6 +479,24 @@ def _group(frame: pd.DataFrame) -> dict[tuple[str, str], dict[str, Array]]:
     for (op, variant), part in frame.groupby(["op", "variant"], sort=True):
         groups[(str(op), str(variant))] = {name: part[name].to_numpy(dtype=float) for name in numeric}
     return groups
+
+
+def quantile_times(cols: Mapping[str, Array], q: float) -> Array:
+    """Each row's time at quantile ``q`` of its measured repeats, from its p10 / median / p90.
+
+    Piecewise linear through (0.1, p10), (0.5, median), (0.9, p90); flat outside [0.1, 0.9] (the table
+    does not know the tails, and inventing them would widen bands with no measurement behind it). A row
+    without p10 / p90 keeps its median.
+    """
+    median = cols["median_s"]
+    p10 = cols.get("p10_s", np.full_like(median, np.nan))
+    p90 = cols.get("p90_s", np.full_like(median, np.nan))
+    low = np.where(np.isfinite(p10) & (p10 > 0), np.minimum(p10, median), median)
+    high = np.where(np.isfinite(p90) & (p90 > 0), np.maximum(p90, median), median)
+    q = min(max(q, 0.1), 0.9)
+    if q <= 0.5:
+        return low + (median - low) * (q - 0.1) / 0.4
+    return median + (high - median) * (q - 0.5) / 0.4
 
 
 # ---- interpolation helpers -----------------------------------------------------------------------------

@@ -179,7 +179,7 @@ def test_collectives_generalise_the_old_methods(analytic: AnalyticCostModel) -> 
 
 
 def test_table_model_prefers_measurements(analytic: AnalyticCostModel, table: CalibrationTable) -> None:
-    t = TableCostModel(analytic, table)
+    t = TableCostModel.from_analytic(analytic, table)
     assert t.ds_refresh_s(1e7, 16, pinned=False) == pytest.approx(2e-2)
     assert t.ds_refresh_s(1e7, 4, pinned=False, system="superoffload") == pytest.approx(5e-2)
     # A pinned staging path is not what the table timed: analytic.
