@@ -9,6 +9,7 @@ measured sizes are spaced geometrically.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import math
 from collections.abc import Mapping
@@ -46,8 +47,9 @@ REQUIRED_COLUMNS: tuple[str, ...] = (
 # Numeric columns checked when present (the harness's schema minus its text columns); empty cells mean
 # "not applicable" except for median_s.
 # Columns later harness versions append at the end (DeepSpeed stage-3 sections: optimizer sub-groups of a
-# step, GPUs of a collective); accepted and parsed whenever present, whether or not COLUMNS lists them yet.
-OPTIONAL_NUMERIC_COLUMNS: tuple[str, ...] = ("subgroups", "gpus")
+# step, GPUs of a collective, layers of a timed stack); accepted and parsed whenever present, whether or
+# not COLUMNS lists them yet.
+OPTIONAL_NUMERIC_COLUMNS: tuple[str, ...] = ("gpus", "subgroups", "layers")
 NUMERIC_COLUMNS: tuple[str, ...] = tuple(c for c in COLUMNS if c not in TEXT_COLUMNS) + tuple(
     c for c in OPTIONAL_NUMERIC_COLUMNS if c not in COLUMNS
 )
@@ -81,6 +83,40 @@ class CalibrationTable:
             raise CalibrationError(f"{path}: cannot read calibration file: {error.strerror}") from None
         frame = _read_frame(path)
         return cls(path=path, sha256=hashlib.sha256(raw_bytes).hexdigest(), columns_by_op=_group(frame))
+
+    def thread_range(self, op: str, variant: str) -> tuple[float, float] | None:
+        """Smallest and largest thread count measured for (op, variant); None if none was."""
+        cols = self.columns_by_op.get((op, variant))
+        if cols is None or "threads" not in cols:
+            return None
+        threads = cols["threads"][np.isfinite(cols["threads"])]
+        return (float(threads.min()), float(threads.max())) if threads.size else None
+
+    # ---- spread: the same table at another point of each measurement's run-to-run distribution ------------
+
+    def at_quantile(self, q: float) -> CalibrationTable:
+        """The table with every timing replaced by its quantile ``q`` (see :func:`quantile_times`)."""
+        if not 0.0 <= q <= 1.0:
+            raise ValueError(f"quantile must be in [0, 1], got {q}")
+        return self._with_times({key: q for key in self.columns_by_op})
+
+    def sampled(self, rng: np.random.Generator) -> tuple[CalibrationTable, dict[str, float]]:
+        """One seeded draw: a uniform quantile per op (component kind), shared by all its variants and rows.
+
+        Why one draw per kind and not per row: the rows of one kind were measured minutes apart on the same
+        machine state (clocks, NUMA placement, background load), so they move together; independent draws
+        per row would average the spread away over the many lookups of one replay. The ops are drawn in
+        sorted order, so a seed gives the same table whatever the file's row order.
+        """
+        ops = sorted({op for op, _ in self.columns_by_op})
+        draws = {op: float(rng.uniform()) for op in ops}
+        return self._with_times({key: draws[key[0]] for key in self.columns_by_op}), draws
+
+    def _with_times(self, q_by_key: Mapping[tuple[str, str], float]) -> CalibrationTable:
+        columns = {
+            key: {**cols, "median_s": quantile_times(cols, q_by_key[key])} for key, cols in self.columns_by_op.items()
+        }
+        return dataclasses.replace(self, columns_by_op=columns)
 
     # ---- GPU compute -------------------------------------------------------------------------------
 
@@ -364,11 +400,11 @@ class CalibrationTable:
     def disk_time_s(
         self, n_bytes: float, write: bool, block_bytes: float = 2**20, queue_depth: int | None = None
     ) -> float | None:
-        """Direct I/O of ``n_bytes`` at ``block_bytes`` per request (op ``disk``: bytes = block size, threads =
-        queue depth; each row's time is one block's transfer at that depth).
+        """Direct I/O of ``n_bytes`` in ``block_bytes`` requests (op ``disk``: bytes = block size, threads =
+        queue depth; each row's time is one block's share of a whole pass, i.e. amortised over the depth).
 
-        Throughput = queue depth x block / time, interpolated over log block size at the queue depth
-        asked (None: the deepest measured); the transfer takes n_bytes / throughput.
+        Throughput = block / time, interpolated over log block size at the queue depth asked (None: the
+        deepest measured); flat above the largest block, None below the smallest.
         """
         _check_non_negative(n_bytes=n_bytes, block_bytes=block_bytes)
         if n_bytes == 0:
@@ -383,11 +419,8 @@ class CalibrationTable:
         rows = _match(cols, threads=depth) & np.isfinite(cols["bytes"])
         if not rows.any():
             return None
-        rate = depth * cols["bytes"] / cols["median_s"]
-        per_block = _time_from_rate(float(block_bytes), cols["bytes"], rate, (rows,))
-        if per_block is None:
-            return None
-        return n_bytes / (block_bytes / per_block)
+        per_block = _time_from_rate(float(block_bytes), cols["bytes"], cols["bytes"] / cols["median_s"], (rows,))
+        return None if per_block is None else n_bytes / block_bytes * per_block
 
 
 # ---- reading -------------------------------------------------------------------------------------------
@@ -444,6 +477,24 @@ def _group(frame: pd.DataFrame) -> dict[tuple[str, str], dict[str, Array]]:
     for (op, variant), part in frame.groupby(["op", "variant"], sort=True):
         groups[(str(op), str(variant))] = {name: part[name].to_numpy(dtype=float) for name in numeric}
     return groups
+
+
+def quantile_times(cols: Mapping[str, Array], q: float) -> Array:
+    """Each row's time at quantile ``q`` of its measured repeats, from its p10 / median / p90.
+
+    Piecewise linear through (0.1, p10), (0.5, median), (0.9, p90); flat outside [0.1, 0.9] (the table
+    does not know the tails, and inventing them would widen bands with no measurement behind it). A row
+    without p10 / p90 keeps its median.
+    """
+    median = cols["median_s"]
+    p10 = cols.get("p10_s", np.full_like(median, np.nan))
+    p90 = cols.get("p90_s", np.full_like(median, np.nan))
+    low = np.where(np.isfinite(p10) & (p10 > 0), np.minimum(p10, median), median)
+    high = np.where(np.isfinite(p90) & (p90 > 0), np.maximum(p90, median), median)
+    q = min(max(q, 0.1), 0.9)
+    if q <= 0.5:
+        return low + (median - low) * (q - 0.1) / 0.4
+    return median + (high - median) * (q - 0.5) / 0.4
 
 
 # ---- interpolation helpers -----------------------------------------------------------------------------

@@ -21,8 +21,9 @@ from sosim.units import BF16_BYTES, FP32_BYTES, GB, TFLOP, us_to_s
 
 Direction = Literal["h2d", "d2h"]
 CollectiveKind = Literal["all_reduce", "reduce_scatter", "all_gather", "all_to_all"]
-# Fraction of the full s x s attention work a causal flash-attention kernel actually performs.
-CAUSAL_WORK_FRACTION = 0.5
+# Fraction of the full s x s attention work a causal flash-attention kernel actually performs (the same
+# fraction the FLOP metrics count: sosim.model).
+CAUSAL_WORK_FRACTION = tm.CAUSAL_ATTENTION_FRACTION
 # Adam reads p, g, m, v and writes p, m, v in fp32 (28 B) plus the bf16 copy of p (2 B): REFERENCE.md §1.
 GPU_ADAM_BYTES_PER_PARAM = 30.0
 # fp32 -> bf16 cast reads 4 B and writes 2 B per element (bf16 -> fp32 the reverse): 6 B either way.
@@ -147,16 +148,37 @@ class AnalyticCostModel:
         eff = interp_log_x(self.hw.gpu.gemm_efficiency, flops / 1e9)
         return flops / (self._peak_flops * eff)
 
+    # The layer composition below calls these component costs; the measured-table model overrides exactly
+    # the components it measured and inherits the composition (the launch-bound floor included).
+    def gemm_shape_s(self, m: int, n: int, k: int) -> float:
+        """A bf16 GEMM (m x k) @ (k x n) by its shape (the analytic model only needs its FLOPs)."""
+        return self.gemm_s(2.0 * m * n * k)
+
+    def attention_fwd_s(self) -> float:
+        """Causal flash attention forward of one layer: half the full s x s work (CAUSAL_WORK_FRACTION)."""
+        return self._attention_flops_fwd / (self._peak_flops * self.hw.gpu.attention_efficiency)
+
+    def attention_bwd_s(self) -> float:
+        """Attention backward: ``attention_bwd_factor`` x forward, never faster than its 2x forward FLOPs at
+        peak (the roofline every GPU op obeys, so hardware FLOP/s can never exceed the peak)."""
+        return max(self.hw.gpu.attention_bwd_factor * self.attention_fwd_s(),
+                   2.0 * self._attention_flops_fwd / self._peak_flops)
+
+    @cached_property
+    def _attention_flops_fwd(self) -> float:
+        return tm.attention_flops_fwd(self.model, self.tokens_per_gpu, self.training.seq_len) * CAUSAL_WORK_FRACTION
+
+    def elementwise_fwd_s(self) -> float:
+        """The memory-bound kernels of one layer's forward (norms, residuals, rotary, activation)."""
+        elem_bytes = tm.elementwise_bytes_fwd_per_token(self.model) * self.hw.gpu.elementwise_traffic_factor
+        return elem_bytes * self.tokens_per_gpu / self._hbm_Bps
+
     @cached_property
     def _layer_parts_s(self) -> tuple[float, float, float, float]:
         """(gemm, attention, elementwise, overhead) forward seconds of one layer."""
         t = self.tokens_per_gpu
-        gemm = sum(self.gemm_s(g.flops(t)) for g in tm.layer_gemms(self.model))
-        attn_flops = tm.attention_flops_fwd(self.model, t, self.training.seq_len) * CAUSAL_WORK_FRACTION
-        attn = attn_flops / (self._peak_flops * self.hw.gpu.attention_efficiency)
-        elem_bytes = tm.elementwise_bytes_fwd_per_token(self.model) * self.hw.gpu.elementwise_traffic_factor
-        elem = elem_bytes * t / self._hbm_Bps
-        return gemm, attn, elem, us_to_s(self.hw.gpu.layer_overhead_us)
+        gemm = sum(self.gemm_shape_s(t, g.n_out, g.k_in) for g in tm.layer_gemms(self.model))
+        return gemm, self.attention_fwd_s(), self.elementwise_fwd_s(), us_to_s(self.hw.gpu.layer_overhead_us)
 
     @cached_property
     def _min_fwd_s(self) -> float:
@@ -165,25 +187,29 @@ class AnalyticCostModel:
     def layer_fwd_s(self) -> float:
         return max(sum(self._layer_parts_s), self._min_fwd_s)
 
+    def layer_bwd_only_s(self) -> float:
+        """Backward of one layer without recompute: dgrad + wgrad GEMMs = 2x forward, attention backward."""
+        gemm, _, elem, over = self._layer_parts_s
+        bwd = 2.0 * gemm + self.attention_bwd_s() + 2.0 * elem + 2.0 * over
+        return max(bwd, 2.0 * self._min_fwd_s)
+
     def layer_bwd_s(self) -> float:
-        """Backward of one layer (dgrad + wgrad GEMMs = 2x forward), plus its recompute when checkpointing."""
-        gemm, attn, elem, over = self._layer_parts_s
-        bwd = 2.0 * gemm + self.hw.gpu.attention_bwd_factor * attn + 2.0 * elem + 2.0 * over
-        bwd = max(bwd, 2.0 * self._min_fwd_s)
+        """Backward of one layer, plus its recompute (one more forward) when checkpointing."""
+        bwd = self.layer_bwd_only_s()
         if self.training.activation_checkpointing:
             bwd += self.layer_fwd_s()
         return bwd
 
+    def _loss_s(self) -> float:
+        """Softmax / cross-entropy over the logits: memory bound, 6 B per logit."""
+        return 6.0 * self.tokens_per_gpu * self.model.vocab / self._hbm_Bps
+
     def head_fwd_s(self) -> float:
-        """Embedding gather + logits GEMM + softmax/cross-entropy (memory bound: 6 B per logit)."""
-        t = self.tokens_per_gpu
-        logits = self.gemm_s(tm.head_flops_fwd(self.model, t))
-        loss = 6.0 * t * self.model.vocab / self._hbm_Bps
-        return logits + loss
+        """Embedding gather + logits GEMM + softmax/cross-entropy."""
+        return self.gemm_shape_s(self.tokens_per_gpu, self.model.vocab, self.model.hidden) + self._loss_s()
 
     def head_bwd_s(self) -> float:
-        t = self.tokens_per_gpu
-        return 2.0 * self.gemm_s(tm.head_flops_fwd(self.model, t)) + 6.0 * t * self.model.vocab / self._hbm_Bps
+        return 2.0 * self.gemm_shape_s(self.tokens_per_gpu, self.model.vocab, self.model.hidden) + self._loss_s()
 
     def gpu_adam_s(self, params: float) -> float:
         return params * GPU_ADAM_BYTES_PER_PARAM / self._hbm_Bps
@@ -309,4 +335,5 @@ class AnalyticCostModel:
 
     @property
     def provenance(self) -> dict[str, str]:
-        return {"cost_model": "analytic", "profile": self.hw.name}
+        return {"cost_model": "analytic", "profile": self.hw.name,
+                "costs_analytic": "all (the profile names no calibration table)"}

@@ -1,7 +1,8 @@
 """SuperOffload (Lian et al., ASPLOS'26): DeepSpeed's implementation (default) and the paper's schedule.
 
 ``implementation: deepspeed`` (DeepSpeed 0.19.8, ``runtime/superoffload/superoffload_stage3.py`` and
-``superoffload_utils.py``): a ZeRO-3 path (per-layer hooks, weights in HBM) whose CPU Adam runs in a worker
+``superoffload_utils.py``): a ZeRO-3 path (per-layer hooks; weights in HBM, or streamed from host memory with ``weight_placement:
+flow`` = ``offload_param: cpu``) whose CPU Adam runs in a worker
 process on ``cpu_adam_core_fraction`` of the cores (``cpuadam_cores_perc``). Gradients flush per reduce
 bucket (bf16 to the host and back, GPU cast, fp32 to the host: 8 B/param); at the last micro-batch the host
 waits for every flush and, with ``gradient_clipping: 0``, hands each completed sub-group to the worker at
@@ -81,9 +82,6 @@ class SuperOffloadKnobs(OffloadKnobs):
         if self.cast != "cpu":
             raise ValueError("cast: DeepSpeed casts the refreshed parameters on the CPU (copy_ of the fp32 "
                              "master into the bf16 weights); cast: gpu needs implementation: ideal")
-        if self.weight_placement == "flow":
-            raise ValueError("weight_placement: DeepSpeed's SuperOffload keeps the weights in HBM; "
-                             "flow needs implementation: ideal")
         if not self.speculation:
             raise ValueError("speculation: DeepSpeed decides it (Adam during backward exactly when "
                              "gradient_clipping is 0); speculation: false needs implementation: ideal")
@@ -98,7 +96,7 @@ def _knobs(sc: Scenario) -> SuperOffloadKnobs:
 def _memory(sc: Scenario, s: SuperOffloadKnobs, flow: bool) -> MemoryUsage:
     if s.implementation == "deepspeed":
         usage = stage3.footprint(
-            sc, weight_flow=False, offload_checkpoints=False,
+            sc, weight_flow=flow, offload_checkpoints=False,
             gpu_fraction=stage3.deepspeed_gpu_fraction(sc, s.sub_group_elements, 1.0 - s.gpu_optimizer_fraction),
             cpu_state_bytes=stage3.DEEPSPEED_CPU_STATE_BYTES,
             gpu_buffer_bytes=stage3.deepspeed_gpu_buffers(sc, s.bucket_mb))
@@ -112,8 +110,6 @@ def _memory(sc: Scenario, s: SuperOffloadKnobs, flow: bool) -> MemoryUsage:
 
 def placement(sc: Scenario, s: SuperOffloadKnobs) -> tuple[bool, str]:
     """(weight_flow, reason)."""
-    if s.implementation == "deepspeed":
-        return False, "stationary: DeepSpeed's SuperOffload keeps the weights in HBM"
     if s.weight_placement != "auto":
         return s.weight_placement == "flow", f"weight_placement: {s.weight_placement} (set by the scenario)"
     fit = check_fit(_memory(sc, s, flow=False), sc.hardware)
@@ -137,14 +133,17 @@ def choices(sc: Scenario) -> dict[str, str]:
 
 
 def deepspeed(sc: Scenario, costs: CostModel, s: SuperOffloadKnobs) -> Recipe:
+    # weight_placement flow = DeepSpeed's offload_param: cpu: weights streamed per layer by the stage-3 prefetcher,
+    # the refresh rewrites the host bf16 partition (a CPU cast) instead of copying to the GPU.
+    flow, _ = placement(sc, s)
+    refresh = HostCopyOnly(cast=True) if flow else BlockingCopy("superoffload")
     return Recipe(
         layout=stage3.deepspeed_layout(sc, costs, s.sub_group_elements, s.bucket_mb, 1.0 - s.gpu_optimizer_fraction),
         cpu=cpu.split_cores(sc.hardware.cpu.cores, s.cpu_adam_core_fraction, False, s.cpu_adam),
-        weights=Partitioned(),
+        weights=HostStreamed(1, BF16_BYTES) if flow else Partitioned(),
         hooks=stage3.deepspeed_hooks(sc, costs),
         grads=Stage3Gradients(overlap_comm=s.overlap_comm, pinned=s.pin_memory, superoffload=True),
-        step=Stage3Step(BlockingCopy("superoffload"), system="superoffload", worker=True,
-                        handed_off=sc.training.gradient_clipping == 0),
+        step=Stage3Step(refresh, system="superoffload", worker=True, handed_off=sc.training.gradient_clipping == 0),
     )
 
 
