@@ -2,8 +2,8 @@
 
 ``implementation: deepspeed`` (DeepSpeed 0.19.8, ``runtime/superoffload/superoffload_stage3.py`` and
 ``superoffload_utils.py``): a ZeRO-3 path (per-layer hooks; weights in HBM, or streamed from host memory
-with ``weight_placement: flow`` = ``offload_param: cpu``) whose CPU Adam runs in a worker process on ``cpu_adam_core_fraction`` of the cores (``cpuadam_cores_perc``). Gradients flush per reduce
-bucket (bf16 to the host and back, GPU cast, fp32 to the host: 8 B/param); at the last micro-batch the host
+with ``weight_placement: flow`` = ``offload_param: cpu``) whose CPU Adam runs in a worker process on
+``cpu_adam_core_fraction`` of the cores (``cpuadam_cores_perc``). Gradients flush per reduce bucket (bf16 to the host and back, GPU cast, fp32 to the host: 8 B/param); at the last micro-batch the host
 waits for every flush and, with ``gradient_clipping: 0``, hands each completed sub-group to the worker at
 once, so Adam overlaps the rest of backward. With clipping, every CPU sub-group is stepped synchronously by
 the worker after backward. ``step()``: its fixed part, then per sub-group an unscale pass and a blocking
