@@ -3,12 +3,13 @@
 ``implementation: deepspeed`` (DeepSpeed 0.19.8, ``runtime/superoffload/superoffload_stage3.py`` and
 ``superoffload_utils.py``): a ZeRO-3 path (per-layer hooks; weights in HBM, or streamed from host memory
 with ``weight_placement: flow`` = ``offload_param: cpu``) whose CPU Adam runs in a worker process on
-``cpu_adam_core_fraction`` of the cores (``cpuadam_cores_perc``). Gradients flush per reduce bucket (bf16 to the host and back, GPU cast, fp32 to the host: 8 B/param); at the last micro-batch the host
-waits for every flush and, with ``gradient_clipping: 0``, hands each completed sub-group to the worker at
-once, so Adam overlaps the rest of backward. With clipping, every CPU sub-group is stepped synchronously by
-the worker after backward. ``step()``: its fixed part, then per sub-group an unscale pass and a blocking
-``copy_`` of the fp32 master into the bf16 GPU weights. ``gpu_optimizer_fraction`` is 1 - ``ratio``: the first
-int((1 - ratio) * n) sub-groups keep their optimizer on the GPU.
+``cpu_adam_core_fraction`` of the cores (``cpuadam_cores_perc``). Gradients flush per reduce bucket (bf16
+to the host and back, GPU cast, fp32 to the host: 8 B/param); at the last micro-batch the host waits for
+every flush and, with ``gradient_clipping: 0``, hands each completed sub-group to the worker at once, so
+Adam overlaps the rest of backward. With clipping, every CPU sub-group is stepped synchronously by the
+worker after backward. ``step()``: its fixed part, then per sub-group an unscale pass and a blocking
+``copy_`` of the fp32 master into the bf16 GPU weights. ``gpu_optimizer_fraction`` is 1 - ``ratio``: the
+first int((1 - ratio) * n) sub-groups keep their optimizer on the GPU.
 ``implementation: ideal`` (the paper): every technique is a knob: ``weight_placement`` stationary / flow /
 auto, ``bucket_mb`` transfer buckets with the ``gpu_optimizer_fraction`` of parameters in the first buckets
 updated on the GPU, ``cast`` gpu (fp32 over the link, GPU casts) or cpu, ``speculation`` (CPU Adam per bucket
