@@ -51,9 +51,10 @@ class Ctx:
     # GPU compute ops of this micro-batch, in order (weight streaming's buffer window reads it).
     computed: list[int] = field(default_factory=list)
 
-    @property
-    def dp(self) -> int:
-        return self.sc.cluster.dp
+    dp: int = 1  # data-parallel ranks (set from the scenario)
+
+    def __post_init__(self) -> None:
+        self.dp = self.sc.cluster.dp
 
     def add(self, resource: Resource, name: str, duration_s: float, deps: Sequence[int | None], *,
             phase: Phase, category: Category, layer: int = -1, n_bytes: float = 0.0, flops: float = 0.0,
