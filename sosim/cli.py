@@ -14,15 +14,21 @@ from __future__ import annotations
 import argparse
 import contextlib
 import importlib
-import math
 import os
 import sys
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 from sosim.errors import ConfigError, SosimError
-from sosim.output import format_value, print_json
+from sosim.output import (
+    check_finite_result,
+    check_output_path,
+    format_value,
+    plot_suffixes,
+    print_json,
+    write_output,
+)
 
 EXIT_USAGE = 2
 EXIT_INTERRUPTED = 130
@@ -49,52 +55,6 @@ def _add_scenario_args(p: argparse.ArgumentParser) -> None:
 def _print_notes(notes: Sequence[str]) -> None:
     for note in notes:
         print(f"sosim: note: {note}", file=sys.stderr)
-
-
-def check_output_path(path: str, option: str, suffixes: Sequence[str] | None = None) -> Path:
-    """Refuse an output path that cannot be written, before any work is done."""
-    out = Path(path)
-    if not path.strip():
-        raise SosimError(f"{option}: empty file name")
-    if out.is_dir():
-        raise SosimError(f"{option} {path}: is a folder; give a file name")
-    parent = out.parent
-    while not parent.exists() and parent != parent.parent:
-        parent = parent.parent
-    if not parent.is_dir():
-        raise SosimError(f"{option} {path}: {parent} is not a folder")
-    if not os.access(parent, os.W_OK):
-        raise SosimError(f"{option} {path}: cannot write in {parent}")
-    if suffixes is not None and out.suffix.lower().lstrip(".") not in suffixes:
-        raise SosimError(f"{option} {path}: unsupported file type '{out.suffix or '(none)'}'; use one of "
-                         + ", ".join(f".{s}" for s in sorted(suffixes)))
-    return out
-
-
-def plot_suffixes() -> list[str]:
-    """Figure formats matplotlib can write here (imports matplotlib: only call when a figure is asked for)."""
-    from matplotlib.backend_bases import FigureCanvasBase
-
-    return list(FigureCanvasBase.get_supported_filetypes())
-
-
-def write_output(path: Path, option: str, write: Callable[[Path], object]) -> None:
-    try:
-        write(path)
-    except OSError as exc:
-        raise SosimError(f"{option} {path}: cannot write: {exc.strerror or exc}") from None
-
-
-def non_finite_metrics(metrics: dict[str, Any]) -> list[str]:
-    return [k for k, v in metrics.items() if isinstance(v, float) and not math.isfinite(v)]
-
-
-def check_finite_result(name: str, metrics: dict[str, Any]) -> None:
-    """A result with inf/NaN metrics is not an answer: say so instead of printing it."""
-    bad = non_finite_metrics(metrics)
-    if bad:
-        raise SosimError(f"{name}: the simulation gave non-finite {', '.join(bad)}: some input is outside the "
-                         "range the model handles (an extreme bandwidth, FLOP rate, latency or size)")
 
 
 # --------------------------------------------------------------------------------------------- output
