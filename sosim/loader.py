@@ -221,8 +221,9 @@ def _index_lines(node: yaml.Node, path: KeyPath, origin: str, lines: dict[KeyPat
             if not isinstance(key_node, yaml.ScalarNode):
                 continue
             key = key_node.value
-            lines[(*path, key)] = (origin, key_node.start_mark.line + 1)
-            _index_lines(value_node, (*path, key), origin, lines)
+            key_path = (*path, key)
+            lines[key_path] = (origin, key_node.start_mark.line + 1)
+            _index_lines(value_node, key_path, origin, lines)
     elif isinstance(node, yaml.SequenceNode):
         for i, item in enumerate(node.value):
             _index_lines(item, (*path, i), origin, lines)
@@ -538,7 +539,8 @@ def load_scenario(
         located.overridden.pop(("hardware",), None)
         # Errors inside the profile point at the profile file and its lines.
         for key, where in prof.lines.items():
-            located.lines[("hardware", *key)] = where
+            hw_key: KeyPath = ("hardware", *key)
+            located.lines[hw_key] = where
 
     for (key_path, value), text in parsed:
         if key_path == ("hardware",):

@@ -42,7 +42,7 @@ import pandas as pd
 
 from sosim.config import Scenario
 from sosim.errors import ConfigError, SosimError
-from sosim.loader import KeyPath, Located, dotted, read_yaml
+from sosim.loader import KeyPath, Located, dotted, read_yaml, resolve_scenario_path
 from sosim.output import check_output_path, non_finite_metrics, print_json
 
 Point = dict[str, Any]  # dotted key path -> value
@@ -325,7 +325,7 @@ def sweep_spec(base: str | Path | Scenario | Mapping[str, Any], points: Iterable
 
 def load_sweep(path: str | Path) -> SweepSpec:
     """Read and validate a sweep file; every problem is reported (as file:line) before any point runs."""
-    sweep_path = Path(path)
+    sweep_path = resolve_scenario_path(path)  # a file, or a shipped example such as sweeps/NAME
     loc = read_yaml(sweep_path)
     problems = _structure_problems(loc)
     if problems:
@@ -377,7 +377,7 @@ def run_items(
     ``executor=None`` runs in this process. A chunk whose task fails as a whole (a worker died) is not
     handed to the sink; the others are, then a SosimError names the failure so a resumed run retries it.
     """
-    from tqdm import tqdm  # type: ignore[import-untyped]  # plain (not .auto): no ipywidgets warning in notebooks; the bar goes to stderr
+    from tqdm import tqdm  # plain (not .auto): no ipywidgets warning in notebooks; the bar goes to stderr
 
     workers = 1 if executor is None else _executor_workers(executor)
     size = chunk_size or default_chunk_size(len(items), workers)
@@ -764,7 +764,7 @@ def _make_executor(args: argparse.Namespace, n_points: int) -> tuple[Executor, C
             raise SosimError(f"--scheduler {args.scheduler}: cannot connect ({exc})") from None
         executor = client.get_executor()
         # Dask's executor does not report a size; size the in-flight window by the cluster's threads.
-        executor._max_workers = max(1, sum(client.nthreads().values()))  # type: ignore[attr-defined]
+        executor._max_workers = max(1, sum(client.nthreads().values()))
 
         def close(abort: bool) -> None:
             with contextlib.suppress(Exception):
@@ -863,7 +863,8 @@ def cmd_sweep(args: argparse.Namespace) -> int:
 
 def register_cli(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p = subparsers.add_parser("sweep", help="run a grid/list of overrides over a base scenario")
-    p.add_argument("sweep", metavar="SWEEP.yaml", help="sweep file: base, grid and/or points, set")
+    p.add_argument("sweep", metavar="SWEEP.yaml",
+                   help="sweep file (base, grid and/or points, set), or a shipped one: sweeps/NAME")
     p.add_argument("--out", metavar="RESULTS.csv|.parquet",
                    help="write rows incrementally (CSV file, or a folder of Parquet parts); else print them")
     p.add_argument("--scheduler", metavar="tcp://HOST:PORT", help="run on this Dask distributed scheduler")
