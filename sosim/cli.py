@@ -45,8 +45,9 @@ MFU_DEFINITION = ("model FLOPs per step (6 x parameters x tokens + 12 x layers x
 # -------------------------------------------------------------------------------------------- helpers
 
 
-def _add_scenario_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("scenario", help="scenario YAML file, or a shipped example's name (sosim examples)")
+def _add_scenario_args(p: argparse.ArgumentParser, optional: bool = False) -> None:
+    p.add_argument("scenario", nargs="?" if optional else None,
+                   help="scenario YAML file, or a shipped example's name (sosim examples)")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY.PATH=VALUE",
                    help="override a scenario (or hardware.*) value; repeatable")
     p.add_argument("--format", choices=["table", "json"], default="table")
@@ -146,15 +147,14 @@ def _metrics_table(metrics: dict[str, Any]) -> str:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from sosim import load_scenario, simulate
+    from sosim import dsconfig, simulate
 
     trace = check_output_path(args.trace, "--trace") if args.trace is not None else None
     plot = check_output_path(args.plot, "--plot", plot_suffixes()) if args.plot is not None else None
-    notes: list[str] = []
-    sc = load_scenario(args.scenario, args.overrides, notes=notes)
-    _print_notes(notes)
+    sc, ds_mapping = dsconfig.scenario_for_run(args)  # a scenario file, or --ds-config + --model
     result = simulate(sc)
     check_finite_result(sc.name, result.metrics)
+    ds_extra = dsconfig.finish_run(args, sc, ds_mapping)  # mapping report, --emit-ds-config
     if trace is not None:
         from sosim.trace import write_trace
 
@@ -169,7 +169,7 @@ def cmd_run(args: argparse.Namespace) -> int:
                     "implementation": getattr(sc.schedule, "implementation", None), "profile": sc.hardware.name,
                     "calibration": sc.hardware.calibration, **result.metrics,
                     "gpu_mem_usable_gib": gpu_usable, "cpu_mem_usable_gib": cpu_usable,
-                    "provenance": result.provenance})
+                    "provenance": result.provenance, **ds_extra})
     else:
         print(run_table(sc, result.metrics, result.provenance))
     return 0
@@ -267,7 +267,10 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
 
 def _register_builtin(sub: Any) -> None:
     p = sub.add_parser("run", help="simulate one scenario")
-    _add_scenario_args(p)
+    _add_scenario_args(p, optional=True)
+    from sosim.dsconfig import add_arguments as add_ds_arguments
+
+    add_ds_arguments(p)
     p.add_argument("--trace", metavar="OUT.json", help="write a Chrome/Perfetto trace")
     p.add_argument("--plot", metavar="OUT.png", help="write a timeline + breakdown figure (.png, .svg, .pdf...)")
     p.set_defaults(func=cmd_run)
