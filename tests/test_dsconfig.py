@@ -347,3 +347,13 @@ def test_cli_usage_errors_exit_2(args: list[str], message: str, capsys: pytest.C
     assert main(["run", *args]) == 2
     err = capsys.readouterr().err
     assert message in err and "Traceback" not in err
+
+
+def test_cli_bad_config_file_names_line_and_key(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    bad = tmp_path / "ds.json"
+    bad.write_text('{\n  "train_micro_batch_size_per_gpu": 4,\n  "bf16": {"enabled": true},\n'
+                   '  "zero_optimization": {"stage": 2, "sub_group_sise": 1e8}\n}\n')
+    assert main(["run", "--ds-config", str(bad), "--model", MODEL_1B, "--hardware", HW]) == 2
+    err = capsys.readouterr().err
+    assert f"{bad}:4: zero_optimization.sub_group_sise: unknown key (did you mean 'sub_group_size'?)" in err
+    assert "Traceback" not in err
