@@ -15,9 +15,9 @@ from collections.abc import Generator
 import numpy as np
 import simpy
 
-from sosim.plan import D2H, H2D, Plan
+from sosim.plan import Plan, Resource, ResourceKind
 
-_OPPOSITE = {H2D: D2H, D2H: H2D}
+_OPPOSITE = {ResourceKind.H2D: ResourceKind.D2H, ResourceKind.D2H: ResourceKind.H2D}
 
 
 def run_plan(plan: Plan) -> tuple[np.ndarray, np.ndarray]:
@@ -27,12 +27,15 @@ def run_plan(plan: Plan) -> tuple[np.ndarray, np.ndarray]:
     done = [env.event() for _ in ops]
     start = np.zeros(len(ops))
     end = np.zeros(len(ops))
-    busy = {H2D: False, D2H: False}
-    factors = {r: f for r, f in plan.duplex_factors.items() if f < 1.0}
+    # Busy flags per link direction and instance: a direction slows while the opposite one of the same link
+    # (same instance id) is busy.
+    busy: dict[Resource, bool] = {}
+    factors = {k: f for k, f in plan.duplex_factors.items() if f < 1.0}
 
-    def worker(resource: str, op_ids: list[int]) -> Generator[simpy.Event, object, None]:
-        opposite = _OPPOSITE.get(resource) if factors else None
-        factor = factors.get(resource, 1.0)
+    def worker(resource: Resource, op_ids: list[int]) -> Generator[simpy.Event, object, None]:
+        opposite_kind = _OPPOSITE.get(resource.kind) if factors else None
+        opposite = Resource(opposite_kind, resource.instance) if opposite_kind is not None else None
+        factor = factors.get(resource.kind, 1.0)
         for i in op_ids:
             op = ops[i]
             for d in op.deps:
@@ -41,7 +44,7 @@ def run_plan(plan: Plan) -> tuple[np.ndarray, np.ndarray]:
                     yield ev
             duration = op.duration_s
             if opposite is not None:
-                if busy[opposite]:
+                if busy.get(opposite, False):
                     duration /= factor
                 busy[resource] = True
             start[i] = env.now

@@ -30,5 +30,19 @@ def simulate(sc: Scenario) -> Result:
     start, end = run_plan(plan)
     fit = check_fit(usage, sc.hardware)
     metrics = compute_metrics(sc, plan, start, end, usage, fit)
-    provenance = {**costs.provenance, **{k: v for k, v in plan.notes.items() if isinstance(v, (str, int, float))}}
-    return Result(sc, metrics, plan, start, end, usage, provenance)
+    return Result(sc, metrics, plan, start, end, usage, provenance(sc, costs, module.choices(sc)))
+
+
+def provenance(sc: Scenario, costs: CostModel, choices: dict[str, str]) -> dict[str, str]:
+    """What produced a result: system, implementation, hardware profile, cost model and calibration table,
+    then the cost model's own notes and the choices the system made for this scenario."""
+    sched = sc.schedule
+    out = {
+        "system": sched.system,
+        "implementation": str(getattr(sched, "implementation", "n/a")),
+        "profile": sc.hardware.name,
+        "calibration": "none",
+    }
+    out.update(costs.provenance)
+    out.update(choices)
+    return out
