@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import gc
+
 from sosim.config import Scenario
 from sosim.costs import AnalyticCostModel, CostModel
-from sosim.engine import run_plan
+from sosim.fastpath import timeline
 from sosim.memory import check_fit
 from sosim.result import Result, compute_metrics
 from sosim.schedules import SCHEDULES
@@ -23,11 +25,23 @@ def make_cost_model(sc: Scenario) -> CostModel:
 
 def simulate(sc: Scenario) -> Result:
     """Simulate ``sc`` and return its metrics, spans and memory. Deterministic for a given scenario."""
+    # A simulation allocates many small, acyclic objects (ops, tuples, events) and frees them all at once:
+    # the cyclic garbage collector would only walk them again and again. Paused here, restored after.
+    paused = gc.isenabled()
+    gc.disable()
+    try:
+        return _simulate(sc)
+    finally:
+        if paused:
+            gc.enable()
+
+
+def _simulate(sc: Scenario) -> Result:
     costs = make_cost_model(sc)
     module = SCHEDULES[sc.schedule.system]
     usage = module.memory_usage(sc)
     plan = module.build_plan(sc, costs)
-    start, end = run_plan(plan)
+    start, end = timeline(plan)  # the engine's timeline (SimPy where contention is dynamic)
     fit = check_fit(usage, sc.hardware)
     metrics = compute_metrics(sc, plan, start, end, usage, fit)
     return Result(sc, metrics, plan, start, end, usage, provenance(sc, costs, module.choices(sc)))
