@@ -42,11 +42,21 @@ def list_times(plan: Plan) -> tuple[list[float], list[float]]:
     n = len(ops)
     start = [0.0] * n
     end = [0.0] * n
-    free: dict[Resource, float] = {}
-    get = free.get
+    # When each resource is free, by slot. Resources are looked up by object identity first (equal resources
+    # may be distinct objects, so a miss falls back to equality): hashing a Resource runs Python code, an
+    # id() does not, and every op is alive for the whole loop, so no id is reused.
+    free: list[float] = []
+    slot_by_id: dict[int, int] = {}
+    slot_by_resource: dict[Resource, int] = {}
     for i, op in enumerate(ops):
         res = op.resource
-        t = get(res, 0.0)
+        k = slot_by_id.get(id(res))
+        if k is None:
+            k = slot_by_resource.setdefault(res, len(slot_by_resource))
+            slot_by_id[id(res)] = k
+            if k == len(free):
+                free.append(0.0)
+        t = free[k]
         for d in op.deps:
             e = end[d]
             if e > t:
@@ -54,7 +64,7 @@ def list_times(plan: Plan) -> tuple[list[float], list[float]]:
         start[i] = t
         t += op.duration_s
         end[i] = t
-        free[res] = t
+        free[k] = t
     return start, end
 
 

@@ -102,7 +102,10 @@ COMPUTE, OPTIMIZER, TRANSFER = Category.COMPUTE, Category.OPTIMIZER, Category.TR
 CAST, COMM, SYNC, FRAMEWORK = Category.CAST, Category.COMM, Category.SYNC, Category.FRAMEWORK
 
 
-@dataclass(frozen=True, slots=True)
+# Not frozen: a frozen dataclass sets each of its 12 fields through object.__setattr__, ~5x the cost of a
+# plain slot store, and plans of a search create millions of ops. Treat an op as immutable all the same
+# (dataclasses.replace makes a changed copy).
+@dataclass(slots=True)
 class Op:
     id: int
     resource: Resource

@@ -62,7 +62,11 @@ class Ctx:
         # Plan.add's checks, inlined: this is the hot path of plan building.
         ops = self.plan.ops
         op_id = len(ops)
-        clean = tuple(sorted({d for d in deps if d is not None}))
+        if len(deps) == 1:  # the common case, without building a set
+            first = deps[0]
+            clean: tuple[int, ...] = () if first is None else (first,)
+        else:
+            clean = tuple(sorted({d for d in deps if d is not None}))
         if not duration_s >= 0 or (clean and clean[-1] >= op_id):
             return self.plan.add(resource, name, duration_s, clean, phase=phase)  # raises the error
         ops.append(Op(op_id, resource, name, float(duration_s), clean, layer, self.it, category, phase,

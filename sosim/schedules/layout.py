@@ -17,6 +17,7 @@ backward: the unit whose tensor closed it ("fill") or whose tensor did not fit (
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Literal
@@ -186,15 +187,23 @@ def layer_tensor_sizes(m: ModelSpec) -> list[int]:
 
 
 def build_tensors(m: ModelSpec, units: Sequence[Unit]) -> list[Tensor]:
-    sizes: list[tuple[int, int]] = [(0, m.vocab * m.hidden)]
-    for u in units[1:-1]:
-        sizes += [(u.index, n) for n in layer_tensor_sizes(m)]
+    """Every parameter tensor of the model, in registration order (``units``: the model's, embedding first)."""
     head = units[-1]
+    return list(_tensors(m, tuple(u.index for u in units[1:-1]), head.index, head.params))
+
+
+@functools.lru_cache(maxsize=64)
+def _tensors(m: ModelSpec, layer_units: tuple[int, ...], head_unit: int, head_params: int) -> tuple[Tensor, ...]:
+    # Cached: a search simulates one model under many settings, and the tensors depend on the model only.
+    layer = layer_tensor_sizes(m)
+    sizes: list[tuple[int, int]] = [(0, m.vocab * m.hidden)]
+    for unit in layer_units:
+        sizes += [(unit, n) for n in layer]
     final_norm = 2 * m.hidden if m.ffn_kind == "gelu" else m.hidden
-    sizes.append((head.index, final_norm))
-    if head.params > final_norm:
-        sizes.append((head.index, head.params - final_norm))
-    return [Tensor(i, unit, n) for i, (unit, n) in enumerate(sizes)]
+    sizes.append((head_unit, final_norm))
+    if head_params > final_norm:
+        sizes.append((head_unit, head_params - final_norm))
+    return tuple(Tensor(i, unit, n) for i, (unit, n) in enumerate(sizes))
 
 
 # --- flushes and groups ---------------------------------------------------------------------------------------
@@ -283,7 +292,10 @@ def make_layout(units: list[Unit], tensors: list[Tensor], flushes: list[Flush], 
     done_by: dict[int, list[Group]] = {}
     for g in groups:
         done_by.setdefault(done_after[g.index], []).append(g)
-    gpu_elements = {f.index: sum(tensors[t].elements for t in f.tensors if group_of[t].on_gpu) for f in flushes}
+    if any(g.on_gpu for g in groups):
+        gpu_elements = {f.index: sum(tensors[t].elements for t in f.tensors if group_of[t].on_gpu) for f in flushes}
+    else:
+        gpu_elements = dict.fromkeys((f.index for f in flushes), 0)
     return Layout(units, tensors, flushes, groups, done_after,
                   {u: tuple(sorted(gs)) for u, gs in unit_groups.items()},
                   {u: tuple(fs) for u, fs in flushes_at.items()}, {f: tuple(gs) for f, gs in done_by.items()},
