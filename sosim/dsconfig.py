@@ -1356,7 +1356,8 @@ def _core_settings(sc: Scenario, base: Mapping[str, Any]) -> tuple[dict[KeyPath,
 def _superoffload_flow(sc: Scenario) -> bool:
     from sosim.schedules import superoffload  # the placement rule lives with the schedule
 
-    return bool(superoffload.strategy(sc).weight_flow)
+    assert isinstance(sc.schedule, superoffload.SuperOffloadKnobs)
+    return superoffload.placement(sc, sc.schedule)[0]
 
 
 def _set(config: dict[str, Any], path: KeyPath, value: Any) -> None:
