@@ -1506,7 +1506,11 @@ def scenario_from_args(args: argparse.Namespace) -> dict[str, Any]:
 def scenario_for_run(args: argparse.Namespace) -> tuple[Scenario, DsMapping | None]:
     """What ``sosim run`` simulates: the scenario file, or the DeepSpeed config + model; --set applies last."""
     from sosim.loader import load_scenario
+    from sosim.output import check_output_path
 
+    emit = getattr(args, "emit_ds_config", None)
+    if emit is not None:
+        check_output_path(emit, "--emit-ds-config", ["json"])  # before any work
     ds = getattr(args, "ds_config", None)
     scenario_file = getattr(args, "scenario", None)
     if ds is None:
@@ -1542,10 +1546,9 @@ def finish_run(args: argparse.Namespace, sc: Scenario, mapping: DsMapping | None
     if out:
         base = read_json(mapping.ds_origin).data if mapping is not None else None
         result = ds_config_from_scenario(sc, base)
-        try:
-            write_ds_config(result, out)
-        except OSError as exc:
-            raise ConfigError([f"--emit-ds-config {out}: cannot write: {exc.strerror or exc}"]) from None
+        from sosim.output import write_output
+
+        write_output(Path(out), "--emit-ds-config", lambda p: write_ds_config(result, p))
         if as_json:
             extra["ds_config_emitted"] = result.report(str(out))
         else:

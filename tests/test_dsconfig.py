@@ -357,3 +357,10 @@ def test_cli_bad_config_file_names_line_and_key(tmp_path: Path, capsys: pytest.C
     err = capsys.readouterr().err
     assert f"{bad}:4: zero_optimization.sub_group_sise: unknown key (did you mean 'sub_group_size'?)" in err
     assert "Traceback" not in err
+
+
+def test_cli_refuses_an_unwritable_emit_path_before_work(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["run", str(ROOT / "scenarios/h100_gpu_only_1b.yaml"), "--emit-ds-config", str(tmp_path)]) == 2
+    assert "--emit-ds-config" in capsys.readouterr().err
+    assert main(["run", str(ROOT / "scenarios/h100_gpu_only_1b.yaml"), "--emit-ds-config",
+                 str(tmp_path / "x.yaml")]) == 2
