@@ -20,7 +20,7 @@ from __future__ import annotations
 import functools
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Literal, NamedTuple
 
 from sosim import model as tm
 from sosim.plan import ResourceKind
@@ -52,24 +52,24 @@ class Unit:
         return self.name.startswith("layer")
 
 
-@dataclass(frozen=True)
-class Tensor:
-    index: int  # registration (forward) order
+# Tensors, flushes and groups are named tuples (immutable, and hashed in C): a search builds the same layout
+# for many settings, and the layout functions below are memoised on them. Their ``index`` field shadows
+# tuple.index (a method nothing here calls on them), hence the type: ignore.
+class Tensor(NamedTuple):
+    index: int  # type: ignore[assignment]  # registration (forward) order
     unit: int
     elements: int
 
 
-@dataclass(frozen=True)
-class Flush:
-    index: int  # backward order: flush 0 leaves first
+class Flush(NamedTuple):
+    index: int  # type: ignore[assignment]  # backward order: flush 0 leaves first
     unit: int  # the flush is issued at the end of this unit's backward op
     tensors: tuple[int, ...]
     elements: int
 
 
-@dataclass(frozen=True)
-class Group:
-    index: int  # registration order: group 0 holds the embedding
+class Group(NamedTuple):
+    index: int  # type: ignore[assignment]  # registration order: group 0 holds the embedding
     tensors: tuple[int, ...]
     elements: int
     on_gpu: bool = False  # optimizer state kept in HBM and updated on the GPU
@@ -219,6 +219,11 @@ def make_flushes(tensors: Sequence[Tensor], cap_elements: float, rule: FlushRule
     backward op producing that next tensor; the last one leaves at the end of backward (the epilogue).
     ``fill`` (the paper's buckets): a bucket leaves as soon as it holds ``cap_elements``.
     """
+    return list(_flushes(tuple(tensors), cap_elements, rule))
+
+
+@functools.lru_cache(maxsize=256)
+def _flushes(tensors: tuple[Tensor, ...], cap_elements: float, rule: FlushRule) -> tuple[Flush, ...]:
     flushes: list[Flush] = []
     current: list[int] = []
     size = 0
@@ -237,11 +242,16 @@ def make_flushes(tensors: Sequence[Tensor], cap_elements: float, rule: FlushRule
             close(t.unit)
     if current:
         close(tensors[0].unit)
-    return flushes
+    return tuple(flushes)
 
 
 def subgroups(tensors: Sequence[Tensor], size_elements: float) -> list[Group]:
     """DeepSpeed's optimizer sub-groups: tensors in registration order, closed once >= ``size_elements``."""
+    return list(_subgroups(tuple(tensors), size_elements))
+
+
+@functools.lru_cache(maxsize=256)
+def _subgroups(tensors: tuple[Tensor, ...], size_elements: float) -> tuple[Group, ...]:
     groups: list[Group] = []
     current: list[int] = []
     size = 0
@@ -251,7 +261,7 @@ def subgroups(tensors: Sequence[Tensor], size_elements: float) -> list[Group]:
         if size >= size_elements or t is tensors[-1]:
             groups.append(Group(len(groups), tuple(current), size))
             current, size = [], 0
-    return groups
+    return tuple(groups)
 
 
 def groups_from_flushes(flushes: Sequence[Flush]) -> list[Group]:
@@ -280,6 +290,17 @@ def gpu_groups_by_fraction(groups: list[Group], fraction: float) -> list[Group]:
 
 
 def make_layout(units: list[Unit], tensors: list[Tensor], flushes: list[Flush], groups: list[Group]) -> Layout:
+    lookups = _lookups(tuple(tensors), tuple(flushes), tuple(groups))
+    return Layout(units, tensors, flushes, groups, *lookups, p_total=sum(u.params for u in units))
+
+
+_Lookups = tuple[dict[int, int], dict[int, tuple[int, ...]], dict[int, tuple[Flush, ...]], dict[int, tuple[Group, ...]],
+                 dict[int, int]]
+
+
+@functools.lru_cache(maxsize=256)
+def _lookups(tensors: tuple[Tensor, ...], flushes: tuple[Flush, ...], groups: tuple[Group, ...]) -> _Lookups:
+    """The layout's lookups (shared between the layouts of one search: nothing writes to them)."""
     flush_of = {t: f.index for f in flushes for t in f.tensors}
     group_of = {t: g for g in groups for t in g.tensors}
     done_after = {g.index: max(flush_of[t] for t in g.tensors) for g in groups}
@@ -296,7 +317,5 @@ def make_layout(units: list[Unit], tensors: list[Tensor], flushes: list[Flush], 
         gpu_elements = {f.index: sum(tensors[t].elements for t in f.tensors if group_of[t].on_gpu) for f in flushes}
     else:
         gpu_elements = dict.fromkeys((f.index for f in flushes), 0)
-    return Layout(units, tensors, flushes, groups, done_after,
-                  {u: tuple(sorted(gs)) for u, gs in unit_groups.items()},
-                  {u: tuple(fs) for u, fs in flushes_at.items()}, {f: tuple(gs) for f, gs in done_by.items()},
-                  gpu_elements, sum(u.params for u in units))
+    return (done_after, {u: tuple(sorted(gs)) for u, gs in unit_groups.items()},
+            {u: tuple(fs) for u, fs in flushes_at.items()}, {f: tuple(gs) for f, gs in done_by.items()}, gpu_elements)
