@@ -23,6 +23,11 @@ So :func:`timeline` list-schedules the plan, then asks whether contention could 
 
 from __future__ import annotations
 
+import functools
+import heapq
+from collections.abc import Callable
+from typing import Any
+
 import numpy as np
 
 from sosim.engine import run_plan
@@ -117,3 +122,138 @@ def timeline(plan: Plan) -> tuple[np.ndarray, np.ndarray]:
     if duplex_may_bite(plan) and opposite_copies_touch(plan, start, end):
         return run_plan(plan)
     return np.array(start), np.array(end)
+
+
+# --- the engine's run under shared-resource contention, without SimPy -------------------------------------------
+# SimPy's event priorities (simpy.events.URGENT / NORMAL): process start-up events go first at equal times.
+_URGENT, _NORMAL = 0, 1
+
+
+class _Event:
+    """What the engine's fluid model needs of a SimPy event: callbacks, run once when it is processed."""
+
+    __slots__ = ("_loop", "callbacks")
+
+    def __init__(self, loop: _Loop) -> None:
+        self.callbacks: list[Callable[[_Event], None]] | None = []
+        self._loop = loop
+
+    def succeed(self) -> None:
+        self._loop.push(self._loop.now, self)
+
+
+class _Loop:
+    """A SimPy environment reduced to what the engine uses: a clock and a queue ordered like SimPy's
+    (time, priority, insertion order); it hands the engine's fluid model ``now``, ``timeout`` and ``event``."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+        self.queue: list[tuple[float, int, int, int | _Event]] = []
+        self._eid = 0
+
+    def push(self, at: float, what: int | _Event, priority: int = _NORMAL) -> None:
+        heapq.heappush(self.queue, (at, priority, self._eid, what))
+        self._eid += 1
+
+    def timeout(self, delay: float) -> _Event:
+        ev = _Event(self)
+        self.push(self.now + delay, ev)  # SimPy: schedule(event, NORMAL, delay) at now + delay
+        return ev
+
+    def event(self) -> _Event:
+        return _Event(self)
+
+
+def replay_engine(plan: Plan, active: Any, fluid_factory: Callable[[Any, Any], Any]) -> tuple[
+        list[float], list[float], dict[int, float]]:
+    """The SimPy engine's run of ``plan`` under the (effective) contention ``active``, event for event.
+
+    The engine's workers (one per serial resource: wait for each dependency that is not yet processed, start,
+    wait for a timeout or for the fluid model, end, trigger the op's event) are replayed as state machines on
+    :class:`_Loop`, which orders events exactly as SimPy does (time, then priority, then the order in which
+    they were scheduled); the engine's own fluid model (``fluid_factory(loop, active)``, the engine's
+    ``_Fluid``) runs unchanged on it, so every rate and every float is computed by the same code in the same
+    order. The only SimPy event left out is a process's termination, which nothing waits for. Returns start
+    and end of every op and the fluid model's stretch by shared resource index.
+    """
+    loop = _Loop()
+    fluid = fluid_factory(loop, active)
+    uses = active.uses
+    ops = plan.ops
+    n = len(ops)
+    start = [0.0] * n
+    end = [0.0] * n
+    processed = [False] * n  # op i's completion event has been processed (its waiters resumed)
+    waiters: list[list[int]] = [[] for _ in range(n)]  # workers waiting on op i, in the order they began to
+    queues = list(plan.ops_by_resource().values())  # the engine's worker order (its env.process order)
+    pos = [0] * len(queues)  # the op each worker is at
+    dep_at = [0] * len(queues)  # the next dependency it checks
+    busy = [False] * len(queues)  # it waits for its op's timeout or fluid completion
+    push = loop.push
+
+    def resume(w: int) -> None:
+        q = queues[w]
+        now = loop.now
+        while pos[w] < len(q):
+            i = q[pos[w]]
+            if not busy[w]:
+                deps = ops[i].deps
+                k = dep_at[w]
+                while k < len(deps):
+                    d = deps[k]
+                    k += 1
+                    if not processed[d]:
+                        dep_at[w] = k
+                        waiters[d].append(w)
+                        return
+                dep_at[w] = k
+                start[i] = now
+                duration = ops[i].duration_s
+                if i in uses:
+                    busy[w] = True
+                    ev = fluid.run(i, duration, uses[i])
+                    ev.callbacks.append(resumers[w])
+                    return
+                if duration > 0.0:
+                    busy[w] = True
+                    push(now + duration, w)
+                    return
+            busy[w] = False
+            end[i] = now
+            push(now, -1 - i)  # the op's completion event: done[i].succeed()
+            pos[w] += 1
+            dep_at[w] = 0
+
+    resumers: list[Callable[[_Event], None]] = [functools.partial(_resume_on_event, resume, w)
+                                                for w in range(len(queues))]
+    for w in range(len(queues)):
+        push(0.0, w, _URGENT)  # SimPy starts each process with an urgent initialisation event
+    queue = loop.queue
+    pop = heapq.heappop
+    while queue:
+        at, _priority, _eid, what = pop(queue)
+        loop.now = at
+        if type(what) is int:
+            if what >= 0:
+                resume(what)
+            else:
+                i = -1 - what
+                processed[i] = True
+                waiting = waiters[i]
+                if waiting:
+                    waiters[i] = []
+                    for w in waiting:
+                        resume(w)
+        else:
+            assert isinstance(what, _Event)
+            callbacks, what.callbacks = what.callbacks, None
+            for callback in callbacks or ():
+                callback(what)
+    if not all(processed):
+        first = next(op.name for op in ops if not processed[op.id])
+        raise RuntimeError(f"deadlock: {processed.count(False)} ops never ran, first: {first}")
+    return start, end, dict(fluid.stretch)
+
+
+def _resume_on_event(resume: Callable[[int], None], w: int, _ev: _Event) -> None:
+    resume(w)

@@ -1,0 +1,78 @@
+"""The plain-Python replay of the engine under shared-resource contention (``sosim.fastpath.replay_engine``)
+gives the SimPy engine's timeline and stretch bit for bit: random plans with random shared resources (ties are
+frequent: durations from a small set), and hand cases. Runs once the engine takes a contention model
+(``sosim.engine.Contention``); skipped before."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from sosim import engine
+from sosim.fastpath import replay_engine
+from sosim.plan import CPU_MAIN, CPU_OPT, D2H, GPU, H2D, Phase, Plan, Resource, ResourceKind
+
+Contention = getattr(engine, "Contention", None)
+pytestmark = pytest.mark.skipif(Contention is None, reason="the engine has no contention model yet")
+F = Phase.FORWARD
+
+
+def _replay(plan: Plan, contention: object) -> tuple[np.ndarray, np.ndarray, dict[str, float]]:
+    active = engine.effective_contention(plan, contention)  # type: ignore[attr-defined]
+    assert active is not None
+    start, end, stretch = replay_engine(plan, active, engine._Fluid)  # type: ignore[attr-defined]
+    named: dict[str, float] = {}
+    for k, s in stretch.items():
+        if s > 0:
+            named[active.names[k]] = named.get(active.names[k], 0.0) + s
+    return np.array(start), np.array(end), named
+
+
+@st.composite
+def contended_plans(draw: st.DrawFn) -> tuple[Plan, object]:
+    resources = [GPU, H2D, D2H, CPU_OPT, CPU_MAIN, Resource(ResourceKind.H2D, 1), Resource(ResourceKind.D2H, 1)]
+    plan = Plan()
+    n = draw(st.integers(2, 30))
+    for i in range(n):
+        resource = draw(st.sampled_from(resources))
+        duration = draw(st.sampled_from([0.0, 0.25, 0.5, 1.0, 1.5, 3.0]))
+        deps = draw(st.lists(st.integers(0, i - 1), max_size=3)) if i else []
+        plan.add(resource, f"op{i}", duration, deps, phase=F)
+    k = draw(st.integers(1, 3))
+    capacity = tuple(draw(st.sampled_from([1.0, 1.5, 2.0])) for _ in range(k))
+    uses = {}
+    for op in plan.ops:
+        if op.resource.kind is not ResourceKind.GPU and draw(st.booleans()):
+            chosen = draw(st.lists(st.integers(0, k - 1), min_size=1, max_size=k, unique=True))
+            demand = [(r, draw(st.sampled_from([0.5, 1.0, 1.5]))) for r in chosen]
+            # An op alone never exceeds a capacity (the contention model's contract).
+            scale = min(1.0, *(capacity[r] / d for r, d in demand))
+            uses[op.id] = tuple((r, d * scale) for r, d in demand)
+    assert Contention is not None
+    return plan, Contention(tuple(f"r{i}" for i in range(k)), capacity, uses)
+
+
+@settings(max_examples=300, deadline=None)
+@given(contended_plans())
+def test_replay_equals_simpy_under_contention(case: tuple[Plan, object]) -> None:
+    plan, contention = case
+    if engine.effective_contention(plan, contention) is None:  # type: ignore[attr-defined]
+        return  # never oversubscribed: the list path (tests/test_fastpath.py)
+    ref = engine.run_plan_detailed(plan, contention)  # type: ignore[attr-defined]
+    start, end, stretch = _replay(plan, contention)
+    assert np.array_equal(start, ref.start_s) and np.array_equal(end, ref.end_s)
+    assert stretch == ref.stretch_s
+
+
+def test_two_copies_share_a_link_by_hand() -> None:
+    """Two 1 s copies of 1 GB each on a 1 GB/s shared link, both at t=0: each at half speed, both end at 2 s."""
+    plan = Plan()
+    plan.add(H2D, "up", 1.0, phase=F)
+    plan.add(D2H, "down", 1.0, phase=F)
+    assert Contention is not None
+    link = Contention(("bidir",), (1e9,), {0: ((0, 1e9),), 1: ((0, 1e9),)})
+    start, end, stretch = _replay(plan, link)
+    assert start.tolist() == [0.0, 0.0] and end.tolist() == pytest.approx([2.0, 2.0], rel=1e-12)
+    assert stretch == pytest.approx({"bidir": 2.0})
