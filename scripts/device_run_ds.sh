@@ -62,9 +62,9 @@ section() {
   stamp "section $name exit ${PIPESTATUS[0]}"
   cp "$RES/cal/measurements.csv" "$OUT/" 2>/dev/null
 }
-for s in ${PRE_SECTIONS//,/ }; do section "$s"; done
+for s in ${PRE_SECTIONS:+${PRE_SECTIONS//,/ }}; do section "$s"; done
 if [ -n "$BUILD_PID" ]; then wait "$BUILD_PID"; stamp "cpu_adam build exit $?: $(tail -1 "$RES/cpuadam_build.log")"; fi
-for s in ${POST_SECTIONS//,/ }; do section "$s"; done
+for s in ${POST_SECTIONS:+${POST_SECTIONS//,/ }}; do section "$s"; done
 
 if [ "$#" -gt 0 ]; then
   BUDGET_S=$(( $(left_s) - 15 - ${TAIL_KEEP_S:-0} ))
@@ -72,7 +72,7 @@ if [ "$#" -gt 0 ]; then
   timeout -k 10 $(( BUDGET_S + 10 )) python3 "$REPO/scripts/ds_run_all.py" --out "$RES/ds" --deadline-s "$BUDGET_S" \
     --job-timeout-s "${DS_JOB_TIMEOUT_S:-150}" --min-start-s "${DS_MIN_START_S:-35}" "$@" 2>&1 | tee "$RES/ds_run_all.log"
 fi
-for s in ${TAIL_SECTIONS//,/ }; do section "$s" 0; done
+for s in ${TAIL_SECTIONS:+${TAIL_SECTIONS//,/ }}; do section "$s" 0; done
 
 [ -f "$RES/cal/affinities.json" ] && cp "$RES/cal/affinities.json" "$OUT/"
 cp "$RES/cal/measurements.csv" "$RES/cal/calibration_meta.json" "$RES/ds/deepspeed_steps.csv" "$RES/machine.txt" \
