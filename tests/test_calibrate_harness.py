@@ -289,3 +289,34 @@ def test_train_step_floor_smoke_on_cpu(tmp_path: Path) -> None:
     assert [r["timing"] for r in rows] == ["unsynced", "phased"]
     assert float(rows[1]["fwd_median_s"]) > 0 and rows[0]["n_steps"] == "2"
     assert (tmp_path / "runs" / "tiny-s32-mb1-floor.rank0.affinity.json").exists()
+
+
+def test_committed_2026_11_30_tables_load_with_the_reader() -> None:
+    """The new measurements.csv files (with the appended columns) load in the simulator's reader, and the
+    DeepSpeed runs all carry >= 10 timed steps and the timer columns."""
+    from sosim.calibration_table import CalibrationTable
+
+    for folder in ("nvidia-h200-2026-11-30", "nvidia-h200x2-2026-11-30"):
+        path = ROOT / "calibration" / folder / "measurements.csv"
+        table = CalibrationTable.from_csv(path)
+        assert table.sha256
+        rows = list(csv.DictReader(path.open()))
+        assert list(rows[0])[-3:] == ["gpus", "subgroups", "layers"]
+        steps = list(csv.DictReader((ROOT / "calibration" / folder / "deepspeed_steps.csv").open()))
+        unsynced = [r for r in steps if r["timing"] == "unsynced"]
+        assert unsynced and all(int(r["n_steps"]) >= 10 for r in unsynced)
+        assert all(r["t_opt_step_s"] for r in unsynced)
+    h200 = ROOT / "calibration" / "nvidia-h200-2026-11-30" / "measurements.csv"
+    ops = {(r["op"], r["variant"]) for r in csv.DictReader(h200.open())}
+    for wanted in [
+        ("ds_refresh", "zero3"),
+        ("ds_refresh", "superoffload"),
+        ("layer", "z3_fwd_bwd"),
+        ("layer", "hf_fwd"),
+        ("ds_step_fixed", "zero3"),
+        ("ds_step_fixed", "superoffload"),
+        ("so_worker", "alone"),
+        ("so_worker", "with_copies"),
+        ("disk", "read_direct"),
+    ]:
+        assert wanted in ops, wanted
