@@ -90,7 +90,7 @@ def recipe(sc: Scenario, costs: CostModel) -> Recipe:
     units = layout.build_units(sc, costs)
     tensors = layout.build_tensors(sc.model, units)
     flushes = layout.make_flushes(tensors, layout.bucket_elements_from_mb(DDP_BUCKET_MB), "fill")
-    whole = [layout.Group(0, tuple(t.index for t in tensors), sum(t.elements for t in tensors), on_gpu=True)]
+    whole = layout.one_group(tensors, on_gpu=True)
     reduce = AllReduce()
     return Recipe(layout=layout.make_layout(units, tensors, flushes, whole),
                   cpu=cpu.one_process(sc.hardware.cpu.cores, "cpu_adam"), weights=Replicated(),

@@ -143,24 +143,30 @@ def ulysses_all_to_all_s(sc: Scenario, costs: CostModel) -> float:
 
 def build_units(sc: Scenario, costs: CostModel) -> list[Unit]:
     m = sc.model
-    emb = m.vocab * m.hidden
-    head = tm.embedding_params(m) - emb
+    emb, head, layer_p, layer_fwd_flops, layer_bwd_flops, head_flops = _unit_counts(
+        m, tokens_per_gpu(sc), sc.training.seq_len, sc.training.activation_checkpointing)
     units = [Unit(0, "embed", emb, 0.0, 0.0)]
-    layer_p = tm.layer_params(m)
     fwd, bwd = costs.layer_fwd_s(), costs.layer_bwd_s()
     a2a, a2a_bytes = ulysses_all_to_all_s(sc, costs), ulysses_all_to_all_bytes(sc)
-    tokens = tokens_per_gpu(sc)
-    # FLOPs as model.py counts them (causal attention: the kernels skip the masked half); backward = 2x
-    # forward, + a forward if recomputed.
-    attention_fwd_flops = tm.attention_flops_fwd(m, tokens, sc.training.seq_len) * tm.CAUSAL_ATTENTION_FRACTION
-    layer_fwd_flops = tm.layer_gemm_flops_fwd(m, tokens) + attention_fwd_flops
-    layer_bwd_flops = layer_fwd_flops * (3.0 if sc.training.activation_checkpointing else 2.0)
     units += [Unit(i, f"layer{i - 1}", layer_p, fwd, bwd, a2a, a2a_bytes, layer_fwd_flops, layer_bwd_flops)
               for i in range(1, m.layers + 1)]
-    head_flops = tm.head_flops_fwd(m, tokens)
     units.append(Unit(m.layers + 1, "head", head, costs.head_fwd_s(), costs.head_bwd_s(),
                       fwd_flops=head_flops, bwd_flops=2.0 * head_flops))
     return units
+
+
+@functools.lru_cache(maxsize=256)
+def _unit_counts(m: ModelSpec, tokens: int, seq_len: int, checkpointing: bool) -> tuple[
+        int, int, int, float, float, float]:
+    """Parameters and FLOPs of the units (embedding, head, a layer): model arithmetic, cached per shape."""
+    emb = m.vocab * m.hidden
+    head = tm.embedding_params(m) - emb
+    # FLOPs as model.py counts them (causal attention: the kernels skip the masked half); backward = 2x
+    # forward, + a forward if recomputed.
+    attention_fwd_flops = tm.attention_flops_fwd(m, tokens, seq_len) * tm.CAUSAL_ATTENTION_FRACTION
+    layer_fwd_flops = tm.layer_gemm_flops_fwd(m, tokens) + attention_fwd_flops
+    layer_bwd_flops = layer_fwd_flops * (3.0 if checkpointing else 2.0)
+    return emb, head, tm.layer_params(m), layer_fwd_flops, layer_bwd_flops, tm.head_flops_fwd(m, tokens)
 
 
 def param_units(m: ModelSpec) -> list[Unit]:
@@ -262,6 +268,16 @@ def _subgroups(tensors: tuple[Tensor, ...], size_elements: float) -> tuple[Group
             groups.append(Group(len(groups), tuple(current), size))
             current, size = [], 0
     return tuple(groups)
+
+
+def one_group(tensors: Sequence[Tensor], on_gpu: bool = False) -> list[Group]:
+    """Every tensor in one optimizer group (an optimizer that updates the whole partition at once)."""
+    return [_one_group(tuple(tensors), on_gpu)]
+
+
+@functools.lru_cache(maxsize=64)
+def _one_group(tensors: tuple[Tensor, ...], on_gpu: bool) -> Group:
+    return Group(0, tuple(t.index for t in tensors), sum(t.elements for t in tensors), on_gpu)
 
 
 def groups_from_flushes(flushes: Sequence[Flush]) -> list[Group]:

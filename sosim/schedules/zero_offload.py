@@ -107,7 +107,7 @@ def deepspeed(sc: Scenario, costs: CostModel, s: ZeroOffloadKnobs) -> Recipe:
     tensors = layout.build_tensors(sc.model, units)
     flushes = layout.make_flushes(tensors, layout.bucket_elements_from_mb(s.bucket_mb), "overflow")
     # step() updates each optimizer param group at once: one group for the whole partition.
-    whole = [layout.Group(0, tuple(t.index for t in tensors), sum(t.elements for t in tensors))]
+    whole = layout.one_group(tensors)
     return Recipe(
         layout=layout.make_layout(units, tensors, flushes, whole),
         cpu=cpu.one_process(sc.hardware.cpu.cores, s.cpu_adam),
