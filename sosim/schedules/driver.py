@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Protocol, cast
+from typing import TYPE_CHECKING, Any, Protocol, cast
 
 from sosim.plan import GPU, NET, SYNC, Category, Op, Phase, Plan, Resource, ResourceKind
 
@@ -66,7 +66,9 @@ class Ctx:
             first = deps[0]
             clean: tuple[int, ...] = () if first is None else (first,)
         else:
-            clean = tuple(sorted({d for d in deps if d is not None}))
+            unique: set[Any] = set(deps)
+            unique.discard(None)
+            clean = tuple(sorted(unique))
         if not duration_s >= 0 or (clean and clean[-1] >= op_id):
             return self.plan.add(resource, name, duration_s, clean, phase=phase)  # raises the error
         ops.append(Op(op_id, resource, name, float(duration_s), clean, layer, self.it, category, phase,
