@@ -42,10 +42,7 @@ from sosim import load_scenario, simulate
 from sosim.config import Scenario
 from sosim.engine import run_plan
 from sosim.fastpath import duplex_may_bite, list_times, opposite_copies_touch
-from sosim.memory import check_fit
-from sosim.result import compute_metrics
-from sosim.schedules import SCHEDULES
-from sosim.simulate import make_cost_model
+from sosim.simulate import _simulate
 
 ROOT = Path(__file__).resolve().parent.parent
 CASES = {
@@ -74,16 +71,12 @@ def _rates(fn: Callable[[], object], seconds: float, repeats: int) -> dict[str, 
             "per_wall_s": [round(min(wall), 1), round(max(wall), 1)]}
 
 
-def simpy_simulate(sc: Scenario) -> dict[str, Any]:
-    """simulate() with the engine of record in place of the fast path (same plan, same metrics)."""
+def simpy_simulate(sc: Scenario) -> object:
+    """simulate() with the engine of record (SimPy) in place of the fast path: same plan, same metrics."""
     paused = gc.isenabled()
     gc.disable()
     try:
-        module = SCHEDULES[sc.schedule.system]
-        plan = module.build_plan(sc, make_cost_model(sc))
-        usage = module.memory_usage(sc)
-        start, end = run_plan(plan)
-        return compute_metrics(sc, plan, start, end, usage, check_fit(usage, sc.hardware))
+        return _simulate(sc, run_plan)
     finally:
         if paused:
             gc.enable()

@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 import gc
+from collections.abc import Callable
+
+import numpy as np
 
 from sosim.config import Scenario
 from sosim.costs import AnalyticCostModel, CostModel
 from sosim.fastpath import timeline
 from sosim.memory import check_fit
+from sosim.plan import Plan
 from sosim.result import Result, compute_metrics
 from sosim.schedules import SCHEDULES
 from sosim.schedules.layout import tokens_per_gpu
@@ -30,18 +34,19 @@ def simulate(sc: Scenario) -> Result:
     paused = gc.isenabled()
     gc.disable()
     try:
-        return _simulate(sc)
+        return _simulate(sc, timeline)
     finally:
         if paused:
             gc.enable()
 
 
-def _simulate(sc: Scenario) -> Result:
+def _simulate(sc: Scenario, run: Callable[[Plan], tuple[np.ndarray, np.ndarray]]) -> Result:
+    """simulate() with ``run`` giving the timeline (the fast path; SimPy's ``run_plan`` in the benchmark)."""
     costs = make_cost_model(sc)
     module = SCHEDULES[sc.schedule.system]
     usage = module.memory_usage(sc)
     plan = module.build_plan(sc, costs)
-    start, end = timeline(plan)  # the engine's timeline (SimPy where contention is dynamic)
+    start, end = run(plan)  # the engine's timeline
     fit = check_fit(usage, sc.hardware)
     metrics = compute_metrics(sc, plan, start, end, usage, fit)
     return Result(sc, metrics, plan, start, end, usage, provenance(sc, costs, module.choices(sc)))
