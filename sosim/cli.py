@@ -151,7 +151,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 # Subcommands that live beside the code they drive; each module defines register_cli(subparsers).
-_SUBCOMMAND_MODULES = ("sosim.compare", "sosim.sweep", "sosim.ablation", "sosim.validate")
+_SUBCOMMAND_MODULES = ("sosim.compare", "sosim.sweep", "sosim.ablation", "sosim.validate", "sosim.tune")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
