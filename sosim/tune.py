@@ -289,16 +289,18 @@ class Tuner:
     """One search. ``evaluate`` maps a scenario to its metrics (``simulate`` by default)."""
 
     def __init__(self, base: Scenario, options: TuneOptions | None = None, *,
-                 evaluate: Callable[[Scenario], dict[str, Any]] = simulate_metrics,
+                 evaluate: Callable[[Scenario], dict[str, Any]] | None = None,
                  executor: Executor | None = None) -> None:
         self.options = options or TuneOptions()
         self.options.check()
-        self.evaluate_fn = evaluate
+        # Looked up at call time, so a test can replace the module's evaluator.
+        self.evaluate_fn = evaluate or simulate_metrics
+        self.parallel_ok = evaluate is None  # a custom evaluator may not pickle: keep it in this process
         self.executor = executor
         self._own_executor = False
         base = self._with_gpus(base)
         self.base_sc = base
-        self.base_data: dict[str, Any] = base.model_dump(mode="python")
+        self.base_data: dict[str, Any] = base.model_dump(mode="python", exclude_unset=True)
         t, c = base.training, base.cluster
         self.gpus = c.gpus
         self.global_batch = self.options.global_batch or t.micro_batch * t.grad_accum * c.dp
@@ -329,8 +331,8 @@ class Tuner:
         gpus = self.options.gpus
         if gpus is None or gpus == base.cluster.gpus:
             return base
-        data = base.model_dump(mode="python")
-        data["cluster"] = {**data["cluster"], "gpus": gpus, "data_parallel": None, "sequence_parallel": 1}
+        data = base.model_dump(mode="python", exclude_unset=True)
+        data["cluster"] = {**data.get("cluster", {}), "gpus": gpus, "data_parallel": None, "sequence_parallel": 1}
         return load_scenario(data)
 
     def _parallel_splits(self) -> list[tuple[int, int]]:
@@ -360,26 +362,21 @@ class Tuner:
         base_impl = getattr(base_sched, "implementation", None)
         impl = self.options.implementation or base_impl
         if system == base_sched.system and impl == base_impl:
-            sched = base_sched.model_dump(mode="python")
+            sched = base_sched.model_dump(mode="python", exclude_unset=True)
             return sched, self._validate(sched)
-        # The system's own defaults under the chosen implementation tell which fields it has.
-        bare = self._validate({"system": system, "implementation": impl}) if impl is not None else None
-        if bare is None:
-            bare = self._validate({"system": system})
-        if bare is None:
-            return {"system": system}, None
-        fields = set(type(bare.schedule).model_fields)
-        sched: dict[str, Any] = {"system": system}
-        # Carried over: what describes the user's software and machine use, not a tunable choice.
-        for name in ("implementation", "cpu_adam", "pin_memory"):
-            value = impl if name == "implementation" else getattr(base_sched, name, None)
-            if value is not None and name in fields:
-                sched[name] = value
-        sc = self._validate(sched)
-        if sc is None and "cpu_adam" in sched:  # e.g. GraceAdam carried to a DeepSpeed path that has no timing
-            sched.pop("cpu_adam")
-            sc = self._validate(sched)
-        return sched, sc
+        # Carried over: what describes the user's software and machine use, not a tunable choice. A value
+        # this system rejects (no such field, an optimizer the profile cannot time) is left out: the largest
+        # subset that validates wins (at most 8 tries, in a fixed order).
+        carried = {k: v for k, v in (("implementation", impl), ("cpu_adam", getattr(base_sched, "cpu_adam", None)),
+                                     ("pin_memory", getattr(base_sched, "pin_memory", None))) if v is not None}
+        names = list(carried)
+        for size in range(len(names), -1, -1):
+            for subset in itertools.combinations(names, size):
+                sched = {"system": system, **{k: carried[k] for k in subset}}
+                sc = self._validate(sched)
+                if sc is not None:
+                    return sched, sc
+        return {"system": system}, None
 
     def _validate(self, sched: dict[str, Any]) -> Scenario | None:
         try:
@@ -426,8 +423,8 @@ class Tuner:
     # ---- candidates
     def _scenario_data(self, space: _SystemSpace, settings: Mapping[str, Any]) -> dict[str, Any]:
         data = dict(self.base_data)
-        data["training"] = dict(self.base_data["training"])
-        data["cluster"] = dict(self.base_data["cluster"])
+        data["training"] = dict(self.base_data.get("training", {}))
+        data["cluster"] = dict(self.base_data.get("cluster", {}))
         data["schedule"] = copy.deepcopy(space.schedule_base)
         for key, value in settings.items():
             section, _, name = key.partition(".")
@@ -540,9 +537,11 @@ class Tuner:
             raise _BudgetExhausted
 
     def _executor(self) -> Executor | None:
+        if not self.parallel_ok:  # the workers run simulate(), not a custom evaluator
+            return None
         if self.executor is not None:
             return self.executor
-        if self.options.jobs <= 1 or self.evaluate_fn is not simulate_metrics:
+        if self.options.jobs <= 1:
             return None
         from concurrent.futures import ProcessPoolExecutor
 
@@ -665,7 +664,7 @@ class Tuner:
                 self.executor.shutdown(wait=not self.interrupted, cancel_futures=True)
         return self._result()
 
-    def _base_evaluation(self) -> Evaluation | None:
+    def _base_evaluation(self) -> Evaluation:
         sc = self.base_sc
         space = next((s for s in self.spaces if s.system == sc.schedule.system
                       and s.implementation == getattr(sc.schedule, "implementation", None)), None)
@@ -690,8 +689,9 @@ class Tuner:
 
     def _search(self) -> None:
         o = self.options
-        self.base_eval = self._base_evaluation()
-        self._simulate([self.base_eval])
+        base = self._base_evaluation()
+        self.base_eval: Evaluation | None = base
+        self._simulate([base])
         # Stage 1: structural points of every system, knobs at their defaults.
         starts: dict[str, list[Evaluation]] = {}
         exhaustive: dict[str, list[Evaluation]] = {}
@@ -819,7 +819,7 @@ class Tuner:
 
 def tune(base: Scenario | str | Path | Mapping[str, Any], options: TuneOptions | None = None, *,
          overrides: Sequence[str] | None = None, executor: Executor | None = None,
-         evaluate: Callable[[Scenario], dict[str, Any]] = simulate_metrics) -> TuneResult:
+         evaluate: Callable[[Scenario], dict[str, Any]] | None = None) -> TuneResult:
     """Search the fastest configuration of ``base`` that fits (see the module docstring).
 
     ``base`` is a Scenario, a scenario YAML path or dict (``overrides`` apply as with ``load_scenario``).
@@ -828,7 +828,7 @@ def tune(base: Scenario | str | Path | Mapping[str, Any], options: TuneOptions |
     """
     sc = base if isinstance(base, Scenario) else load_scenario(base, list(overrides or []))
     if isinstance(base, Scenario) and overrides:
-        sc = load_scenario(base.model_dump(mode="python"), list(overrides))
+        sc = load_scenario(base.model_dump(mode="python", exclude_unset=True), list(overrides))
     return Tuner(sc, options, evaluate=evaluate, executor=executor).run()
 
 
