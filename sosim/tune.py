@@ -51,6 +51,8 @@ Settings = dict[str, Any]  # dotted scenario key -> value
 EXIT_INTERRUPTED = 130  # the shell's convention for a run stopped by SIGINT
 # Batches at least this large go to the process pool (a pool round trip costs ~ms per chunk).
 PARALLEL_MIN_BATCH = 24
+# Memory checks (~0.3 ms each, no simulation) spent looking for a fitting variant of one structural point.
+RESCUE_CHECKS = 80
 
 
 @dataclass(frozen=True)
@@ -591,12 +593,26 @@ class Tuner:
         """The point with every applicable knob at its default, made explicit (so keys are canonical)."""
         return {**point, **{k.key: space.defaults[k.key] for k in self._knobs(space, point)}}
 
-    def _light(self, space: _SystemSpace, point: Mapping[str, Any]) -> Settings:
-        return {k.key: k.light for k in self._knobs(space, point) if k.light is not None}
+    def _rescue(self, space: _SystemSpace, point: Settings) -> Evaluation | None:
+        """A fitting variant of a point that does not fit at its defaults: other values of the knobs that
+        change memory, fewest changes first, in table order (at most ``RESCUE_CHECKS`` memory checks)."""
+        knobs = [k for k in self._knobs(space, point) if k.memory]
+        checks = 0
+        for n_changes in range(1, len(knobs) + 1):
+            for subset in itertools.combinations(knobs, n_changes):
+                grids = [[v for v in k.values if v != point.get(k.key)] for k in subset]
+                for combo in itertools.product(*grids):
+                    ev = self._check(space, {**point, **{k.key: v for k, v in zip(subset, combo)}})
+                    checks += 1
+                    if ev.fits:
+                        return ev
+                    if checks >= RESCUE_CHECKS:
+                        return None
+        return None
 
     def _structural_points(self, space: _SystemSpace) -> list[Evaluation]:
         """Every structural combination with its largest fitting micro-batches, knobs at their defaults (or
-        at their light values where the defaults do not fit)."""
+        at the nearest values that fit where the defaults do not)."""
         out: list[Evaluation] = []
         for dp, sp in self.splits:
             struct = [k for k in space.structural if k.applies(dp)]
@@ -606,11 +622,10 @@ class Tuner:
                 kept = 0
                 for mb, ga in self._batch_splits(dp):
                     point = self._defaults(space, {**settings, "training.micro_batch": mb, "training.grad_accum": ga})
-                    ev = self._check(space, point)
-                    light = self._light(space, point)
-                    if not ev.fits and light:
-                        ev = self._check(space, {**point, **light})
-                    if ev.fits:
+                    ev: Evaluation | None = self._check(space, point)
+                    if ev is not None and not ev.fits:
+                        ev = self._rescue(space, point)
+                    if ev is not None and ev.fits:
                         out.append(ev)
                         kept += 1
                         if kept >= self.options.micro_batches_kept:

@@ -9,7 +9,8 @@ config keys: a tuner that writes a DeepSpeed config must not recommend them for 
 The grids are search ranges, not physical constants. Why each range:
 
 * ``gpu_optimizer_fraction`` (1 - DeepSpeed ``offload_optimizer.ratio``): 0 (DeepSpeed's default ratio 1.0)
-  to 0.5; the SuperOffload artifact runs 0.01-0.1 (ratio 0.9-0.99) and NeMo-RL issue 3628 measured 0-100%.
+  to 1 (nothing offloaded); the SuperOffload artifact runs 0.01-0.1 (ratio 0.9-0.99) and NeMo-RL issue 3628
+  measured 0-100%.
 * ``sub_group_elements`` (``sub_group_size``): 1e8 to 2e9 around DeepSpeed's default 1e9 and the artifact's 6e8.
 * ``cpu_adam_core_fraction`` (``cpuadam_cores_perc``): 0.5 to 1.0 around DeepSpeed's default 0.8.
 * ``bucket_mb`` (``reduce_bucket_size`` x 2 B): 50 MB to DeepSpeed's default 1000 MB; the paper's 64 MB
@@ -53,8 +54,9 @@ class Knob:
 
     ``structural`` knobs change what lives where (memory on each side, the plan's shape): they are crossed
     in the first, exhaustive stage. The others are tuned by coordinate descent from the best structural
-    points. ``light`` is the value with the smallest memory footprint: a structural point that does not fit
-    with the defaults is tried with every knob at its light value before it is given up.
+    points. ``memory`` marks knobs that change the memory footprint (on either side): a structural point that
+    does not fit with the defaults is tried with other values of these knobs (fewest changes first) before it
+    is given up; e.g. a larger SuperOffload GPU share frees host memory, a smaller one frees HBM.
     """
 
     key: str  # dotted scenario key, e.g. "schedule.gpu_optimizer_fraction"
@@ -66,7 +68,7 @@ class Knob:
     refine: Literal["linear", "log"] | None = None
     bounds: tuple[float, float] | None = None  # refine never leaves these
     integer: bool = False
-    light: Any = None
+    memory: bool = False
     min_dp: int = 1  # only searched with at least this many data-parallel ranks (ZeRO++ and the like)
     fmt: Callable[[Any], str] = field(default=str)
     # Values that depend on the data-parallel degree (replaces ``values`` when given).
@@ -84,16 +86,16 @@ class Knob:
 
 _GPU_FRACTION = Knob(
     "schedule.gpu_optimizer_fraction", "ratio", "SuperOffload ratio (share of sub-groups updated on the CPU)",
-    (0.0, 0.05, 0.1, 0.2, 0.3, 0.5), refine="linear", bounds=(0.0, 1.0), light=0.0, fmt=_fmt_ratio)
+    (0.0, 0.05, 0.1, 0.2, 0.3, 0.5, 0.7, 1.0), refine="linear", bounds=(0.0, 1.0), memory=True, fmt=_fmt_ratio)
 _SUB_GROUP = Knob(
     "schedule.sub_group_elements", "sub_group", "optimizer sub-group size (sub_group_size, elements)",
-    (1e8, 2e8, 4e8, 6e8, 1e9, 2e9), refine="log", bounds=(1e7, 4e9), integer=True, light=1e8, fmt=_fmt_elements)
+    (1e8, 2e8, 4e8, 6e8, 1e9, 2e9), refine="log", bounds=(1e7, 4e9), integer=True, memory=True, fmt=_fmt_elements)
 _CORES = Knob(
     "schedule.cpu_adam_core_fraction", "cores", "CPU Adam core fraction (cpuadam_cores_perc)",
     (0.5, 0.65, 0.8, 0.9, 1.0), refine="linear", bounds=(0.05, 1.0), fmt=_fmt_float)
 _BUCKET = Knob(
     "schedule.bucket_mb", "bucket_MB", "gradient bucket (reduce_bucket_size x 2 B, MB)",
-    (50.0, 200.0, 500.0, 1000.0), refine="log", bounds=(10.0, 4000.0), light=50.0, fmt=_fmt_float)
+    (50.0, 200.0, 500.0, 1000.0), refine="log", bounds=(10.0, 4000.0), memory=True, fmt=_fmt_float)
 _OVERLAP = Knob("schedule.overlap_comm", "overlap", "overlap_comm", (True, False), fmt=_fmt_onoff)
 _PLACEMENT = Knob(
     "schedule.weight_placement", "weights", "weight placement (stationary in HBM, or flow from CPU memory)",
@@ -102,11 +104,11 @@ _CAST = Knob("schedule.cast", "cast", "where fp32<->bf16 casts run (paper: GPU)"
              implementations=IDEAL_ONLY)
 _SO_BUCKET = Knob(
     "schedule.bucket_mb", "bucket_MB", "SuperOffload transfer bucket (MB)", (16.0, 64.0, 256.0, 1000.0),
-    implementations=IDEAL_ONLY, refine="log", bounds=(4.0, 4000.0), light=16.0, fmt=_fmt_float)
+    implementations=IDEAL_ONLY, refine="log", bounds=(4.0, 4000.0), memory=True, fmt=_fmt_float)
 _DPU = Knob("schedule.dpu", "dpu", "delayed parameter update", (False, True), implementations=IDEAL_ONLY,
             fmt=_fmt_onoff)
 _PREFETCH = Knob("schedule.prefetch_layers", "prefetch", "layers of parameters prefetched", (0, 1, 2, 4),
-                 refine="linear", bounds=(0, 16), integer=True, light=0)
+                 refine="linear", bounds=(0, 16), integer=True, memory=True)
 # ZeRO++ (DeepSpeed zero_quantized_weights / zero_quantized_gradients / zero_hpz_partition_size): only with
 # data parallelism; active once the schema has these keys.
 _QW = Knob("schedule.zero_quantized_weights", "qwZ", "ZeRO++ quantized weights (qwZ)", (False, True), min_dp=2,
@@ -114,7 +116,7 @@ _QW = Knob("schedule.zero_quantized_weights", "qwZ", "ZeRO++ quantized weights (
 _QG = Knob("schedule.zero_quantized_gradients", "qgZ", "ZeRO++ quantized gradients (qgZ)", (False, True), min_dp=2,
            fmt=_fmt_onoff)
 _HPZ = Knob("schedule.zero_hpz_partition_size", "hpZ", "ZeRO++ secondary partition size (hpZ)", (1, 2, 4, 8),
-            min_dp=2, integer=True, structural=True, light=1)
+            min_dp=2, integer=True, structural=True, memory=True)
 _ZEROPP = (_QW, _QG, _HPZ)
 
 
@@ -136,7 +138,7 @@ _STATE = Knob("schedule.state_bytes_per_param", "state_B", "model state per para
 # Searched for every system.
 TRAINING_KNOBS: tuple[Knob, ...] = (
     Knob("training.activation_checkpointing", "ckpt", "activation checkpointing", (True, False), structural=True,
-         light=True, fmt=_fmt_onoff),
+         memory=True, fmt=_fmt_onoff),
 )
 
 # One entry per system; a system of the schema that is missing here is searched over the training knobs,
