@@ -113,6 +113,9 @@ class Evaluation:
     metrics: dict[str, Any] | None = None  # simulated metrics
     score: float | None = None  # higher is better; None: not ranked
     is_base: bool = False
+    # False for the user's own configuration when it lies outside the searched space (another implementation,
+    # another global batch): shown for comparison, never ranked.
+    in_space: bool = True
 
     @property
     def simulated(self) -> bool:
@@ -693,7 +696,7 @@ class Tuner:
             ev = self._check(space, settings)
         else:
             key = canonical_key(sc.schedule.system, settings)
-            ev = Evaluation(system=sc.schedule.system, settings=settings, key=key, scenario=sc)
+            ev = Evaluation(system=sc.schedule.system, settings=settings, key=key, scenario=sc, in_space=False)
             gpu, cpu, fits, reason, klass = memory_check(sc)
             ev.gpu_mem_gib, ev.cpu_mem_gib = gpu, cpu
             ev.fits, ev.reason, ev.reason_key = self._caps(gpu, cpu, fits, reason, klass)
@@ -790,7 +793,7 @@ class Tuner:
     def _result(self) -> TuneResult:
         evals = [self.evals[k] for k in self.order]
         base = getattr(self, "base_eval", None)
-        in_batch = [e for e in evals if e.ranked and self._same_batch(e)]
+        in_batch = [e for e in evals if e.ranked and e.in_space and self._same_batch(e)]
         ranked = sorted(in_batch, key=self._rank_key)
         systems = [self._system_memory(s.system, evals, ranked) for s in self.spaces]
         systems += [SystemMemory(s, None, 0, 0, None, None, None, None, unavailable=r)

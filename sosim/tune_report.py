@@ -280,6 +280,9 @@ def format_text(result: TuneResult, top: int = 5, scenario_name: str = "", hardw
             best = result.best
             gain = float(best.metrics["tokens_per_s"]) / float(base.metrics["tokens_per_s"]) - 1.0  # type: ignore[index]
             status = "" if base.fits else f" (does not fit: {base.reason_key})"
+            impl = getattr(base.scenario.schedule, "implementation", None) if base.scenario is not None else None
+            if impl is not None and o.implementation is not None and impl != o.implementation:
+                status += f" (implementation {impl}; the search used {o.implementation})"
             lines.append(f"your config ({base.system}, {settings_text(base)}): "
                          f"{float(base.metrics['tokens_per_s']):,.0f} tok/s{status}; tuned {gain:+.1%}")
     lines.append("")
