@@ -352,9 +352,12 @@ class Tuner:
         return out
 
     def _systems(self) -> list[str]:
-        from sosim import config
+        try:
+            from sosim.schedules import SYSTEM_NAMES
 
-        known = list(getattr(config, "SCHEDULE_SYSTEMS", SEARCH_SPACE))
+            known = list(SYSTEM_NAMES)
+        except ImportError:  # pragma: no cover - a reshaped build: the table's systems
+            known = list(SEARCH_SPACE)
         wanted = list(self.options.systems) if self.options.systems else known
         unknown = [s for s in wanted if s not in known]
         if unknown:
@@ -992,6 +995,13 @@ def run_tune(args: Any) -> int:
     from sosim.output import print_json
     from sosim.tune_report import format_text, to_json
 
+    if not args.no_write:
+        try:
+            from sosim.output import check_output_path
+
+            check_output_path(args.out, "--out", ["json"])  # refuse an unwritable path before the search
+        except ImportError:  # pragma: no cover - a build without the helper
+            pass
     sc, base_ds = _base_from_args(args)
     systems = tuple(s.strip() for s in args.systems.split(",") if s.strip()) if args.systems else None
     jobs = args.jobs if args.jobs is not None else max(1, min(8, os.cpu_count() or 1))

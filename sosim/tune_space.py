@@ -32,7 +32,7 @@ IDEAL_ONLY = frozenset({"ideal"})
 
 
 def _fmt_float(v: Any) -> str:
-    return f"{v:g}"
+    return f"{float(v):.3g}"
 
 
 def _fmt_elements(v: Any) -> str:

@@ -426,3 +426,11 @@ def test_report_shows_bands_when_the_result_has_them() -> None:
     assert "[p10-p90]" in text
     payload = to_json(result)
     assert "tokens_per_s_p10" in payload["top"][0]["metrics"]
+
+
+def test_cli_refuses_an_unwritable_out_before_searching(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    scenario = tmp_path / "s.yaml"
+    scenario.write_text(json.dumps(_tiny(micro_batch=4)))
+    rc = main(["tune", str(scenario), "--out", str(tmp_path), "--jobs", "1"])
+    err = capsys.readouterr().err
+    assert rc == 2 and "is a folder" in err
