@@ -51,6 +51,9 @@ Settings = dict[str, Any]  # dotted scenario key -> value
 EXIT_INTERRUPTED = 130  # the shell's convention for a run stopped by SIGINT
 # Batches at least this large go to the process pool (a pool round trip costs ~ms per chunk).
 PARALLEL_MIN_BATCH = 24
+# Scores are compared to this many significant digits: differences below ~0.05% are noise next to the model's
+# error (docs/validation.md) and should not pull a knob away from its default.
+SCORE_DIGITS = 4
 # Memory checks (~0.3 ms each, no simulation) spent looking for a fitting variant of one structural point.
 RESCUE_CHECKS = 80
 
@@ -654,11 +657,12 @@ class Tuner:
         return evs
 
     def _rank_key(self, ev: Evaluation) -> tuple[float, int, str]:
-        """Best first; among equal scores (a knob without effect here) the one closest to the defaults."""
+        """Best first. Scores equal to 4 significant digits (a knob worth less than ~0.05% here) count as a
+        tie, which goes to the configuration closest to the defaults, then to the settings' order."""
         space = next((s for s in self.spaces if s.system == ev.system), None)
         changed = 0 if space is None else sum(1 for k, v in space.defaults.items()
                                               if k in ev.settings and ev.settings[k] != v)
-        return (-float(f"{ev.score or 0.0:.12g}"), changed, ev.key)
+        return (-float(f"{ev.score or 0.0:.{SCORE_DIGITS}g}"), changed, ev.key)
 
     def _best(self, evs: Iterable[Evaluation]) -> Evaluation | None:
         ranked = [e for e in evs if e.ranked]
@@ -708,6 +712,43 @@ class Tuner:
         ev.is_base = True
         return ev
 
+    def _step(self, space: _SystemSpace, settings: Settings, knob: Knob, value: Any) -> Evaluation:
+        """One descent candidate: ``knob`` set to ``value``. A memory knob's value that does not fit at this
+        micro-batch is tried at the next smaller micro-batches (more accumulation steps, same global batch):
+        the trade between activation memory and, say, optimizer state kept in HBM is a move of its own, which
+        one knob at a time would never make."""
+        ev = self._check(space, {**settings, knob.key: value})
+        if ev.fits or not knob.memory or ev.scenario is None:
+            return ev
+        dp, mb = int(settings["cluster.data_parallel"]), int(settings["training.micro_batch"])
+        for smaller, ga in self._batch_splits(dp):
+            if smaller >= mb:
+                continue
+            trial = self._check(space, {**settings, knob.key: value, "training.micro_batch": smaller,
+                                        "training.grad_accum": ga})
+            if trial.fits:
+                return trial
+        return ev
+
+    def _diverse(self, space: _SystemSpace, evs: list[Evaluation], n: int) -> list[Evaluation]:
+        """The ``n`` starting points of coordinate descent: the best point of each structural class (weight
+        placement, checkpointing, parallel split...; the micro-batch left out) in rank order, then the next
+        best points, so that the beam covers different basins rather than one class at several micro-batches."""
+        ranked = sorted((e for e in evs if e.ranked), key=self._rank_key)
+        structural = {k.key for k in space.structural} | set(PARALLEL_KEYS)
+
+        def klass(ev: Evaluation) -> str:
+            return json.dumps(sorted((k, v) for k, v in ev.settings.items() if k in structural), default=str)
+
+        chosen: list[Evaluation] = []
+        seen: set[str] = set()
+        for ev in ranked:
+            if klass(ev) not in seen:
+                seen.add(klass(ev))
+                chosen.append(ev)
+        chosen += [ev for ev in ranked if ev not in chosen]
+        return chosen[:n]
+
     def _search(self) -> None:
         o = self.options
         base = self._base_evaluation()
@@ -734,15 +775,8 @@ class Tuner:
                 if best is not None:
                     chains.append(_Chain(space, best, {k.key: list(k.values) for k in space.knobs}))
                 continue
-            ranked = sorted((e for e in starts.get(space.system, []) if e.ranked), key=self._rank_key)
-            seen: set[str] = set()
-            for ev in ranked:
-                if ev.key in seen:
-                    continue
-                seen.add(ev.key)
+            for ev in self._diverse(space, starts.get(space.system, []), o.beam):
                 chains.append(_Chain(space, ev))
-                if len([c for c in chains if c.space is space]) >= o.beam:
-                    break
         descend = [c for c in chains if c.space.system not in exhaustive]
         for _ in range(o.max_passes):
             changed = False
@@ -760,8 +794,7 @@ class Tuner:
                     for v in values:
                         if v not in chain.tried[knob.key]:
                             chain.tried[knob.key].append(v)
-                    batch.append((chain, [self._check(chain.space, {**chain.current.settings, knob.key: v})
-                                          for v in values]))
+                    batch.append((chain, [self._step(chain.space, chain.current.settings, knob, v) for v in values]))
                 self._simulate([e for _, evs in batch for e in evs])
                 for chain, evs in batch:
                     best = self._best([chain.current, *evs])
@@ -782,8 +815,7 @@ class Tuner:
                     new = refine_values(knob, grid, best_value)
                     grid.extend(new)
                     if new:
-                        batch.append((chain, [self._check(chain.space, {**chain.current.settings, knob.key: v})
-                                              for v in new]))
+                        batch.append((chain, [self._step(chain.space, chain.current.settings, knob, v) for v in new]))
             if not batch:
                 break
             self._simulate([e for _, evs in batch for e in evs])

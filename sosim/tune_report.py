@@ -160,8 +160,8 @@ def _band(metrics: Mapping[str, Any], name: str, fmt: str) -> str:
 
 
 def distinct_top(result: TuneResult, k: int) -> list[tuple[Evaluation, list[Evaluation]]]:
-    """The ``k`` best configurations with distinct scores, each with the configurations that tie with it
-    (knobs that make no difference here)."""
+    """The ``k`` best configurations with distinct scores, each with the variants of the same system within
+    ``FOLD_FRACTION`` of it (knobs that make no real difference there)."""
     out: list[tuple[Evaluation, list[Evaluation]]] = []
     for ev in result.ranked:
         if out and _same_score(out[-1][0], ev):
@@ -173,8 +173,14 @@ def distinct_top(result: TuneResult, k: int) -> list[tuple[Evaluation, list[Eval
     return out
 
 
+# Variants of one system within this fraction of a shown configuration are folded into it (and the knobs
+# they differ in are named as having no real effect there).
+FOLD_FRACTION = 1e-3
+
+
 def _same_score(a: Evaluation, b: Evaluation) -> bool:
-    return a.system == b.system and f"{a.score:.12g}" == f"{b.score:.12g}"
+    sa, sb = a.score or 0.0, b.score or 0.0
+    return a.system == b.system and abs(sa - sb) <= FOLD_FRACTION * abs(sa)
 
 
 def no_effect_keys(ev: Evaluation, ties: Sequence[Evaluation]) -> list[str]:
@@ -263,8 +269,8 @@ def format_text(result: TuneResult, top: int = 5, scenario_name: str = "", hardw
             text = f"{i:>2}  {bottleneck(ev.metrics or {})}"
             same = no_effect_keys(ev, ties)
             if same:
-                text += f"  [{len(ties)} tie(s): no effect here: " + ", ".join(
-                    KNOBS[k].short if k in KNOBS else k for k in same) + "]"
+                text += f"  [{len(ties)} variant(s) within {FOLD_FRACTION:.1%}: " + ", ".join(
+                    KNOBS[k].short if k in KNOBS else LABELS.get(k, k) for k in same) + "]"
             lines.append(text)
         if len(shown) > 1:
             lines.append("")

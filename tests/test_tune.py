@@ -74,8 +74,9 @@ def _synthetic(peak_fraction: float = 0.2, peak_cores: float = 0.8) -> Any:
         s = sc.schedule
         tps = 1000.0
         if s.system == "superoffload":
-            tps = 2000.0 - 3000.0 * (s.gpu_optimizer_fraction - peak_fraction) ** 2 \
-                - 500.0 * (s.cpu_adam_core_fraction - peak_cores) ** 2 + 10.0 * sc.training.micro_batch
+            # Steep enough that a refinement step off the peak costs more than the tuner's 4-digit resolution.
+            tps = 2000.0 / (1.0 + 100.0 * (s.gpu_optimizer_fraction - peak_fraction) ** 2
+                            + 20.0 * (s.cpu_adam_core_fraction - peak_cores) ** 2) + 10.0 * sc.training.micro_batch
         tokens = sc.training.micro_batch * sc.training.grad_accum * sc.training.seq_len
         step = tokens / tps
         m = simulate(sc).metrics
