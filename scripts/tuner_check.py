@@ -81,6 +81,20 @@ def _bool(value: Any) -> bool | None:
     return str(value).strip().lower() in ("true", "1", "yes", "on")
 
 
+def resolve_config(csv_dir: Path, name: str) -> Path:
+    """The run's DeepSpeed config: the path the csv names (relative to its folder) or, when a harness moved
+    the files (the 2026-11-30 csv names runs/ for files stored in deepspeed_runs/), the one file of that name
+    under the csv's folder."""
+    path = csv_dir / name
+    if path.exists():
+        return path
+    found = sorted(csv_dir.rglob(Path(name).name))
+    if len(found) == 1:
+        return found[0]
+    more = f" (and {len(found)} files of that name below {csv_dir})" if found else ""
+    raise ValueError(f"{path}: not found{more}")
+
+
 def predict(csv_dir: Path, row: pd.Series, profile: str) -> tuple[float, bool, str, str]:
     """(predicted tokens/s, feasible, system, settings text) of one measured run from its DeepSpeed config."""
     from sosim import dsconfig, load_scenario, simulate
@@ -92,7 +106,7 @@ def predict(csv_dir: Path, row: pd.Series, profile: str) -> tuple[float, bool, s
         hardware=profile, seq_len=int(row["seq"]),
         gpus=None if gpus is None or pd.isna(gpus) else int(gpus),
         activation_checkpointing=_bool(row.get("activation_checkpointing")))
-    ds = read_json(csv_dir / str(row["ds_config_file"]))
+    ds = read_json(resolve_config(csv_dir, str(row["ds_config_file"])))
     mapping = dsconfig.map_ds_config(ds, HfModel(model=_model(row), origin=f"{row['run_id']} (csv)"), inputs)
     sc = load_scenario(mapping.scenario)
     if sc.training.micro_batch != int(row["micro_batch"]):
@@ -155,6 +169,13 @@ def check(csv_path: Path, profile: str, timing: str | None = None, min_settings:
                 "recommended_predicted_tps": pick.predicted_tps, "shortfall": shortfall,
                 "within_5pct": bool(shortfall <= WITHIN_TARGET),
                 "mean_abs_error": float(np.mean([abs(r.predicted_tps / r.measured_tps - 1) for r in mine])),
+                # Within one system (3+ settings): a ranking that is right only because the systems are far
+                # apart shows here.
+                "spearman_within": {
+                    system: spearman([r.predicted_tps for r in mine if r.system == system],
+                                     [r.measured_tps for r in mine if r.system == system])
+                    for system in sorted({r.system for r in mine})
+                    if sum(1 for r in mine if r.system == system) >= 3},
             })
         groups[group] = out
     checked = [g for g in groups.values() if g["checked"]]
@@ -186,6 +207,9 @@ def format_report(report: dict[str, Any]) -> str:
         if "spearman" in g:
             lines.append(f"  Spearman rho {g['spearman']:.3f} (target >= {SPEARMAN_TARGET}: "
                          f"{'ok' if g['spearman_ok'] else 'MISSED'}); mean |error| {g['mean_abs_error']:.1%}")
+            if g["spearman_within"]:
+                lines.append("  within one system: " + ", ".join(
+                    f"{system} rho {rho:.2f}" for system, rho in g["spearman_within"].items()))
             lines.append(f"  recommended {g['recommended']} ({g['recommended_measured_tps']:,.0f} measured) vs best "
                          f"{g['best_measured']} ({g['best_measured_tps']:,.0f}): {g['shortfall']:.1%} short "
                          f"(target <= {WITHIN_TARGET:.0%}: {'ok' if g['within_5pct'] else 'MISSED'})")

@@ -103,6 +103,7 @@ def test_a_grid_measured_as_predicted_passes(tmp_path: Path, capsys: pytest.Capt
     assert group["recommended"] == runs[max(range(12), key=lambda i: predicted[i])]["run_id"]
     assert group["shortfall"] <= 0.01 and group["within_5pct"]
     assert group["mean_abs_error"] == pytest.approx(0.002 * 8 / 12, abs=1e-6)
+    assert group["spearman_within"]["superoffload"] > 0.9  # 8 SuperOffload settings ranked among themselves
     assert report["passed"]
     assert tc.main([str(csv)]) == 0
     out = capsys.readouterr().out
@@ -122,6 +123,15 @@ def test_a_grid_measured_in_reverse_fails(tmp_path: Path) -> None:
     assert group["recommended"] == runs[slowest]["run_id"]
     assert not group["within_5pct"] and not report["passed"]
     assert tc.main([str(csv)]) == 1
+
+
+def test_configs_moved_by_the_harness_are_found_by_name(tmp_path: Path) -> None:
+    tc = _script()
+    (tmp_path / "deepspeed_runs").mkdir()
+    (tmp_path / "deepspeed_runs" / "a.ds_config.json").write_text("{}")
+    assert tc.resolve_config(tmp_path, "runs/a.ds_config.json") == tmp_path / "deepspeed_runs" / "a.ds_config.json"
+    with pytest.raises(ValueError, match="not found"):
+        tc.resolve_config(tmp_path, "runs/b.ds_config.json")
 
 
 def test_too_few_settings_are_reported_not_checked(tmp_path: Path) -> None:
