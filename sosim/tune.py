@@ -656,13 +656,21 @@ class Tuner:
                 evs.append(self._check(space, {**point, **dict(combo)}))
         return evs
 
-    def _rank_key(self, ev: Evaluation) -> tuple[float, int, str]:
+    def _rank_key(self, ev: Evaluation) -> tuple[float, int, int, str]:
         """Best first. Scores equal to 4 significant digits (a knob worth less than ~0.05% here) count as a
-        tie, which goes to the configuration closest to the defaults, then to the settings' order."""
+        tie, which goes to the knobs' preferred values, then to the configuration closest to the defaults,
+        then to the settings' order."""
         space = next((s for s in self.spaces if s.system == ev.system), None)
         changed = 0 if space is None else sum(1 for k, v in space.defaults.items()
                                               if k in ev.settings and ev.settings[k] != v)
-        return (-float(f"{ev.score or 0.0:.{SCORE_DIGITS}g}"), changed, ev.key)
+        preference = 0
+        if space is not None:
+            dp = int(ev.settings.get("cluster.data_parallel", 1))
+            for knob in space.structural + space.knobs:
+                values = knob.values_for(dp)
+                if knob.prefer_first and ev.settings.get(knob.key) in values:
+                    preference += values.index(ev.settings[knob.key])
+        return (-float(f"{ev.score or 0.0:.{SCORE_DIGITS}g}"), preference, changed, ev.key)
 
     def _best(self, evs: Iterable[Evaluation]) -> Evaluation | None:
         ranked = [e for e in evs if e.ranked]

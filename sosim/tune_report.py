@@ -8,7 +8,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from sosim.tune import Evaluation, SystemMemory, TuneResult
-from sosim.tune_space import LABELS, SEARCH_SPACE, TRAINING_KNOBS, Knob
+from sosim.tune_space import LABELS, SEARCH_SPACE, TRAINING_KNOBS, Knob, zero_stage_of
 
 # Words for the breakdown buckets of a result (sosim.result.BREAKDOWN_KEYS); a bucket a later build adds
 # is named from its key ("exposed_nvme_s" -> "nvme exposed").
@@ -94,7 +94,9 @@ def settings_text(ev: Evaluation, skip_parallel: bool = True) -> str:
     order = ["cluster.data_parallel", "cluster.sequence_parallel", "training.micro_batch", "training.grad_accum"]
     keys = [k for k in order if k in keys] + [k for k in keys if k not in order]
     for k in keys:
-        parts.append(setting_text(k, s[k]))
+        stage = zero_stage_of(float(s[k]), int(s.get("cluster.data_parallel", 1))) \
+            if k == "schedule.state_bytes_per_param" else None
+        parts.append(f"ZeRO-{stage} ({s[k]:.3g} B/param)" if stage is not None else setting_text(k, s[k]))
     return ", ".join(parts)
 
 

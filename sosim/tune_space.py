@@ -73,6 +73,9 @@ class Knob:
     fmt: Callable[[Any], str] = field(default=str)
     # Values that depend on the data-parallel degree (replaces ``values`` when given).
     dp_values: Callable[[int], tuple[Any, ...]] | None = None
+    # Among configurations that score the same, prefer this knob's earlier values (e.g. the lower ZeRO stage,
+    # whose extra collectives the gpu_only schedule does not model).
+    prefer_first: bool = False
 
     def text(self, value: Any) -> str:
         return f"{self.short} {self.fmt(value)}"
@@ -133,7 +136,15 @@ def _zero_stage_state(dp: int) -> tuple[float, ...]:
 
 
 _STATE = Knob("schedule.state_bytes_per_param", "state_B", "model state per parameter (ZeRO stage without offload)",
-              (16.0,), structural=True, dp_values=_zero_stage_state, fmt=_fmt_float)
+              (16.0,), structural=True, dp_values=_zero_stage_state, fmt=_fmt_float, prefer_first=True)
+
+
+def zero_stage_of(state_bytes: float, dp: int) -> int | None:
+    """The ZeRO stage (0-3, lowest first) whose model state per GPU is ``state_bytes`` on ``dp`` ranks."""
+    for stage, v in enumerate((16.0, 4.0 + 12.0 / dp, 2.0 + 14.0 / dp, 16.0 / dp)):
+        if abs(v - state_bytes) < 1e-9:
+            return stage
+    return None
 
 # Searched for every system.
 TRAINING_KNOBS: tuple[Knob, ...] = (

@@ -435,3 +435,17 @@ def test_cli_refuses_an_unwritable_out_before_searching(tmp_path: Path, capsys: 
     rc = main(["tune", str(scenario), "--out", str(tmp_path), "--jobs", "1"])
     err = capsys.readouterr().err
     assert rc == 2 and "is a folder" in err
+
+
+def test_ties_between_zero_stages_go_to_the_lowest_stage_that_fits() -> None:
+    # gpu_only times every ZeRO stage without offload alike (DDP all-reduce); the tuner must not recommend
+    # stage 3 for nothing: among equal scores the lowest stage wins, and the report names it.
+    data = _with_interconnect(_tiny("gpu_only", micro_batch=1, seq_len=511))  # odd: no sequence parallelism
+    result = tune(data, TuneOptions(gpus=4, global_batch=4, systems=("gpu_only",)))
+    best = result.best
+    assert best is not None and best.settings["cluster.data_parallel"] == 4
+    stages = [e for e in result.ranked if e.settings["cluster.data_parallel"] == 4
+              and e.settings["training.activation_checkpointing"] == best.settings["training.activation_checkpointing"]]
+    assert len({e.settings["schedule.state_bytes_per_param"] for e in stages}) == 4  # stages 0-3 all fit
+    assert best.settings["schedule.state_bytes_per_param"] == 16.0
+    assert "ZeRO-0 (16 B/param)" in format_text(result)
