@@ -153,7 +153,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     plot = check_output_path(args.plot, "--plot", plot_suffixes()) if args.plot is not None else None
     sc, ds_mapping = dsconfig.scenario_for_run(args)  # a scenario file, or --ds-config + --model
     result = simulate(sc)
-    check_finite_result(sc.name, result.metrics)
+    check_finite_result(args.scenario or args.ds_config or sc.name, result.metrics)
     ds_extra = dsconfig.finish_run(args, sc, ds_mapping)  # mapping report, --emit-ds-config
     if trace is not None:
         from sosim.trace import write_trace
@@ -237,7 +237,7 @@ def cmd_maxsize(args: argparse.Namespace) -> int:
     _print_notes(notes)
     found = find_max_size(sc, args.grow)
     result = simulate(found.scenario)
-    check_finite_result(sc.name, result.metrics)
+    check_finite_result(args.scenario, result.metrics)
     m = found.model
     out = {
         "scenario": sc.name, "system": sc.schedule.system, "hardware": sc.hardware.name, "grow": args.grow,

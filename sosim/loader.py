@@ -74,8 +74,17 @@ class Located:
         return f"{self.origin}:1"
 
 
+def _key_text(key: str | int) -> str:
+    text = str(key)
+    # A key that would not read back as one (empty, spaces, a colon or dot inside) is shown quoted.
+    if not text or text != text.strip() or any(c in text for c in ": \t\n\r") or not text.isprintable():
+        return repr(text)
+    return text
+
+
 def dotted(path: KeyPath) -> str:
-    return ".".join(str(p) for p in path) or "(top level)"
+    """``('a', 'b', 0)`` -> ``a.b.0``; the key path as messages show it."""
+    return ".".join(_key_text(p) for p in path) or "(top level)"
 
 
 class _YamlSyntaxError(ConfigError):
@@ -188,7 +197,12 @@ def _check_events(text: str, origin: str, prefix: KeyPath = ()) -> None:
         mark = exc.problem_mark
         line = mark.line + 1 if mark is not None else 1
         raise _YamlSyntaxError([f"{_at(origin, line)}: YAML syntax error: {exc.problem}"]) from None
-    except yaml.YAMLError as exc:  # reader errors (control characters): no line mark
+    except yaml.reader.ReaderError as exc:  # a control character: located by its position in the text
+        line = text.count("\n", 0, exc.position) + 1
+        char = exc.character if isinstance(exc.character, str) else chr(exc.character)
+        raise _YamlSyntaxError([f"{_at(origin, line)}: YAML syntax error: character U+{ord(char):04X} is not "
+                                "allowed in YAML (a control character)"]) from None
+    except yaml.YAMLError as exc:
         raise _YamlSyntaxError([f"{_at(origin, 1)}: YAML error: {exc}"]) from None
     if problems:
         raise ConfigError(problems)
@@ -244,8 +258,8 @@ def decode_text(raw: bytes, origin: str) -> str:
         return raw.decode("utf-8-sig")
     except UnicodeDecodeError as exc:
         line = raw.count(b"\n", 0, exc.start) + 1
-        raise ConfigError([f"{origin}:{line}: not UTF-8 text (byte 0x{raw[exc.start]:02x}); save the file as "
-                           "UTF-8 (for example: iconv -f latin1 -t utf-8)"]) from None
+        raise ConfigError([f"{origin}:{line}: not UTF-8 text: byte 0x{raw[exc.start]:02x}; save the file as UTF-8 "
+                           "(iconv -f latin1 -t utf-8 converts a Latin-1 file)"]) from None
 
 
 def read_text(path: str | Path, what: str = "file") -> str:
@@ -335,17 +349,28 @@ def resolve_profile_path(ref: str, relative_to: Path | None, user_dirs: Sequence
 # ------------------------------------------------------------------------------------------ overrides
 
 
+def shown_override(text: str) -> str:
+    """An override as messages show it: control characters escaped, so a message stays one line."""
+    return text if text.isprintable() else text.encode("unicode_escape").decode("ascii")
+
+
 def parse_override(text: str) -> tuple[KeyPath, Any]:
     """``a.b.c=value`` -> (("a","b","c"), parsed value). The value is parsed as YAML (numbers, lists...)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:  # bytes from the command line that are not UTF-8 (kept as surrogates)
+        shown = text.encode("utf-8", "backslashreplace").decode()
+        raise ConfigError([f"--set {shown}: not UTF-8 text"]) from None
+    shown = shown_override(text)
     if "=" not in text:
-        raise ConfigError([f"--set {text}: expected key.path=value"])
+        raise ConfigError([f"--set {shown}: expected key.path=value"])
     key, _, raw = text.partition("=")
     parts = key.strip().split(".")
     if not key.strip() or any(not p.strip() for p in parts):
-        raise ConfigError([f"--set {text}: empty key in '{key}'"])
+        raise ConfigError([f"--set {shown}: empty key in '{shown_override(key)}'"])
     path: KeyPath = tuple(int(p) if p.isdigit() else p.strip() for p in parts)
     try:
-        value = _compose(raw, f"--set {text}", path)[1] if raw.strip() else ""
+        value = _compose(raw, f"--set {shown}", path)[1] if raw.strip() else ""
     except _YamlSyntaxError:
         value = raw  # not YAML: the text itself (a name with a colon, say)
     return path, value
@@ -463,7 +488,7 @@ def _load_profile_located(ref: str, relative_to: Path | None, where: str = "",
                            f"--profiles DIR or ${PROFILES_ENV})"]) from None
     located = read_yaml(path)
     if not isinstance(located.data, dict):
-        raise ConfigError([f"{path}:1: a hardware profile must be a mapping"])
+        raise ConfigError([f"{path}:1: (top level): a hardware profile must be a mapping of keys to values"])
     cal = located.data.get("calibration")
     if isinstance(cal, str):
         resolved = _resolve_calibration(cal, path)
@@ -519,9 +544,9 @@ def load_scenario(
             raise
         base_dir = path.resolve().parent
     if not isinstance(located.data, dict):
-        raise ConfigError([f"{located.origin}:1: a scenario must be a mapping of keys to values"])
+        raise ConfigError([f"{located.origin}:1: (top level): a scenario must be a mapping of keys to values"])
     data = located.data
-    parsed = [(parse_override(o), o) for o in (overrides or [])]
+    parsed = [(parse_override(o), shown_override(o)) for o in (overrides or [])]
 
     # Overrides of 'hardware' itself pick another profile before it is resolved.
     for (key_path, value), text in parsed:

@@ -157,14 +157,14 @@ def _base_data(base_path: Path) -> tuple[dict[str, Any], Scenario]:
 def _structure_problems(loc: Located) -> list[str]:
     data = loc.data
     if not isinstance(data, dict):
-        return [f"{loc.origin}:1: a sweep file must be a mapping with 'base' and 'grid' and/or 'points'"]
-    problems = [f"{_where(loc, (k,))}: {k}: unknown key (expected one of {', '.join(SWEEP_KEYS)})"
+        return [f"{loc.origin}:1: (top level): a sweep file must be a mapping with 'base' and 'grid' and/or 'points'"]
+    problems = [f"{_where(loc, (k,))}: {dotted((k,))}: unknown key (expected one of {', '.join(SWEEP_KEYS)})"
                 for k in data if k not in SWEEP_KEYS]
     if not isinstance(data.get("base"), str):
         problems.append(f"{_where(loc, ('base',))}: base: missing (the scenario YAML, relative to this file)")
     grid, points, fixed = data.get("grid"), data.get("points"), data.get("set")
     if grid is None and points is None:
-        problems.append(f"{loc.origin}:1: nothing to sweep: give 'grid' and/or 'points'")
+        problems.append(f"{loc.origin}:1: (top level): nothing to sweep: give 'grid' and/or 'points'")
     if grid is not None:
         if not isinstance(grid, dict):
             problems.append(f"{_where(loc, ('grid',))}: grid: must be a mapping of key.path: [values]")
@@ -173,7 +173,8 @@ def _structure_problems(loc: Located) -> list[str]:
         else:
             for key, values in grid.items():
                 if not isinstance(values, list) or not values:
-                    problems.append(f"{_where(loc, ('grid', key))}: grid.{key}: must be a non-empty list of values")
+                    where = _where(loc, ("grid", key))
+                    problems.append(f"{where}: {dotted(('grid', key))}: must be a non-empty list of values")
     if points is not None:
         if not isinstance(points, list) or not points:
             problems.append(f"{_where(loc, ('points',))}: points: must be a non-empty list of mappings")
@@ -255,15 +256,15 @@ def _map_problem(problem: str, texts: Mapping[str, str], where: Mapping[str, str
         prefix = f"--set {text}: "
         if problem.startswith(prefix):
             rest = problem[len(prefix):]
-            dotted, sep, msg = rest.partition(": ")
-            message = msg if sep and _related(dotted, key) else rest
-            return key, f"{where[key]}: {key}: {message}"
+            named, sep, msg = rest.partition(": ")
+            message = msg if sep and _related(named, key) else rest
+            return key, f"{where[key]}: {dotted((key,))}: {message}"
     # '<dict>:N: dotted.path: message' (a whole-section check): blame the swept key it concerns, if any.
     _, _, rest = problem.partition(": ")
-    dotted, _, msg = rest.partition(": ")
+    named, _, msg = rest.partition(": ")
     for key in where:
-        if _related(dotted, key):
-            return key, f"{where[key]}: {key}: {msg or rest}"
+        if _related(named, key):
+            return key, f"{where[key]}: {dotted((key,))}: {msg or rest}"
     return None, problem
 
 
