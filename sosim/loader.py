@@ -400,13 +400,19 @@ def _set_path(data: dict[str, Any], path: KeyPath, value: Any, text: str) -> Non
 # ---------------------------------------------------------------------------------------- validation
 
 
-def _format_validation(exc: ValidationError, loc: Located, prefix: KeyPath = ()) -> list[str]:
+def _format_validation(exc: ValidationError, loc: Located, prefix: KeyPath = (),
+                       skip: Iterable[KeyPath] = ()) -> list[str]:
+    """pydantic's errors as ``file:line: key: message``; errors at the paths in ``skip`` (already reported)
+    are left out."""
+    skipped = set(skip)
     problems = []
     for err in exc.errors():
         # Drop the discriminator tag pydantic inserts for tagged unions (e.g. 'zero_offload').
         raw_path = tuple(p for p in err["loc"] if not (isinstance(p, str) and "[" in p))
         path: KeyPath = (*prefix, *raw_path)
         path = tuple(p for p in path if p not in SCHEDULE_SYSTEMS)
+        if path in skipped:
+            continue
         msg = err["msg"]
         if err["type"] == "extra_forbidden":
             msg = "unknown key (check the spelling; see docs/scenarios.md)"
@@ -456,11 +462,14 @@ def load_profile(ref: str | Path, relative_to: Path | None = None, *, profile_di
                  notes: list[str] | None = None) -> HardwareProfile:
     """Load a hardware profile by name (``--profiles`` folders, $SOSIM_PROFILES, then the shipped ones) or path."""
     located = _load_profile_located(str(ref), relative_to, user_dirs=profile_dirs, notes=notes)
+    raw_bad = dict(_non_finite(located.data, ()))
+    nan_problems = [f"{located.where(p)}: {dotted(p)}: not a finite number ({v}); give a finite value"
+                    for p, v in raw_bad.items()]
     try:
         profile = HardwareProfile.model_validate(located.data)
     except ValidationError as exc:
-        raise ConfigError(_format_validation(exc, located)) from None
-    problems = finite_problems(profile, located)
+        raise ConfigError(nan_problems + _format_validation(exc, located, skip=raw_bad)) from None
+    problems = nan_problems or finite_problems(profile, located)
     if problems:
         raise ConfigError(problems)
     return profile
@@ -576,11 +585,15 @@ def load_scenario(
             _check_calibration(Path(value), f"--set {text}")
         _set_path(data, key_path, value, text)
         located.overridden[key_path] = text
+    # inf/NaN written as numbers (.inf, .nan, 1e999 in flow YAML) are named as such, not as a failed bound.
+    raw_bad = dict(_non_finite(data, ()))
+    nan_problems = [f"{located.where(p)}: {dotted(p)}: not a finite number ({v}); give a finite value"
+                    for p, v in raw_bad.items()]
     try:
         sc = Scenario.model_validate(data)
     except ValidationError as exc:
-        raise ConfigError(_format_validation(exc, located)) from None
-    problems = finite_problems(sc, located) or _work_problems(sc, located)
+        raise ConfigError(nan_problems + _format_validation(exc, located, skip=raw_bad)) from None
+    problems = nan_problems or finite_problems(sc, located) or _work_problems(sc, located)
     if problems:
         raise ConfigError(problems)
     return sc
