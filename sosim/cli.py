@@ -201,7 +201,7 @@ def cmd_profiles(args: argparse.Namespace) -> int:
     from sosim.loader import load_profile, profile_files
 
     rows = []
-    for name, files in profile_files().items():
+    for name, files in profile_files(getattr(args, "profiles", [])).items():
         used = files[0]
         row: dict[str, Any] = {"name": name, "path": str(used.path), "origin": used.origin,
                                "shadows": [str(f.path) for f in files[1:]]}

@@ -66,11 +66,18 @@ class Located:
         for i in range(len(path), -1, -1):
             if path[:i] in self.overridden:
                 return f"--set {self.overridden[path[:i]]}"
+        # Keys are indexed as YAML wrote them (text); a key YAML read as a number (grid: {1: ...}) is found
+        # by its text too.
+        as_text: dict[tuple[str, ...], tuple[str, int]] | None = None
         for i in range(len(path), -1, -1):
             prefix = path[:i]
-            if prefix in self.lines:
-                origin, line = self.lines[prefix]
-                return f"{origin}:{line}"
+            found = self.lines.get(prefix)
+            if found is None:
+                if as_text is None:
+                    as_text = {tuple(map(str, k)): v for k, v in self.lines.items()}
+                found = as_text.get(tuple(map(str, prefix)))
+            if found is not None:
+                return f"{found[0]}:{found[1]}"
         return f"{self.origin}:1"
 
 
