@@ -27,6 +27,7 @@ from sosim.output import (
     format_value,
     plot_suffixes,
     print_json,
+    provenance_fields,
     write_output,
 )
 
@@ -165,9 +166,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         write_output(plot, "--plot", lambda p: plot_result(result, p))
     if args.format == "json":
         gpu_usable, cpu_usable = usable_memory_gib(sc)
-        print_json({"scenario": sc.name, "system": sc.schedule.system,
-                    "implementation": getattr(sc.schedule, "implementation", None), "profile": sc.hardware.name,
-                    "calibration": sc.hardware.calibration, **result.metrics,
+        print_json({"scenario": sc.name, "system": sc.schedule.system, **provenance_fields(sc), **result.metrics,
                     "gpu_mem_usable_gib": gpu_usable, "cpu_mem_usable_gib": cpu_usable,
                     "provenance": result.provenance, **ds_extra})
     else:
@@ -240,7 +239,8 @@ def cmd_maxsize(args: argparse.Namespace) -> int:
     check_finite_result(args.scenario, result.metrics)
     m = found.model
     out = {
-        "scenario": sc.name, "system": sc.schedule.system, "hardware": sc.hardware.name, "grow": args.grow,
+        "scenario": sc.name, "system": sc.schedule.system, "hardware": sc.hardware.name, **provenance_fields(sc),
+        "grow": args.grow,
         "max_params_b": found.params_b, "layers": m.layers, "hidden": m.hidden, "heads": m.heads,
         "model_name": m.name, "next_size_fails_because": found.next_fit.reason,
         "gpu_mem_peak_gib": result.metrics["gpu_mem_peak_gib"], "cpu_mem_peak_gib": result.metrics["cpu_mem_peak_gib"],

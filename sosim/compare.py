@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from sosim.output import format_value, print_json
+from sosim.output import format_value, print_json, provenance_fields
 from sosim.result import BREAKDOWN_KEYS, Result
 
 # Rows of the table, in order; the breakdown follows so that the reader sees why one is faster.
@@ -40,7 +40,9 @@ def compare_frame(results: Sequence[Result], labels: Sequence[str] | None = None
         m = r.metrics
         tps = float(m["tokens_per_s"])
         speedup = tps / base if base > 0 else math.nan
+        prov = provenance_fields(r.scenario)
         rows.append({"label": label, "system": r.scenario.schedule.system, "hardware": r.scenario.hardware.name,
+                     "implementation": prov["implementation"], "calibration": prov["calibration"] or "none",
                      **{k: m[k] for k in KEY_METRICS}, "speedup": speedup, "reason": m["reason"]})
     return pd.DataFrame(rows).set_index("label")
 

@@ -43,7 +43,7 @@ import pandas as pd
 from sosim.config import Scenario
 from sosim.errors import ConfigError, SosimError
 from sosim.loader import KeyPath, Located, dotted, read_yaml, resolve_scenario_path
-from sosim.output import check_output_path, non_finite_metrics, print_json
+from sosim.output import check_output_path, non_finite_metrics, print_json, provenance_fields
 
 Point = dict[str, Any]  # dotted key path -> value
 Row = dict[str, Any]
@@ -54,7 +54,9 @@ IN_FLIGHT_PER_WORKER = 3
 MAX_CHUNK = 250  # points per task: ~1.5 s of work, so per-task IPC (~ms) is noise
 ID_COLUMN = "point_id"
 ERROR_COLUMN = "error"
-TEXT_COLUMNS = ("scenario", "system", "reason", ERROR_COLUMN)
+# Provenance of every row: the system, its implementation, the hardware profile and the calibration table.
+PROVENANCE_COLUMNS = ("system", "implementation", "profile", "calibration")
+TEXT_COLUMNS = ("scenario", *PROVENANCE_COLUMNS, "reason", ERROR_COLUMN)
 # Points in one sweep. Points, their ids and overrides are held in memory (~2 KB each); a million is ~2 GB
 # and a day of simulation on a 16-core machine. Larger studies: several sweep files.
 MAX_SWEEP_POINTS = 1_000_000
@@ -93,7 +95,8 @@ def _metrics_row(sc: Scenario) -> Row:
     if bad:  # not an answer: an error row, never a number that is not one
         return {ERROR_COLUMN: f"the simulation gave non-finite {', '.join(bad)}: an input is outside the range "
                               "the model handles"}
-    return {"scenario": sc.name, "system": sc.schedule.system, **result.metrics, ERROR_COLUMN: None}
+    return {"scenario": sc.name, "system": sc.schedule.system, **provenance_fields(sc), **result.metrics,
+            ERROR_COLUMN: None}
 
 
 def _simulate_point(base: Mapping[str, Any] | None, target: list[str] | Scenario) -> Row:
@@ -439,7 +442,7 @@ def _column_dtypes(keys: Sequence[str], points: Sequence[Mapping[str, Any]], met
             dtypes[key] = "float64"
         else:
             dtypes[key] = "string"
-    for col in ("scenario", "system", *metric_keys, ERROR_COLUMN):
+    for col in ("scenario", *PROVENANCE_COLUMNS, *metric_keys, ERROR_COLUMN):
         value = sample.get(col)
         if col in TEXT_COLUMNS or isinstance(value, str):
             dtypes[col] = "string"
@@ -803,6 +806,16 @@ def _raise_terminated(signum: int, frame: object) -> None:
     raise _Terminated()
 
 
+def _provenance_line(frame: pd.DataFrame) -> str:
+    """``# system: ... | implementation: ... | profile: ... | calibration: ...`` over the rows (values that
+    vary between rows are listed, and shown as columns too)."""
+    parts = []
+    for col in PROVENANCE_COLUMNS:
+        values = sorted({str(v) for v in frame[col].dropna()}) if col in frame else []
+        parts.append(f"{col}: {', '.join(values) if values else 'none'}")
+    return "# " + " | ".join(parts)
+
+
 def _print_summary(summary: dict[str, Any], fmt: str, frame: pd.DataFrame | None) -> None:
     if fmt == "json":
         obj = dict(summary)
@@ -843,8 +856,10 @@ def cmd_sweep(args: argparse.Namespace) -> int:
                        "infeasible": int((frame["feasible"] == False).sum()) if "feasible" in frame else 0}  # noqa: E712
             shown = frame.drop(columns=[ID_COLUMN]) if args.format == "table" else frame
             if args.format == "table":
-                cols = [*spec.keys, "tokens_per_s", "step_time_s", "mfu", "feasible", ERROR_COLUMN]
-                shown = frame[[c for c in cols if c in frame]]
+                print(_provenance_line(frame))
+                cols = [*spec.keys, *(c for c in PROVENANCE_COLUMNS if frame.get(c, pd.Series()).nunique() > 1),
+                        "tokens_per_s", "step_time_s", "mfu", "feasible", ERROR_COLUMN]
+                shown = frame[[c for c in dict.fromkeys(cols) if c in frame]]
             _print_summary(summary, args.format, shown)
         aborted = False
     except KeyboardInterrupt as exc:

@@ -380,3 +380,11 @@ def _alive(pid: int) -> bool:
 def test_shipped_sweep_by_name() -> None:
     spec = load_sweep("sweeps/gh200_zero_offload_buckets")
     assert len(spec.points) == 12
+
+
+def test_rows_name_system_implementation_profile_and_calibration(tmp_path: Path) -> None:
+    frame = sweep(load_sweep(_small(tmp_path)))
+    assert set(frame["system"]) == {"zero_offload"} and set(frame["implementation"]) == {"ideal"}
+    assert set(frame["profile"]) == {"gh200"} and frame["calibration"].isna().all()  # analytic: no table
+    calibrated = sweep("scenarios/h200_x86_llama1.1b_zero2_measured.yaml", [{"training.micro_batch": 1}])
+    assert calibrated["calibration"].iloc[0].endswith("measurements.csv")
