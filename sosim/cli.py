@@ -153,6 +153,10 @@ def cmd_run(args: argparse.Namespace) -> int:
     trace = check_output_path(args.trace, "--trace") if args.trace is not None else None
     plot = check_output_path(args.plot, "--plot", plot_suffixes()) if args.plot is not None else None
     sc, ds_mapping = dsconfig.scenario_for_run(args)  # a scenario file, or --ds-config + --model
+    if args.scenario is not None:
+        from sosim.loader import profile_notes
+
+        _print_notes(profile_notes(args.scenario, args.overrides, getattr(args, "profiles", [])))
     result = simulate(sc)
     check_finite_result(args.scenario or args.ds_config or sc.name, result.metrics)
     ds_extra = dsconfig.finish_run(args, sc, ds_mapping)  # mapping report, --emit-ds-config

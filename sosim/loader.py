@@ -353,6 +353,28 @@ def resolve_profile_path(ref: str, relative_to: Path | None, user_dirs: Sequence
     return files[0].path
 
 
+def profile_notes(source: str | Path, overrides: Iterable[str] = (),
+                  user_dirs: Sequence[str | Path] = ()) -> list[str]:
+    """The notes load_scenario(source, overrides) gives about the profile it picks (a name found in several
+    folders), for callers that load through another path. Never raises: problems are the loader's to report."""
+    notes: list[str] = []
+    try:
+        ref: Any = None
+        for text in overrides:
+            key, sep, value = text.partition("=")
+            if sep and key.strip() == "hardware":
+                ref = value.strip()
+        path = resolve_scenario_path(source)
+        if ref is None:
+            data = read_yaml(path).data
+            ref = data.get("hardware") if isinstance(data, dict) else None
+        if isinstance(ref, str):
+            resolve_profile_path(ref, path.resolve().parent, user_dirs, notes)
+    except (ConfigError, KeyError, OSError):
+        return []
+    return notes
+
+
 # ------------------------------------------------------------------------------------------ overrides
 
 

@@ -230,3 +230,14 @@ def test_validate_malformed_row_is_exit_2_with_location(tmp_path: Path, capsys: 
     assert code == 2 and "Traceback" not in err
     assert f"{refs}:7: rows[0].published: must be a number, got 'abc'" in err
     assert f"{refs}:9: rows[1]: must be a mapping" in err
+
+
+def test_run_says_which_profile_it_used_when_a_name_is_ambiguous(tmp_path: Path,
+                                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    from sosim.resources import shipped_profiles_dir
+
+    (tmp_path / "gh200.yaml").write_text((shipped_profiles_dir() / "gh200.yaml").read_text())
+    code, _, err = _run(["run", "gh200_zero_offload_4b", "--profiles", str(tmp_path), "--format", "json"], capsys)
+    assert code == 0
+    assert err == (f"sosim: note: hardware profile 'gh200': using {tmp_path / 'gh200.yaml'} (--profiles), which "
+                   f"shadows {shipped_profiles_dir() / 'gh200.yaml'} (shipped)\n")
