@@ -42,6 +42,8 @@ MAX_YAML_NODES = 1_000_000
 # Layers x micro-batches x iterations the event simulation walks. A pass is 10-30 ops and the engine runs
 # ~100,000 ops/s on one core (scripts/bench_sim.py), so this bound is roughly ten seconds of simulation.
 MAX_LAYER_PASSES = 100_000
+# Calibration tables are tens of KB (calibration/*/measurements.csv); a larger file is not one.
+MAX_TABLE_BYTES = 64 * 1024 * 1024
 
 # User profile folders (os.pathsep-separated) searched before the shipped ones. SOSIM_PROFILE_PATH is the
 # older name, still read.
@@ -278,8 +280,8 @@ def read_text(path: str | Path, what: str = "file") -> str:
     except OSError as exc:
         raise ConfigError([f"{p}: cannot read {what}: {exc.strerror or exc}"]) from None
     if len(raw) > MAX_YAML_BYTES:
-        raise ConfigError([f"{p}: larger than {MAX_YAML_BYTES // 2**20} MiB: not a scenario, profile or sweep "
-                           "file"])
+        raise ConfigError([f"{p}: larger than {MAX_YAML_BYTES // 2**20} MiB: not a {what} sosim reads "
+                           "(scenario, profile, sweep, config)"])
     return decode_text(raw, str(p))
 
 
@@ -538,6 +540,14 @@ def _load_profile_located(ref: str, relative_to: Path | None, where: str = "",
 def _check_calibration(table: Path, where: str) -> None:
     """A profile naming a missing or malformed table is a load error that names both files."""
     from sosim.table_costs import load_table  # pandas-backed reader; only profiles with a table need it
+
+    # A device or a folder (/dev/zero, /tmp) would be read without end or fail obscurely: a regular file only,
+    # of a plausible size (tables are tens of KB).
+    if table.exists() and not table.is_file():
+        raise ConfigError([f"{where}: calibration: {table}: not a regular file"])
+    if table.is_file() and table.stat().st_size > MAX_TABLE_BYTES:
+        raise ConfigError([f"{where}: calibration: {table}: larger than {MAX_TABLE_BYTES // 2**20} MiB: not a "
+                           "calibration table"])
 
     try:
         load_table(str(table))

@@ -241,3 +241,20 @@ def test_run_says_which_profile_it_used_when_a_name_is_ambiguous(tmp_path: Path,
     assert code == 0
     assert err == (f"sosim: note: hardware profile 'gh200': using {tmp_path / 'gh200.yaml'} (--profiles), which "
                    f"shadows {shipped_profiles_dir() / 'gh200.yaml'} (shipped)\n")
+
+
+def test_other_inputs_that_could_hurt(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """compare's --plot, a calibration table that is a device, JSON configs that are binary or too deep."""
+    code, _, err = _run(["compare", "gh200_zero_offload_4b", "gh200_zero_offload_4b", "--plot", "x.xyz"], capsys)
+    assert code == 2 and "--plot x.xyz: unsupported file type" in err
+    if Path("/dev/zero").exists():
+        code, _, err = _run(["run", "gh200_zero_offload_4b", "--set", "hardware.calibration=/dev/zero"], capsys)
+        assert code == 2 and "calibration: /dev/zero: not a regular file" in err
+    deep = tmp_path / "deep.json"
+    deep.write_text("[" * 5000 + "]" * 5000)
+    code, _, err = _run(["run", "--ds-config", str(deep), "--model", str(deep), "--hardware", "gh200"], capsys)
+    assert code == 2 and "JSON nested too deeply" in err
+    binary = tmp_path / "b.json"
+    binary.write_bytes(b"{\"a\": \"\xd0\"}")
+    code, _, err = _run(["run", "--ds-config", str(binary), "--model", str(binary), "--hardware", "gh200"], capsys)
+    assert code == 2 and f"{binary}:1: not UTF-8 text" in err
