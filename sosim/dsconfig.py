@@ -166,6 +166,23 @@ _ZERO_IGNORED: dict[str, tuple[str, bool | str]] = {
                           "the CPU unscale pass", False),
     "parameter_alignment": ("16-byte padding of stage 1/2 flat buffers (0.19.8): memory only", False),
 }
+# Value types of the ZeRO fields (the pydantic annotations): checked even for ignored keys, since DeepSpeed
+# rejects a bad value whether or not it matters for speed. "int": a whole number >= 0; "bool": true/false.
+_ZERO_TYPES: dict[str, str] = {
+    **dict.fromkeys(("reduce_bucket_size", "allgather_bucket_size", "sub_group_size", "prefetch_bucket_size",
+                     "param_persistence_threshold", "model_persistence_threshold", "max_live_parameters",
+                     "max_reuse_distance", "zero_hpz_partition_size", "module_granularity_threshold"), "int"),
+    **dict.fromkeys(("contiguous_gradients", "reduce_scatter", "use_multi_rank_bucket_allreduce",
+                     "allgather_partitions", "overlap_comm", "load_from_fp32_weights", "elastic_checkpoint",
+                     "cpu_offload", "cpu_offload_param", "cpu_offload_use_pin_memory",
+                     "gather_16bit_weights_on_model_save", "stage3_gather_fp16_weights_on_model_save",
+                     "use_all_reduce_for_fetch_params", "allgather_sequential", "ignore_unused_parameters",
+                     "legacy_stage1", "round_robin_gradients", "zero_quantized_weights",
+                     "zero_quantized_nontrainable_weights", "zero_quantized_gradients", "memory_efficient_linear",
+                     "pipeline_loading_checkpoint", "override_module_apply", "log_trace_cache_warnings",
+                     "enable_sanity_checks", "save_muon_momentum_buffer_in_memory", "compute_grad_norm",
+                     "parameter_alignment", "mics_hierarchical_params_gather"), "bool"),
+}
 _OFFLOAD_NVME_ONLY = ("nvme_path", "buffer_count", "buffer_size", "max_in_cpu", "pipeline_read", "pipeline_write",
                       "fast_init")
 # Top-level keys sosim does not map, and why. "enabled": changes the step only when the section is enabled.
@@ -528,8 +545,7 @@ def _read_batch(m: _Mapper, out: _Decided) -> None:
     elif isinstance(gas, int):
         m.mapped(("gradient_accumulation_steps",), "training.grad_accum", gas)
     if tbs == "auto":
-        m.ignored(("train_batch_size",), "\"auto\": the HF Trainer computes it as micro-batch x accumulation x "
-                  "world size")
+        m.ignored(("train_batch_size",), "the HF Trainer computes it as micro-batch x accumulation x world size")
         tbs = None
 
     # GPUs: flag, else implied by train_batch_size when micro-batch and accumulation are known, else 1.
@@ -669,6 +685,17 @@ def _read_zero(m: _Mapper, out: _Decided, model: dict[str, Any]) -> None:
     for alias, name in ZERO_ALIASES.items():
         if alias in zero and name in zero:
             m.error((*z, alias), f"given twice, as {alias} and {name}")
+    # Value types first, for every field (DeepSpeed rejects a bad value whether or not it matters for speed).
+    for key, value in zero.items():
+        kind = _ZERO_TYPES.get(ZERO_ALIASES.get(key, key))
+        if kind is not None and value != "auto":
+            if kind == "bool":
+                m.boolean((*z, key))
+            else:
+                m.number((*z, key), integer=True, lo=0)
+            m.handled.discard((*z, key))  # checked, not yet accounted for in the report
+    if m.problems:
+        return
     dp = out.cluster.get("gpus", 1) // out.cluster.get("sequence_parallel", 1)
 
     def zget(*keys: str) -> tuple[KeyPath, Any]:
@@ -1149,7 +1176,7 @@ def map_ds_config(ds: Located, model: HfModel, inputs: RunInputs, name: str = ""
     if not m.problems:
         _unknown_keys(m)
     if m.problems:
-        raise ConfigError(m.problems)
+        raise ConfigError(list(dict.fromkeys(m.problems)))
 
     seq = inputs.seq_len
     model_notes = list(model.notes)
@@ -1207,7 +1234,9 @@ class EmitResult:
 
 def _core_settings(sc: Scenario, base: Mapping[str, Any]) -> tuple[dict[KeyPath, Any], list[str]]:
     """Key path -> value (or _DELETE) for every DeepSpeed key the scenario decides, and what it cannot say."""
-    t, s, c = sc.training, sc.schedule, sc.cluster
+    t, c = sc.training, sc.cluster
+    # The knobs as YAML-level keys: the emitter reads names, whatever class each system's knobs are.
+    k: dict[str, Any] = sc.schedule.model_dump()
     dp = c.dp
     notes: list[str] = []
     out: dict[KeyPath, Any] = {
@@ -1227,7 +1256,7 @@ def _core_settings(sc: Scenario, base: Mapping[str, Any]) -> tuple[dict[KeyPath,
     o, p = (*z, "offload_optimizer"), (*z, "offload_param")
     zero_base = base.get("zero_optimization") if isinstance(base.get("zero_optimization"), dict) else {}
     assert isinstance(zero_base, dict)
-    system = s.system
+    system = k["system"]
     # Keys of the base that would contradict the scenario are removed; the new spellings are written.
     for key in ("cpu_offload", "cpu_offload_param", "cpu_offload_use_pin_memory", "prefetch_bucket_size",
                 "stage3_prefetch_bucket_size"):
@@ -1237,7 +1266,7 @@ def _core_settings(sc: Scenario, base: Mapping[str, Any]) -> tuple[dict[KeyPath,
     if system not in ("zero_infinity", "superoffload") or (system == "superoffload" and not _superoffload_flow(sc)):
         out[p] = _DELETE
     if system == "gpu_only":
-        state = s.state_bytes_per_param  # type: ignore[union-attr]
+        state = k["state_bytes_per_param"]
         per_stage = {0: 16.0, 1: 4.0 + 12.0 / dp, 2: 2.0 + 14.0 / dp, 3: 16.0 / dp}
         base_stage = zero_base.get("stage")
         stages = [k for k, v in per_stage.items() if math.isclose(v, state, rel_tol=1e-9)]
@@ -1251,34 +1280,34 @@ def _core_settings(sc: Scenario, base: Mapping[str, Any]) -> tuple[dict[KeyPath,
                          "data-parallel ranks (0: 16, 1: 4+12/dp, 2: 2+14/dp, 3: 16/dp); written as stage 0")
         out[(*z, "stage")] = stage
     else:
-        impl = s.implementation  # type: ignore[union-attr]
+        impl = k["implementation"]
         if impl == "ideal":
             notes.append("schedule.implementation: ideal is the paper's schedule; DeepSpeed runs its own code path "
                          "(predict it with --set schedule.implementation=deepspeed)")
         out[(*z, "stage")] = 2 if system == "zero_offload" and zero_base.get("stage") != 1 else (
             1 if system == "zero_offload" else 3)
         out[(*o, "device")] = "cpu"
-        out[(*o, "pin_memory")] = s.pin_memory  # type: ignore[union-attr]
-        out[(*z, "overlap_comm")] = s.overlap_comm  # type: ignore[union-attr]
-        out[(*z, "reduce_bucket_size")] = round(s.bucket_mb * 1e6 / BF16_BYTES_PER_ELEMENT)  # type: ignore[union-attr]
+        out[(*o, "pin_memory")] = k["pin_memory"]
+        out[(*z, "overlap_comm")] = k["overlap_comm"]
+        out[(*z, "reduce_bucket_size")] = round(k["bucket_mb"] * 1e6 / BF16_BYTES_PER_ELEMENT)
         if system != "zero_offload":
-            out[(*z, "sub_group_size")] = round(s.sub_group_elements)  # type: ignore[union-attr]
-        cpu_adam = s.cpu_adam  # type: ignore[union-attr]
-        cores = s.cpu_adam_core_fraction  # type: ignore[union-attr]
+            out[(*z, "sub_group_size")] = round(k["sub_group_elements"])
+        cpu_adam = k["cpu_adam"]
+        cores = k["cpu_adam_core_fraction"]
         if system == "superoffload":
             out[(*o, "super_offload")] = True
-            out[(*o, "ratio")] = round(1.0 - s.gpu_optimizer_fraction, 12)  # type: ignore[union-attr]
+            out[(*o, "ratio")] = round(1.0 - k["gpu_optimizer_fraction"], 12)
             out[(*o, "cpuadam_cores_perc")] = cores
             if _superoffload_flow(sc):
                 out[(*p, "device")] = "cpu"
-                out[(*p, "pin_memory")] = s.pin_memory  # type: ignore[union-attr]
+                out[(*p, "pin_memory")] = k["pin_memory"]
             if impl == "ideal":
-                if s.cast == "gpu":  # type: ignore[union-attr]
+                if k["cast"] == "gpu":
                     notes.append("schedule.cast: gpu (fp32 over the link, cast on the GPU) is the paper's; "
                                  "DeepSpeed casts on the CPU")
-                notes.append(f"schedule.bucket_mb: {s.bucket_mb:g} MB transfer buckets are the paper's; DeepSpeed's "  # type: ignore[union-attr]
+                notes.append(f"schedule.bucket_mb: {k['bucket_mb']:g} MB transfer buckets are the paper's; DeepSpeed's "
                              "SuperOffload moves gradients per sub-group (sub_group_size)")
-            if not s.speculation and t.gradient_clipping == 0:  # type: ignore[union-attr]
+            if not k["speculation"] and t.gradient_clipping == 0:
                 notes.append("schedule.speculation: false has no DeepSpeed switch (its SuperOffload speculates "
                              "whenever gradient_clipping is 0)")
             if cpu_adam != "cpu_adam":
@@ -1290,15 +1319,15 @@ def _core_settings(sc: Scenario, base: Mapping[str, Any]) -> tuple[dict[KeyPath,
             out[(*o, "cpuadam_cores_perc")] = _DELETE
             if system == "zero_infinity":
                 out[(*p, "device")] = "cpu"
-                out[(*p, "pin_memory")] = s.pin_memory  # type: ignore[union-attr]
+                out[(*p, "pin_memory")] = k["pin_memory"]
                 layer = tm.layer_params(sc.model)
-                out[(*z, "stage3_prefetch_bucket_size")] = int(s.prefetch_layers * layer)  # type: ignore[union-attr]
+                out[(*z, "stage3_prefetch_bucket_size")] = int(k["prefetch_layers"] * layer)
             if cores != 1.0:
                 notes.append(f"schedule.cpu_adam_core_fraction: {cores:g}: DeepSpeedCPUAdam uses all the process's "
                              "cores outside super_offload (limit them with OMP_NUM_THREADS / taskset instead)")
             if cpu_adam == "grace_adam":
                 notes.append("schedule.cpu_adam: grace_adam is not in DeepSpeed 0.19; DeepSpeed runs DeepSpeedCPUAdam")
-            if system == "zero_offload" and s.dpu:  # type: ignore[union-attr]
+            if system == "zero_offload" and k["dpu"]:
                 notes.append("schedule.dpu: delayed parameter update has no DeepSpeed 0.19 config key")
         # The optimizer: Adam(W) on the CPU, DeepSpeed's or torch's (optimizer.params.torch_adam).
         base_opt = base.get("optimizer") if isinstance(base.get("optimizer"), dict) else None
@@ -1329,7 +1358,8 @@ def _core_settings(sc: Scenario, base: Mapping[str, Any]) -> tuple[dict[KeyPath,
 def _superoffload_flow(sc: Scenario) -> bool:
     from sosim.schedules import superoffload  # the placement rule lives with the schedule
 
-    return bool(superoffload.strategy(sc).weight_flow)
+    assert isinstance(sc.schedule, superoffload.SuperOffloadKnobs)
+    return superoffload.placement(sc, sc.schedule)[0]
 
 
 def _set(config: dict[str, Any], path: KeyPath, value: Any) -> None:
@@ -1383,9 +1413,10 @@ def ds_config_from_scenario(sc: Scenario, base: Mapping[str, Any] | None = None)
 
 def _scenario_core(ds: dict[str, Any], sc: Scenario) -> dict[str, Any] | None:
     """The scenario sections a DeepSpeed dict maps to, in the context of ``sc`` (None if it does not map)."""
+    # Only what a DeepSpeed config cannot say comes from the scenario; batch and precision must come from
+    # the dict itself, so that "auto" is kept only where the Trainer's default resolves to the same value.
     inputs = RunInputs(hardware=sc.hardware.name, gpus=sc.cluster.gpus, seq_len=sc.training.seq_len,
-                       micro_batch=sc.training.micro_batch, grad_accum=sc.training.grad_accum,
-                       precision=None, activation_checkpointing=sc.training.activation_checkpointing)
+                       activation_checkpointing=sc.training.activation_checkpointing)
     model = HfModel(model=sc.model.model_dump(), origin="<scenario>")
     try:
         mapped = map_ds_config(Located(data=ds, origin="<emitted>"), model, inputs)
@@ -1475,7 +1506,11 @@ def scenario_from_args(args: argparse.Namespace) -> dict[str, Any]:
 def scenario_for_run(args: argparse.Namespace) -> tuple[Scenario, DsMapping | None]:
     """What ``sosim run`` simulates: the scenario file, or the DeepSpeed config + model; --set applies last."""
     from sosim.loader import load_scenario
+    from sosim.output import check_output_path
 
+    emit = getattr(args, "emit_ds_config", None)
+    if emit is not None:
+        check_output_path(emit, "--emit-ds-config", ["json"])  # before any work
     ds = getattr(args, "ds_config", None)
     scenario_file = getattr(args, "scenario", None)
     if ds is None:
@@ -1511,10 +1546,9 @@ def finish_run(args: argparse.Namespace, sc: Scenario, mapping: DsMapping | None
     if out:
         base = read_json(mapping.ds_origin).data if mapping is not None else None
         result = ds_config_from_scenario(sc, base)
-        try:
-            write_ds_config(result, out)
-        except OSError as exc:
-            raise ConfigError([f"--emit-ds-config {out}: cannot write: {exc.strerror or exc}"]) from None
+        from sosim.output import write_output
+
+        write_output(Path(out), "--emit-ds-config", lambda p: write_ds_config(result, p))
         if as_json:
             extra["ds_config_emitted"] = result.report(str(out))
         else:

@@ -23,9 +23,10 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ValidationError
 
-from sosim.config import SCHEDULE_SYSTEMS, HardwareProfile, Scenario
+from sosim.config import HardwareProfile, Scenario
 from sosim.errors import ConfigError
 from sosim.resources import find_example, shipped_profiles_dir
+from sosim.schedules.registry import SYSTEM_NAMES
 
 KeyPath = tuple[str | int, ...]
 # libyaml's loader when PyYAML was built with it (several times faster), else the pure-Python one.
@@ -441,7 +442,7 @@ def _format_validation(exc: ValidationError, loc: Located, prefix: KeyPath = (),
         # Drop the discriminator tag pydantic inserts for tagged unions (e.g. 'zero_offload').
         raw_path = tuple(p for p in err["loc"] if not (isinstance(p, str) and "[" in p))
         path: KeyPath = (*prefix, *raw_path)
-        path = tuple(p for p in path if p not in SCHEDULE_SYSTEMS)
+        path = tuple(p for p in path if p not in SYSTEM_NAMES)
         if path in skipped:
             continue
         msg = err["msg"]
