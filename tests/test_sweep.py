@@ -384,7 +384,8 @@ def test_shipped_sweep_by_name() -> None:
 
 def test_rows_name_system_implementation_profile_and_calibration(tmp_path: Path) -> None:
     frame = sweep(load_sweep(_small(tmp_path)))
-    assert set(frame["system"]) == {"zero_offload"} and set(frame["implementation"]) == {"ideal"}
+    implementation = load_scenario(BASE).schedule.implementation  # type: ignore[union-attr]
+    assert set(frame["system"]) == {"zero_offload"} and set(frame["implementation"]) == {implementation}
     assert set(frame["profile"]) == {"gh200"} and frame["calibration"].isna().all()  # analytic: no table
     calibrated = sweep("scenarios/h200_x86_llama1.1b_zero2_measured.yaml", [{"training.micro_batch": 1}])
     assert calibrated["calibration"].iloc[0].endswith("measurements.csv")
