@@ -400,7 +400,7 @@ def parse_override(text: str) -> tuple[KeyPath, Any]:
     parts = key.strip().split(".")
     if not key.strip() or any(not p.strip() for p in parts):
         raise ConfigError([f"--set {shown}: empty key in '{shown_override(key)}'"])
-    path: KeyPath = tuple(int(p) if p.isdigit() else p.strip() for p in parts)
+    path: KeyPath = tuple(int(p) if p.isascii() and p.isdigit() else p.strip() for p in parts)
     try:
         value = _compose(raw, f"--set {shown}", path)[1] if raw.strip() else ""
     except _YamlSyntaxError:

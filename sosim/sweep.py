@@ -739,7 +739,7 @@ def _check_scheduler(address: str) -> None:
         ok = scheme in ("tcp", "tls", "ws", "wss", "inproc", "ucx") and bool(rest.strip("/"))
     else:
         host, colon, port = address.rpartition(":")
-        ok = bool(colon and host and port.isdigit())
+        ok = bool(colon and host and port.isascii() and port.isdigit())
     if not ok:
         raise SosimError(f"--scheduler {address}: expected a Dask scheduler address like tcp://HOST:8786")
 

@@ -268,3 +268,10 @@ def test_shipped_examples_load_by_name() -> None:
     assert load_scenario("gh200_zero_offload_4b").name == load_scenario("scenarios/gh200_zero_offload_4b.yaml").name
     with pytest.raises(ConfigError, match="nor a shipped example"):
         load_scenario("no_such_example")
+
+
+def test_unicode_digits_in_a_key_path_are_names_not_indices() -> None:
+    # '²'.isdigit() is True but int('²') fails: found by the fuzz run.
+    with pytest.raises(ConfigError, match=r"--set model.²=1: model.²: unknown key"):
+        load_scenario("gh200_zero_offload_4b", ["model.²=1"])
+
