@@ -854,11 +854,12 @@ def cmd_sweep(args: argparse.Namespace) -> int:
             summary = {"out": None, "points": len(frame), "skipped": 0, "ran": len(frame),
                        "errors": int(frame[ERROR_COLUMN].notna().sum()) if ERROR_COLUMN in frame else 0,
                        "infeasible": int((frame["feasible"] == False).sum()) if "feasible" in frame else 0}  # noqa: E712
-            shown = frame.drop(columns=[ID_COLUMN]) if args.format == "table" else frame
+            shown = frame
             if args.format == "table":
                 print(_provenance_line(frame))
-                cols = [*spec.keys, *(c for c in PROVENANCE_COLUMNS if frame.get(c, pd.Series()).nunique() > 1),
-                        "tokens_per_s", "step_time_s", "mfu", "feasible", ERROR_COLUMN]
+                # Provenance columns only where they vary (a swept hardware or implementation).
+                varying = [c for c in PROVENANCE_COLUMNS if c in frame and frame[c].nunique() > 1]
+                cols = [*spec.keys, *varying, "tokens_per_s", "step_time_s", "mfu", "feasible", ERROR_COLUMN]
                 shown = frame[[c for c in dict.fromkeys(cols) if c in frame]]
             _print_summary(summary, args.format, shown)
         aborted = False
