@@ -142,6 +142,12 @@ def _where(loc: Located, path: KeyPath) -> str:
     return loc.where(path)
 
 
+def hardware_data(sc: Scenario) -> dict[str, Any]:
+    """The resolved profile as data for the workers: only the fields the profile states. Fields left at their
+    defaults stay out, or the profile check would ask for a source for numbers the profile never gave."""
+    return sc.hardware.model_dump(mode="json", exclude_unset=True)
+
+
 def _base_data(base_path: Path) -> tuple[dict[str, Any], Scenario]:
     """The base as raw YAML data plus its resolved hardware.
 
@@ -153,7 +159,7 @@ def _base_data(base_path: Path) -> tuple[dict[str, Any], Scenario]:
     sc = load_scenario(base_path)
     raw = read_yaml(base_path).data
     data = dict(raw) if isinstance(raw, dict) else {}
-    data["hardware"] = sc.hardware.model_dump(mode="json")
+    data["hardware"] = hardware_data(sc)
     return data, sc
 
 
@@ -312,10 +318,11 @@ def sweep_spec(base: str | Path | Scenario | Mapping[str, Any], points: Iterable
 
     if isinstance(base, Scenario):
         data = base.model_dump(mode="json")
+        data["hardware"] = hardware_data(base)
     elif isinstance(base, Mapping):
         # Resolve a profile name once here rather than once per point in the workers.
         data = dict(base)
-        data["hardware"] = load_scenario(base).hardware.model_dump(mode="json")
+        data["hardware"] = hardware_data(load_scenario(base))
     else:
         data, _ = _base_data(Path(base))
     pts = []

@@ -26,14 +26,17 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import pandas as pd
 import pytest
 import yaml
 from helpers import TINY_PROFILE
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
+from sosim import load_scenario, simulate
 from sosim.cli import main
-from sosim.errors import ConfigError
+from sosim.errors import ConfigError, SosimError
+from sosim.output import non_finite_metrics
 from sosim.sweep import ERROR_COLUMN, load_sweep, point_id, sweep
 
 FAST_EXAMPLES = 40
@@ -91,11 +94,21 @@ scalars = st.one_of(
     st.sampled_from(WORDS),
     st.text(max_size=8),
 )
-values = st.recursive(
+hostile = st.recursive(
     scalars,
     lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=6), inner, max_size=3),
     max_leaves=6,
 )
+# Values a careful user would write, so that a good share of the inputs load and run (and their results are
+# checked for non-finite numbers) while the rest probe the error paths.
+plausible = st.one_of(
+    st.integers(min_value=1, max_value=64),
+    st.floats(min_value=0.001, max_value=1e4),
+    st.booleans(),
+    st.sampled_from(["zero_offload", "superoffload", "zero3_offload", "zero_infinity", "gpu_only", "ideal",
+                     "deepspeed", "cpu_adam", "torch", "gelu", "swiglu", "gh200"]),
+)
+values = st.one_of(plausible, plausible, hostile)
 
 
 def _set(data: dict[str, Any], dotted_key: str, value: Any) -> None:
@@ -120,13 +133,45 @@ def _delete(data: dict[str, Any], dotted_key: str) -> None:
         node.pop(parts[-1], None)
 
 
-edit = st.tuples(st.sampled_from(["set", "delete"]), st.integers(min_value=0, max_value=10**6), values)
+edit = st.tuples(st.sampled_from(["set", "set", "set", "delete"]), st.integers(min_value=0, max_value=10**6), values)
+# Edits a user makes on purpose: a key and a value of the right kind (they may still not fit in memory, or
+# combine into something the model refuses).
+GOOD_VALUES: dict[str, st.SearchStrategy[Any]] = {
+    "model.layers": st.integers(1, 8),
+    "model.hidden": st.sampled_from([64, 128, 256, 512]),
+    "training.seq_len": st.sampled_from([16, 64, 128, 512]),
+    "training.micro_batch": st.integers(1, 16),
+    "training.grad_accum": st.integers(1, 4),
+    "training.activation_checkpointing": st.booleans(),
+    "training.gradient_clipping": st.sampled_from([0.0, 1.0]),
+    "training.clip_rate": st.floats(0, 1),
+    "schedule.system": st.sampled_from(["gpu_only", "zero_offload", "zero3_offload", "zero_infinity", "superoffload"]),
+    "schedule.implementation": st.sampled_from(["ideal", "deepspeed"]),
+    "schedule.bucket_mb": st.floats(0.001, 5000),
+    "schedule.cpu_adam_core_fraction": st.floats(0.01, 1),
+    "hardware.link.h2d_GBps": st.floats(0.001, 1000),
+    "hardware.gpu.peak_bf16_tflops": st.floats(0.001, 5000),
+    "hardware.gpu.hbm_gib": st.floats(0.5, 1000),
+    "hardware.cpu.cores": st.integers(1, 256),
+    "hardware.link.latency_us": st.floats(0, 1000),
+}
+good_edit = st.sampled_from(sorted(GOOD_VALUES)).flatmap(
+    lambda key: GOOD_VALUES[key].map(lambda v: ("set-key", key, v)))
+edits = st.one_of(st.lists(good_edit, max_size=3), st.lists(st.one_of(good_edit, edit), min_size=1, max_size=4))
 
 
-def _apply(base: dict[str, Any], keys: list[str], edits: list[tuple[str, int, Any]]) -> dict[str, Any]:
+def _apply(base: dict[str, Any], keys: list[str], edits: list[tuple[str, Any, Any]]) -> dict[str, Any]:
     data = copy.deepcopy(base)
     for op, i, value in edits:
-        key = keys[i % len(keys)]
+        if op == "set-key":  # a scenario key by name; profile files take the hardware.* ones without the prefix
+            name = str(i)
+            if keys is PROFILE_KEYS:
+                if not name.startswith("hardware."):
+                    continue
+                name = name.removeprefix("hardware.")
+            _set(data, name, value)
+            continue
+        key = keys[int(i) % len(keys)]
         if op == "set":
             _set(data, key, value)
         else:
@@ -136,6 +181,8 @@ def _apply(base: dict[str, Any], keys: list[str], edits: list[tuple[str, int, An
 
 # Damage done to the text itself, after dumping.
 text_damage = st.one_of(
+    st.just(("none", 0, b"")),
+    st.just(("none", 0, b"")),
     st.just(("none", 0, b"")),
     st.tuples(st.just("duplicate-line"), st.integers(min_value=0, max_value=200), st.just(b"")),
     st.tuples(st.just("truncate"), st.integers(min_value=0, max_value=2000), st.just(b"")),
@@ -216,11 +263,12 @@ def _write_inputs(folder: Path, scenario: bytes, profile: bytes | None = None) -
     return scen, prof
 
 
-def _scenario_case(edits: list[tuple[str, int, Any]], damage: tuple[str, int, bytes],
+def _scenario_case(edits: list[tuple[str, Any, Any]], damage: tuple[str, int, bytes],
                    capsys: pytest.CaptureFixture[str]) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         scen, prof = _write_inputs(Path(tmp), _dump(_apply(SCENARIO, SCENARIO_KEYS, edits), damage))
         code, out, err = run_cli(["run", str(scen), "--format", "json"], capsys)
+        event(f"exit {code}")
         assert code in (0, 2), err
         if code == 0:
             check_result(out)
@@ -228,12 +276,13 @@ def _scenario_case(edits: list[tuple[str, int, Any]], damage: tuple[str, int, by
             check_problems(err, [scen, prof])
 
 
-def _profile_case(edits: list[tuple[str, int, Any]], damage: tuple[str, int, bytes],
+def _profile_case(edits: list[tuple[str, Any, Any]], damage: tuple[str, int, bytes],
                   capsys: pytest.CaptureFixture[str]) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         profile = _dump(_apply(PROFILE, PROFILE_KEYS, edits), damage)
         scen, prof = _write_inputs(Path(tmp), yaml.safe_dump(SCENARIO).encode(), profile)
         code, out, err = run_cli(["run", str(scen), "--format", "json"], capsys)
+        event(f"exit {code}")
         assert code in (0, 2), err
         if code == 0:
             check_result(out)
@@ -242,6 +291,7 @@ def _profile_case(edits: list[tuple[str, int, Any]], damage: tuple[str, int, byt
 
 
 override_value = st.one_of(
+    plausible.map(str),
     st.sampled_from([".inf", "-.inf", ".nan", "nan", "inf", "1e999", "&a [*a]", "{x: &a {y: *a}}", "[", "{",
                      "null", "~", "[1, 2]", "{a: 1}", "0", "-1", "1e-300", "1e300", "100000", "1000000", "1e9",
                      "'quoted'", "a: b", "!!python/object:os.system", "\udce9", "é"]),
@@ -249,7 +299,7 @@ override_value = st.one_of(
     st.floats(allow_nan=True, allow_infinity=True).map(repr),
     st.text(max_size=10),
 )
-override_key = st.one_of(st.sampled_from(SCENARIO_KEYS), st.text(max_size=10),
+override_key = st.one_of(st.sampled_from(SCENARIO_KEYS), st.sampled_from(SCENARIO_KEYS), st.text(max_size=10),
                          st.sampled_from(["", ".", "a..b", "model.0", "hardware.gpu.gemm_efficiency.0.1",
                                           "hardware.gpu.gemm_efficiency.99", "model.layers.x"]))
 
@@ -262,6 +312,7 @@ def _override_case(overrides: list[tuple[str, str]], with_equals: list[bool],
         for (key, value), eq in zip(overrides, with_equals):
             args += ["--set", f"{key}={value}" if eq else key]
         code, out, err = run_cli(args, capsys)
+        event("argparse usage error" if code == -2 else f"exit {code}")
         assert code in (0, 2, -2), err
         if code == 0:
             check_result(out)
@@ -270,17 +321,22 @@ def _override_case(overrides: list[tuple[str, str]], with_equals: list[bool],
 
 
 SWEEP_KEYS = ["training.micro_batch", "schedule.bucket_mb", "model.layers", "hardware.link.h2d_GBps",
-              "schedule.system", "hardware", "nosuch.key", "model", "training.iterations"]
-sweep_values = st.lists(values, min_size=0, max_size=3)
+              "schedule.system", "hardware", "nosuch.key", "model", "training.iterations", "schedule.implementation",
+              "training.grad_accum", "hardware.cpu.cores"]
+sweep_values = st.one_of(st.lists(plausible, min_size=1, max_size=3), st.lists(values, min_size=0, max_size=3))
 
 
 @st.composite
 def sweep_files(draw: st.DrawFn) -> dict[str, Any]:
-    data: dict[str, Any] = {"base": draw(st.sampled_from(["scenario.yaml", "scenario.yaml", "nosuch.yaml", 5]))}
+    data: dict[str, Any] = {"base": draw(st.sampled_from(["scenario.yaml"] * 6 + ["nosuch.yaml", 5]))}
+    if draw(st.booleans()):  # a grid a user would write: known keys, values of the right kind
+        keys = draw(st.lists(st.sampled_from(sorted(GOOD_VALUES)), min_size=1, max_size=2, unique=True))
+        data["grid"] = {k: draw(st.lists(GOOD_VALUES[k], min_size=1, max_size=2)) for k in keys}
+        return data
     if draw(st.booleans()):
         grid = {}
-        for key in draw(st.lists(st.one_of(st.sampled_from(SWEEP_KEYS), st.integers(0, 3), st.text(max_size=5)),
-                                 max_size=3)):
+        for key in draw(st.lists(st.one_of(st.sampled_from(SWEEP_KEYS), st.sampled_from(SWEEP_KEYS),
+                                           st.integers(0, 3), st.text(max_size=5)), max_size=3)):
             grid[key] = draw(sweep_values)
         if draw(st.integers(0, 9)) == 0:  # a grid far too large to build: 10^13 points from 130 values
             grid = {f"k{i}": list(range(10)) for i in range(13)}
@@ -290,7 +346,7 @@ def sweep_files(draw: st.DrawFn) -> dict[str, Any]:
             st.dictionaries(st.sampled_from(SWEEP_KEYS), values, max_size=2), values), max_size=3))
     if draw(st.booleans()):
         data["set"] = draw(st.one_of(st.dictionaries(st.sampled_from(SWEEP_KEYS), values, max_size=2), values))
-    if draw(st.integers(0, 4)) == 0:
+    if draw(st.integers(0, 9)) == 0:
         data[draw(st.text(max_size=5))] = draw(values)
     return data
 
@@ -303,10 +359,25 @@ def _sweep_case(data: dict[str, Any], damage: tuple[str, int, bytes]) -> None:
         try:
             spec = load_sweep(path)
         except ConfigError as exc:
+            event("refused at load")
             check_problems("\n".join(exc.problems), [path, scen, prof, Path(tmp) / "nosuch.yaml"],
                            non_finite_ok=False)
             return
         frame = sweep(spec)  # in this process: no pool per example
+        errors = int(frame[ERROR_COLUMN].notna().sum()) if ERROR_COLUMN in frame else 0
+        event("ran: every point ok" if errors == 0 else "ran: some points are error rows")
+        # A point is an error row exactly when loading the base file with its overrides fails: the sweep adds
+        # no failure of its own (a profile name relative to the base file is the one known difference).
+        first = spec.points[0]
+        if isinstance(data.get("base"), str) and not any(k == "hardware" for k in spec.full_point(first)):
+            try:
+                sc = load_scenario(Path(tmp) / data["base"], spec.overrides(first))
+                direct_ok = not non_finite_metrics(simulate(sc).metrics)
+            except SosimError:
+                direct_ok = False
+            row = frame[frame["point_id"] == point_id(spec.full_point(first))].iloc[0]
+            row_ok = ERROR_COLUMN not in row or pd.isna(row[ERROR_COLUMN])
+            assert direct_ok == row_ok, (row.get(ERROR_COLUMN), spec.full_point(first))
         assert len(frame) == len({point_id(spec.full_point(p)) for p in spec.points})  # identical points run once
         ok = frame[frame[ERROR_COLUMN].isna()] if ERROR_COLUMN in frame else frame
         for col in ("step_time_s", "tokens_per_s", "mfu"):
@@ -318,21 +389,27 @@ def _sweep_case(data: dict[str, Any], damage: tuple[str, int, bytes]) -> None:
 
 
 @_settings(FAST_EXAMPLES)
-@given(edits=st.lists(edit, min_size=1, max_size=4), damage=text_damage)
-def test_fuzz_scenario_files(edits: list[tuple[str, int, Any]], damage: tuple[str, int, bytes],
+@given(edits=edits, damage=text_damage)
+def test_fuzz_scenario_files(edits: list[tuple[str, Any, Any]], damage: tuple[str, int, bytes],
                              capsys: pytest.CaptureFixture[str]) -> None:
     _scenario_case(edits, damage, capsys)
 
 
 @_settings(FAST_EXAMPLES)
-@given(edits=st.lists(edit, min_size=1, max_size=4), damage=text_damage)
-def test_fuzz_profile_files(edits: list[tuple[str, int, Any]], damage: tuple[str, int, bytes],
+@given(edits=edits, damage=text_damage)
+def test_fuzz_profile_files(edits: list[tuple[str, Any, Any]], damage: tuple[str, int, bytes],
                             capsys: pytest.CaptureFixture[str]) -> None:
     _profile_case(edits, damage, capsys)
 
 
+good_override = good_edit.map(lambda e: (e[1], json.dumps(e[2])))
+overrides = st.one_of(st.lists(good_override, min_size=1, max_size=3),
+                      st.lists(st.one_of(good_override, st.tuples(override_key, override_value)), min_size=1,
+                               max_size=3))
+
+
 @_settings(FAST_EXAMPLES)
-@given(overrides=st.lists(st.tuples(override_key, override_value), min_size=1, max_size=3),
+@given(overrides=overrides,
        with_equals=st.lists(st.booleans(), min_size=3, max_size=3))
 def test_fuzz_set_overrides(overrides: list[tuple[str, str]], with_equals: list[bool],
                             capsys: pytest.CaptureFixture[str]) -> None:
@@ -350,23 +427,23 @@ def test_fuzz_sweep_files(data: dict[str, Any], damage: tuple[str, int, bytes]) 
 
 @pytest.mark.slow
 @_settings(SLOW_EXAMPLES)
-@given(edits=st.lists(edit, min_size=1, max_size=4), damage=text_damage)
-def test_fuzz_scenario_files_slow(edits: list[tuple[str, int, Any]], damage: tuple[str, int, bytes],
+@given(edits=edits, damage=text_damage)
+def test_fuzz_scenario_files_slow(edits: list[tuple[str, Any, Any]], damage: tuple[str, int, bytes],
                                   capsys: pytest.CaptureFixture[str]) -> None:
     _scenario_case(edits, damage, capsys)
 
 
 @pytest.mark.slow
 @_settings(SLOW_EXAMPLES)
-@given(edits=st.lists(edit, min_size=1, max_size=4), damage=text_damage)
-def test_fuzz_profile_files_slow(edits: list[tuple[str, int, Any]], damage: tuple[str, int, bytes],
+@given(edits=edits, damage=text_damage)
+def test_fuzz_profile_files_slow(edits: list[tuple[str, Any, Any]], damage: tuple[str, int, bytes],
                                  capsys: pytest.CaptureFixture[str]) -> None:
     _profile_case(edits, damage, capsys)
 
 
 @pytest.mark.slow
 @_settings(SLOW_EXAMPLES)
-@given(overrides=st.lists(st.tuples(override_key, override_value), min_size=1, max_size=3),
+@given(overrides=overrides,
        with_equals=st.lists(st.booleans(), min_size=3, max_size=3))
 def test_fuzz_set_overrides_slow(overrides: list[tuple[str, str]], with_equals: list[bool],
                                  capsys: pytest.CaptureFixture[str]) -> None:

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+import yaml
 
 from sosim import load_scenario, simulate, sweep
 from sosim.cli import main
@@ -389,3 +390,18 @@ def test_rows_name_system_implementation_profile_and_calibration(tmp_path: Path)
     assert set(frame["profile"]) == {"gh200"} and frame["calibration"].isna().all()  # analytic: no table
     calibrated = sweep("scenarios/h200_x86_llama1.1b_zero2_measured.yaml", [{"training.micro_batch": 1}])
     assert calibrated["calibration"].iloc[0].endswith("measurements.csv")
+
+
+def test_profile_that_leaves_fields_at_their_defaults_sweeps(tmp_path: Path) -> None:
+    """Found by the fuzz run: the resolved profile travelled with its defaulted fields, which then needed a
+    source each, so every point of a sweep over such a profile was an error row."""
+    from helpers import TINY_PROFILE, tiny_scenario
+
+    (tmp_path / "tiny.yaml").write_text(yaml.safe_dump(TINY_PROFILE))
+    scenario = tiny_scenario({"system": "zero_offload"})
+    scenario["hardware"] = "tiny.yaml"
+    (tmp_path / "s.yaml").write_text(yaml.safe_dump(scenario))
+    path = _write(tmp_path, "base: s.yaml\ngrid:\n  training.micro_batch: [1, 2]\n")
+    frame = sweep(load_sweep(path))
+    assert frame["error"].isna().all(), list(frame["error"])
+    assert sweep(load_scenario(tmp_path / "s.yaml"), [{"training.micro_batch": 1}])["error"].isna().all()
