@@ -39,8 +39,10 @@ DEBUG_ENV = "SOSIM_DEBUG"  # set to 1 to see the traceback of an internal error
 # Subcommands that live beside the code they drive; each module defines register_cli(subparsers).
 SUBCOMMAND_MODULES: tuple[str, ...] = ("sosim.compare", "sosim.sweep", "sosim.ablation", "sosim.validate")
 
-MFU_DEFINITION = ("model FLOPs per step (6 x parameters x tokens + 12 x layers x hidden x seq_len x tokens, "
-                  "no recomputation) / step time / (GPUs x peak dense bf16 FLOP/s)")
+# As sosim.model.model_flops_per_step counts them: causal attention (half the score matrix), no recomputation.
+MFU_DEFINITION = ("model FLOPs per step (6 x parameters x tokens + 6 x layers x hidden x seq_len x tokens: "
+                  "causal attention, no recomputation) / step time / (GPUs x peak dense bf16 FLOP/s); papers "
+                  "counting the full attention matrix (12 x ...) report a higher MFU at long sequences")
 
 
 # -------------------------------------------------------------------------------------------- helpers

@@ -97,7 +97,7 @@ def test_table_names_provenance_mfu_and_memory(capsys: pytest.CaptureFixture[str
     data = json.loads(_run(["run", "h200_x86_llama1.1b_zero2_measured", "--format", "json"], capsys)[1])
     # MFU as a percentage of the stated peak, and its definition printed with the table.
     assert f"{data['mfu']:.1%} of 989 TFLOPS peak bf16 x 1 GPU(s)" in rows["MFU"]
-    assert "MFU = model FLOPs per step (6 x parameters x tokens" in out
+    assert "MFU = model FLOPs per step (6 x parameters x tokens + 6 x layers x hidden x seq_len x tokens" in out
     # Memory: used / usable on each side, usable = capacity - the profile's reserve.
     assert f"{data['gpu_mem_peak_gib']:,.1f} / {data['gpu_mem_usable_gib']:,.1f} GiB" in rows["GPU"]
     assert f"{data['cpu_mem_peak_gib']:,.1f} / {data['cpu_mem_usable_gib']:,.1f} GiB" in rows["CPU"]
@@ -258,3 +258,17 @@ def test_other_inputs_that_could_hurt(tmp_path: Path, capsys: pytest.CaptureFixt
     binary.write_bytes(b"{\"a\": \"\xd0\"}")
     code, _, err = _run(["run", "--ds-config", str(binary), "--model", str(binary), "--hardware", "gh200"], capsys)
     assert code == 2 and f"{binary}:1: not UTF-8 text" in err
+
+
+def test_mfu_definition_printed_is_the_one_computed() -> None:
+    """The table's definition, by hand: (6 N tokens + 6 L h s tokens) / step / peak equals the metric."""
+    from sosim import load_scenario, simulate
+    from sosim.model import total_params
+
+    sc = load_scenario("gh200_zero_offload_4b")
+    r = simulate(sc)
+    m, t = sc.model, sc.training
+    tokens = t.seq_len * t.micro_batch * t.grad_accum * sc.cluster.gpus
+    flops = 6 * total_params(m) * tokens + 6 * m.layers * m.hidden * t.seq_len * tokens
+    peak = sc.hardware.gpu.peak_bf16_tflops * 1e12 * sc.cluster.gpus
+    assert r.metrics["mfu"] == pytest.approx(flops / r.metrics["step_time_s"] / peak, rel=1e-12)
