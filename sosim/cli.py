@@ -41,7 +41,8 @@ SUBCOMMAND_MODULES: tuple[str, ...] = ("sosim.compare", "sosim.sweep", "sosim.ab
 
 # As sosim.model.model_flops_per_step counts them: causal attention (half the score matrix), no recomputation.
 MFU_DEFINITION = ("model FLOPs per step (6 x parameters x tokens + 6 x layers x hidden x seq_len x tokens: "
-                  "causal attention, no recomputation) / step time / (GPUs x peak dense bf16 FLOP/s); papers "
+                  "parameters without an untied input-embedding table, which is a lookup; causal attention, "
+                  "no recomputation) / step time / (GPUs x peak dense bf16 FLOP/s); papers "
                   "counting the full attention matrix (12 x ...) report a higher MFU at long sequences")
 
 

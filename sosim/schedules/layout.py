@@ -151,8 +151,7 @@ def build_units(sc: Scenario, costs: CostModel) -> list[Unit]:
     tokens = tokens_per_gpu(sc)
     # FLOPs as model.py counts them (causal attention: the kernels skip the masked half); backward = 2x
     # forward, + a forward if recomputed.
-    attention_fwd_flops = tm.attention_flops_fwd(m, tokens, sc.training.seq_len) * tm.CAUSAL_ATTENTION_FRACTION
-    layer_fwd_flops = tm.layer_gemm_flops_fwd(m, tokens) + attention_fwd_flops
+    layer_fwd_flops = tm.layer_flops_fwd(m, tokens, sc.training.seq_len)
     layer_bwd_flops = layer_fwd_flops * (3.0 if sc.training.activation_checkpointing else 2.0)
     units += [Unit(i, f"layer{i - 1}", layer_p, fwd, bwd, a2a, a2a_bytes, layer_fwd_flops, layer_bwd_flops)
               for i in range(1, m.layers + 1)]
