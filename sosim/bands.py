@@ -287,3 +287,51 @@ __all__ = [
     "band_unavailable_reason", "coverage", "quantile_factor", "sampled_cost_models", "simulate_band",
     "table_has_spread",
 ]
+
+
+# ---- ``sosim run`` (the hook in sosim.cli) -------------------------------------------------------------
+def add_arguments(parser: Any) -> None:
+    """``--bands`` / ``--no-bands`` (default: on when the profile's table holds spread data), replays, seed."""
+    g = parser.add_argument_group("error band (p10/p50/p90 from measured component spread)")
+    g.add_argument("--bands", dest="bands", action="store_true", default=None,
+                   help="always compute the band (an error when the profile has no spread data)")
+    g.add_argument("--no-bands", dest="bands", action="store_false", help="no band (one deterministic replay)")
+    g.add_argument("--band-replays", type=_replays, default=DEFAULT_REPLAYS, metavar="N",
+                   help=f"replays for the band (default {DEFAULT_REPLAYS})")
+    g.add_argument("--band-seed", type=int, default=DEFAULT_SEED, metavar="SEED",
+                   help=f"seed of the band's draws (default {DEFAULT_SEED})")
+
+
+def _replays(text: str) -> int:
+    import argparse
+
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number >= 2, got {text!r}") from None
+    if value < 2:
+        raise argparse.ArgumentTypeError(f"expected a whole number >= 2, got {text!r}")
+    return value
+
+
+def band_for_run(args: Any, sc: Scenario, result: Result) -> tuple[Band | None, str]:
+    """The band ``sosim run`` prints: (band, "") or (None, why not). ``--bands`` without spread data is a
+    ConfigError; the default quietly reports why there is none."""
+    from sosim.errors import ConfigError
+
+    wanted = getattr(args, "bands", None)
+    if wanted is False:
+        return None, "turned off (--no-bands)"
+    reason = band_unavailable_reason(sc)
+    if reason is not None:
+        if wanted:
+            raise ConfigError([f"--bands: {reason}"])
+        return None, reason
+    return simulate_band(sc, n=args.band_replays, seed=args.band_seed, reference=result), ""
+
+
+def band_json(band: Band | None, reason: str) -> dict[str, Any]:
+    """The keys ``sosim run --format json`` adds: the p10/p50/p90 metrics and how the band was made."""
+    if band is None:
+        return {"band": {"available": False, "reason": reason}}
+    return {**band.metrics(), "band": {"available": True, **band.describe()}}

@@ -32,24 +32,27 @@ def _add_scenario_args(p: argparse.ArgumentParser, optional: bool = False) -> No
 
 def cmd_run(args: argparse.Namespace) -> int:
     from sosim import dsconfig, simulate
+    from sosim.bands import band_for_run, band_json
 
     sc, ds_mapping = dsconfig.scenario_for_run(args)  # a scenario file, or --ds-config + --model
     result = simulate(sc)
+    band, no_band = band_for_run(args, sc, result)  # p10/p50/p90 from component spread (sosim.bands)
     ds_extra = dsconfig.finish_run(args, sc, ds_mapping)  # mapping report, --emit-ds-config
     if args.trace:
         from sosim.trace import write_trace
 
-        write_trace(result, args.trace)
+        write_trace(result, args.trace, band.metrics() if band else None)
     if args.plot:
         from sosim.plot import plot_result
 
-        plot_result(result, args.plot)
+        plot_result(result, args.plot, band.metrics() if band else None)
     if args.format == "json":
         print_json({"scenario": sc.name, "system": sc.schedule.system, **result.metrics,
-                     "provenance": result.provenance, **ds_extra})
+                    **band_json(band, no_band), "provenance": result.provenance, **ds_extra})
     else:
         print(f"# {sc.name}: {sc.schedule.system} on {sc.hardware.name}, {result.metrics['params_b']:.2f}B params")
         print(_metrics_table(result.metrics))
+        print(f"band: {band.line()}" if band is not None else f"band: none ({no_band})")
         if not result.metrics["feasible"]:
             print(f"\nINFEASIBLE: {result.metrics['reason']}")
     return 0
@@ -122,6 +125,9 @@ def build_parser() -> argparse.ArgumentParser:
     add_ds_arguments(p)
     p.add_argument("--trace", metavar="OUT.json", help="write a Chrome/Perfetto trace")
     p.add_argument("--plot", metavar="OUT.png", help="write a timeline + breakdown figure")
+    from sosim.bands import add_arguments as add_band_arguments
+
+    add_band_arguments(p)
     p.set_defaults(func=cmd_run)
 
     p = sub.add_parser("profiles", help="list hardware profiles")

@@ -75,7 +75,8 @@ def test_band_of_a_tiny_scenario_by_hand(table: Path) -> None:
     median_step = simulate(sc).metrics["step_time_s"]
     layers = MODEL["layers"]
     # One draw for the "layer" kind moves every layer together: step(u) = step(0.5) + layers x (fwd_bwd(u) - median).
-    expect = (median_step + layers * (FWD_BWD[0] - FWD_BWD[1]), median_step, median_step + layers * (FWD_BWD[2] - FWD_BWD[1]))
+    expect = (median_step + layers * (FWD_BWD[0] - FWD_BWD[1]), median_step,
+              median_step + layers * (FWD_BWD[2] - FWD_BWD[1]))
     band = simulate_band(sc, n=400, seed=1)
     # Sample quantiles of 400 draws: u's p10 is within ~0.015 of 0.1, i.e. within 4% of the p10-median gap.
     assert band.step_time_s[0] == pytest.approx(expect[0], abs=0.1 * layers * (FWD_BWD[1] - FWD_BWD[0]))
