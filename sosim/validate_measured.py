@@ -635,15 +635,25 @@ def _summary(results: Sequence[RunResult]) -> dict[str, Any]:
 def _effect(label: str, base: RunResult, other: RunResult) -> dict[str, Any]:
     measured = other.run.step.median - base.run.step.median
     predicted = other.predicted_s - base.predicted_s
+    # The larger of the two runs' measured p10-p90 half-widths: an effect smaller than this is not resolved
+    # by the measurement (its sign and size are run-to-run noise).
+    noise = max(_half_spread(base.run.step), _half_spread(other.run.step))
     return {
         "effect": label, "run_id": other.run.run_id, "base_run_id": base.run.run_id, "machine": other.run.machine,
         "measured_s": measured, "predicted_s": predicted,
         "measured_rel": measured / base.run.step.median, "predicted_rel": predicted / base.predicted_s,
         "error_of_effect": (predicted - measured) / abs(measured) if measured else math.nan,
+        "measured_noise_s": noise, "resolved": abs(measured) > noise,
         "phases": {name: {"measured_s": other.run.phases[name].median - base.run.phases[name].median,
                           "predicted_s": other.phases_pred.get(name, math.nan) - base.phases_pred.get(name, math.nan)}
                    for name in SECTION_NAMES if name in other.run.phases and name in base.run.phases},
     }
+
+
+def _half_spread(s: Stat) -> float:
+    if not (math.isfinite(s.p10) and math.isfinite(s.p90)):
+        return 0.0
+    return (s.p90 - s.p10) / 2.0
 
 
 def validate_measured(folders: Iterable[Path] | None = None, bands: int = 0, seed: int = 0,
