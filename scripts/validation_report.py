@@ -184,13 +184,13 @@ def write(page: Path) -> int:
     text = page.read_text()
     missing = []
     for name, make in sections().items():
-        pattern = re.compile(rf"(<!-- generated:{re.escape(name)} -->\n).*?(\n<!-- /generated:{re.escape(name)} -->)",
+        pattern = re.compile(rf"(<!-- generated:{re.escape(name)} -->\n)(?:.*?\n)?(<!-- /generated:{re.escape(name)} -->)",
                              re.DOTALL)
         if not pattern.search(text):
             missing.append(name)
             continue
         body = make()
-        text = pattern.sub(lambda m, body=body: m.group(1) + body + m.group(2), text)
+        text = pattern.sub(lambda m, body=body: m.group(1) + body + "\n" + m.group(2), text)
     page.write_text(text)
     for name in missing:
         print(f"validation_report: {page}: no markers for section '{name}'", file=sys.stderr)

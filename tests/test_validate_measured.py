@@ -249,3 +249,23 @@ def test_cli_validate_json_carries_measured_runs_and_bands(tmp_path: Path, capsy
     assert row["band_p10_s"] <= row["predicted_s"] * 1.05 and row["band_p90_s"] >= row["predicted_s"] * 0.95
     assert measured["bands"]["runs_with_band"] == 1
     assert measured["systems"]["zero2"]["within_10pct"] == 1
+
+
+def test_report_script_replaces_only_marked_sections(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("validation_report", ROOT / "scripts" / "validation_report.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    monkeypatch.setattr(module, "sections", lambda: {"a": lambda: "table A", "b": lambda: "table B\nrow"})
+    page = tmp_path / "v.md"
+    page.write_text("intro\n<!-- generated:a -->\nold\nlines\n<!-- /generated:a -->\nprose kept\n"
+                    "<!-- generated:b -->\n<!-- /generated:b -->\n## Many GPUs\nkept too\n")
+    assert module.write(page) == 0
+    expected = ("intro\n<!-- generated:a -->\ntable A\n<!-- /generated:a -->\nprose kept\n"
+                "<!-- generated:b -->\ntable B\nrow\n<!-- /generated:b -->\n## Many GPUs\nkept too\n")
+    assert page.read_text() == expected
+    assert module.write(page) == 0 and page.read_text() == expected  # idempotent
+    page.write_text("no markers\n")
+    assert module.write(page) == 1
