@@ -184,8 +184,8 @@ def write(page: Path) -> int:
     text = page.read_text()
     missing = []
     for name, make in sections().items():
-        pattern = re.compile(rf"(<!-- generated:{re.escape(name)} -->\n)(?:.*?\n)?(<!-- /generated:{re.escape(name)} -->)",
-                             re.DOTALL)
+        tag = re.escape(name)
+        pattern = re.compile(rf"(<!-- generated:{tag} -->\n)(?:.*?\n)?(<!-- /generated:{tag} -->)", re.DOTALL)
         if not pattern.search(text):
             missing.append(name)
             continue
