@@ -410,12 +410,37 @@ def run_engine(plan: Plan) -> tuple[np.ndarray, np.ndarray]:
 
 
 @dataclass(frozen=True)
+class PhasedView:
+    """The measured iteration of the phased replay: its ops, their times, sections and the barrier times."""
+
+    plan: Plan
+    start_s: np.ndarray
+    end_s: np.ndarray
+    sections: list[int]
+    iteration: int
+    t0: float  # the iteration starts
+    b1: float  # forward's barrier returns
+    b2: float  # backward's barrier returns
+    t_end: float  # step() and its synchronize return
+
+    def busy(self, pick: Callable[[Op], bool], section: int | None = None) -> float:
+        """Summed durations of the iteration's ops that ``pick`` selects (in ``section`` if given)."""
+        return float(sum(op.duration_s for op in self.plan.ops if op.iteration == self.iteration and pick(op)
+                         and (section is None or self.sections[op.id] == section)))
+
+    def last_end(self, pick: Callable[[Op], bool]) -> float:
+        ends = [float(self.end_s[op.id]) for op in self.plan.ops if op.iteration == self.iteration and pick(op)]
+        return max(ends, default=self.t0)
+
+
+@dataclass(frozen=True)
 class HarnessReplay:
     """Predicted step of the unsynced steps, and forward / backward / step of the phased steps."""
 
     step_s: float
     phased_total_s: float
     phases_s: dict[str, float]
+    view: PhasedView | None = None
 
 
 def harness_step_s(plan: Plan) -> float:
@@ -445,25 +470,78 @@ def harness_replay(plan: Plan) -> HarnessReplay:
     b1 = ends[FORWARD]
     b2 = max(ends[BACKWARD], b1)
     phases = {"forward": b1 - t0, "backward": b2 - b1, "step": t_end - b2}
-    return HarnessReplay(step, t_end - t0, phases)
+    view = PhasedView(phased, start, end, sections, it, t0, b1, b2, t_end)
+    return HarnessReplay(step, t_end - t0, phases, view)
 
 
 # ------------------------------------------------------------------------------------------------------
-# Timers inside step(): measured (t_<name>_s) vs the plan's typed ops
+# Timers inside step(): measured (t_<name>_s, scripts/ds_train_step.py + sosim/calibrate/ds_timers.py) vs
+# the phased replay's typed ops. Host wall-clock timers around DeepSpeed 0.19.8's optimizer methods; each
+# counterpart below says which ops it sums. Timers without a counterpart are shown measured only.
 # ------------------------------------------------------------------------------------------------------
-def _busy(plan: Plan, it: int, pick: Callable[[Op], bool]) -> float:
-    return float(sum(op.duration_s for op in plan.ops if op.iteration == it and pick(op)))
+def _is_cpu_adam(op: Op) -> bool:
+    return op.resource.kind is ResourceKind.CPU_OPT and op.category is Category.OPTIMIZER
 
 
-TIMERS: dict[str, tuple[str, Callable[[Plan, int], float]]] = {
-    "optimizer": ("Adam inside step() (_optimizer_step): CPU optimizer ops of the step",
-                  lambda p, it: _busy(p, it, lambda o: o.resource.kind is ResourceKind.CPU_OPT
-                                      and o.category is Category.OPTIMIZER)),
-    "refresh": ("parameter refresh (_reassign_or_swap_out_partitioned_parameters): refresh ops on the host "
-                "thread and the H2D link, serial (DeepSpeed's stage-3 copy_ is blocking)",
-                lambda p, it: _busy(p, it, lambda o: o.phase is Phase.REFRESH
-                                    and o.resource.kind in (ResourceKind.CPU_CAST, ResourceKind.H2D))),
+def _refresh_blocking(op: Op) -> bool:
+    return op.phase is Phase.REFRESH and op.resource.kind in (ResourceKind.CPU_CAST, ResourceKind.H2D)
+
+
+def _t_optimizer(v: PhasedView, run: MeasuredRun) -> float | None:
+    # ZeRO-1/2/3: _optimizer_step runs DeepSpeedCPUAdam on the main thread inside step(). SuperOffload's
+    # CPU Adam runs in its worker (wait_async / sync_cpu_optimizer), so no counterpart there.
+    if run.config == "superoffload":
+        return None
+    return v.busy(_is_cpu_adam)
+
+
+def _t_refresh(v: PhasedView, run: MeasuredRun) -> float | None:
+    # Stage 3: _reassign_or_swap_out_partitioned_parameters, a blocking copy_ per sub-group inside step().
+    # ZeRO-2 refreshes inline in step() (no method to time: its refresh is in the fixed part).
+    if run.config == "zero2":
+        return None
+    return v.busy(_refresh_blocking, STEP)
+
+
+def _t_wait_async(v: PhasedView, run: MeasuredRun) -> float | None:
+    # SuperOffload without clipping: step() waits for the worker's outstanding sub-groups, i.e. from
+    # backward's barrier to the worker's last Adam, as far as that lies after the barrier.
+    if run.config != "superoffload" or run.clip > 0:
+        return None
+    return max(0.0, v.last_end(_is_cpu_adam) - v.b2)
+
+
+def _t_sync_cpu_optimizer(v: PhasedView, run: MeasuredRun) -> float | None:
+    # SuperOffload with clipping: the synchronous path, step() hands each sub-group to the worker and waits
+    # (_sync_cpu_optimizer_step): the worker's Adam inside step().
+    if run.config != "superoffload" or run.clip <= 0:
+        return None
+    return v.busy(_is_cpu_adam, STEP)
+
+
+def _t_fixed(v: PhasedView, run: MeasuredRun) -> float | None:
+    # ds_timers.fixed_part_s: step() minus the Adam, the worker wait and the refresh (as timed).
+    parts = [f(v, run) for f in (_t_optimizer, _t_refresh, _t_wait_async, _t_sync_cpu_optimizer)]
+    return max(0.0, (v.t_end - v.b2) - sum(p for p in parts if p is not None))
+
+
+TIMERS: dict[str, tuple[str, Callable[[PhasedView, MeasuredRun], float | None]]] = {
+    "optimizer": ("ZeRO-2/3 Adam inside step(): the CPU optimizer ops", _t_optimizer),
+    "refresh": ("stage-3 refresh: the refresh ops on the host thread and the H2D link inside step()", _t_refresh),
+    "wait_async": ("SuperOffload, clipping off: the worker's Adam still running after backward's barrier",
+                   _t_wait_async),
+    "sync_cpu_optimizer": ("SuperOffload, clipping on: the worker's Adam inside step()", _t_sync_cpu_optimizer),
+    "fixed": ("step() minus the ones above (as the step script computes it)", _t_fixed),
 }
+
+
+def predicted_timers(view: PhasedView, run: MeasuredRun) -> dict[str, float]:
+    out = {}
+    for name, (_, fn) in TIMERS.items():
+        value = fn(view, run)
+        if value is not None:
+            out[name] = value
+    return out
 
 
 # ------------------------------------------------------------------------------------------------------
@@ -525,7 +603,6 @@ def predict(run: MeasuredRun, profile: str, bands: int = 0, seed: int = 0,
 
     sc = scenario_for(run, profile, overrides)
     result = simulate(sc)
-    it = result.plan.measured_iteration
     if run.config == "floor":
         out = RunResult(run, profile, float(result.metrics["gpu_compute_s"]), float(result.metrics["step_time_s"]))
         spans = _section_busy(result)
@@ -537,7 +614,7 @@ def predict(run: MeasuredRun, profile: str, bands: int = 0, seed: int = 0,
     replay = harness_replay(result.plan)
     out = RunResult(run, profile, replay.step_s, float(result.metrics["step_time_s"]),
                     phases_pred=replay.phases_s, phased_total_pred=replay.phased_total_s,
-                    timers_pred={name: fn(result.plan, it) for name, (_, fn) in TIMERS.items()})
+                    timers_pred=predicted_timers(replay.view, run) if replay.view else {})
     if bands:
         out.band = _band(sc, bands, seed, lambda s, c: harness_step_s(simulate(s, costs=c).plan), result)
     return out

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import shutil
 from pathlib import Path
@@ -22,6 +23,7 @@ from sosim.validate_measured import (
     RunResult,
     harness_replay,
     op_sections,
+    predicted_timers,
     profile_for,
     read_runs,
     run_engine,
@@ -121,6 +123,20 @@ def test_barriers_by_hand() -> None:
     assert replay.step_s == 4.5
     assert replay.phases_s == {"forward": 4.0, "backward": 2.0, "step": 1.5}
     assert replay.phased_total_s == 7.5
+
+
+def test_timers_inside_step_by_hand(runs_1129: list) -> None:
+    view = harness_replay(_plan()).view
+    assert view is not None and (view.b1, view.b2, view.t_end - view.t0) == (4.0, 6.0, 7.5)
+    zero3 = dataclasses.replace(runs_1129[0], config="zero3", clip=0.0)
+    assert predicted_timers(view, zero3) == {"optimizer": 1.0, "refresh": 0.5, "fixed": 0.0}
+    so = dataclasses.replace(zero3, config="superoffload")
+    # The worker's Adam ends 1 s after backward's barrier: step() waits that long for it.
+    assert predicted_timers(view, so) == {"refresh": 0.5, "wait_async": 1.0, "fixed": 0.0}
+    so_clip = dataclasses.replace(so, clip=1.0)
+    assert predicted_timers(view, so_clip) == {"refresh": 0.5, "sync_cpu_optimizer": 1.0, "fixed": 0.0}
+    zero2 = dataclasses.replace(zero3, config="zero2")
+    assert predicted_timers(view, zero2) == {"optimizer": 1.0, "fixed": 0.5}  # ZeRO-2's refresh is inline
 
 
 def test_barrier_contradicting_queue_order_is_reported() -> None:
