@@ -127,7 +127,7 @@ def test_barriers_by_hand() -> None:
 
 def test_timers_inside_step_by_hand(runs_1129: list) -> None:
     view = harness_replay(_plan()).view
-    assert view is not None and (view.b1, view.b2, view.t_end - view.t0) == (4.0, 6.0, 7.5)
+    assert view is not None and (view.b1 - view.t0, view.b2 - view.t0, view.t_end - view.t0) == (4.0, 6.0, 7.5)
     zero3 = dataclasses.replace(runs_1129[0], config="zero3", clip=0.0)
     assert predicted_timers(view, zero3) == {"optimizer": 1.0, "refresh": 0.5, "fixed": 0.0}
     so = dataclasses.replace(zero3, config="superoffload")
