@@ -13,7 +13,7 @@ import pytest
 from sosim import model as tm
 from sosim.cli import main
 from sosim.errors import ConfigError
-from sosim.plan import CPU_OPT, D2H, GPU, H2D, Phase, Plan
+from sosim.plan import CPU_OPT, D2H, GPU, H2D, Category, Phase, Plan
 from sosim.validate_measured import (
     BACKWARD,
     FORWARD,
@@ -104,7 +104,7 @@ def _plan(iterations: int = 3) -> Plan:
         plan.mark_iteration_start(f)
         plan.add(D2H, "act_copy", 3.0, [f], phase=Phase.FORWARD, iteration=it)
         b = plan.add(GPU, "bwd", 2.0, [f], phase=Phase.BACKWARD, iteration=it)
-        a = plan.add(CPU_OPT, "adam", 1.0, [b], phase=Phase.OPTIMIZER, iteration=it)
+        a = plan.add(CPU_OPT, "adam", 1.0, [b], phase=Phase.OPTIMIZER, category=Category.OPTIMIZER, iteration=it)
         plan.add(H2D, "refresh", 0.5, [a], phase=Phase.REFRESH, iteration=it)
     return plan
 
