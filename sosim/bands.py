@@ -40,7 +40,7 @@ import numpy as np
 from sosim.config import Scenario
 from sosim.costs import CostModel
 from sosim.result import Result
-from sosim.schedules.common import global_tokens_per_step
+from sosim.schedules.layout import global_tokens_per_step
 from sosim.simulate import make_cost_model, simulate
 from sosim.table_costs import TableCostModel, load_table
 

@@ -22,7 +22,7 @@ Measured runs are never model inputs: nothing here feeds a number back into a pr
 **How the harness's barriers are modelled** (:func:`with_barriers`). The plan's ops are typed: each has a
 :class:`~sosim.plan.Phase` and runs on a :class:`~sosim.plan.Resource`. ``torch.cuda.synchronize()`` makes the
 host wait until every queued GPU-side op (GPU stream, side stream, both copy directions, collectives) is
-done, and the host thread itself (``cpu_cast`` resource: the training process's casts, copies, hooks) runs
+done, and the host thread itself (``cpu_main`` resource: the training process's casts, copies, hooks) runs
 its program in order. So a barrier after section *k* (forward = phase forward; backward = phases backward
 and gradient; step = optimizer and refresh; fetch and checkpoint ops belong to the section of the first op
 that uses them) adds, to every op of a later section of the same iteration on those resources, a dependency
@@ -93,7 +93,7 @@ _SECTION_OF_PHASE: dict[Phase, int | None] = {
 # thread's own program in order. Not the CPU optimizer worker.
 SYNCED_KINDS: frozenset[ResourceKind] = frozenset(
     {ResourceKind.GPU, ResourceKind.GPU_CAST, ResourceKind.H2D, ResourceKind.D2H, ResourceKind.NET,
-     ResourceKind.CPU_CAST}
+     ResourceKind.CPU_MAIN}
 )
 
 
@@ -484,7 +484,7 @@ def _is_cpu_adam(op: Op) -> bool:
 
 
 def _refresh_blocking(op: Op) -> bool:
-    return op.phase is Phase.REFRESH and op.resource.kind in (ResourceKind.CPU_CAST, ResourceKind.H2D)
+    return op.phase is Phase.REFRESH and op.resource.kind in (ResourceKind.CPU_MAIN, ResourceKind.H2D)
 
 
 def _t_optimizer(v: PhasedView, run: MeasuredRun) -> float | None:

@@ -22,7 +22,7 @@ from sosim.bands import (
     simulate_band,
 )
 from sosim.calibrate.records import COLUMNS
-from sosim.schedules.common import global_tokens_per_step
+from sosim.schedules.layout import global_tokens_per_step
 from sosim.simulate import make_cost_model, simulate
 from sosim.table_costs import TableCostModel
 from tests.helpers import tiny_scenario
