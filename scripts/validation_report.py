@@ -26,6 +26,7 @@ from sosim.validate_measured import (
     SYSTEM_NAMES,
     TIMERS,
     Report,
+    measured_timers,
     validate_measured,
 )
 
@@ -97,22 +98,23 @@ def phases(rep: Report) -> str:
         total = r.run.phased_total
         tot = f"{total.median:.3f} / {_s(r.phased_total_pred)}" if total and math.isfinite(r.phased_total_pred) else "—"
         out.append(f"| {_run(r)} | {r.run.config} | {' | '.join(cells)} | {tot} |")
-    timed = [r for r in rep.results if r.run.timers]
+    timed = [r for r in rep.results if measured_timers(r.run)]
     if timed:
-        names = sorted({k for r in timed for k in r.run.timers})
+        names = [t.name for t in TIMERS if any(t.name in measured_timers(r.run) for r in timed)]
         out.append("")
-        out.append("Timers inside `step()` (medians of the phased steps, seconds; predicted where the plan's typed ops "
-                   "have a counterpart: " + "; ".join(f"`{k}`: {v[0]}" for k, v in TIMERS.items()) + "):")
+        out.append("Inside `step()`: medians of the phased steps' timers around DeepSpeed's own methods, measured / "
+                   "predicted, seconds (the step script's `t_<name>_s` columns):")
+        out.append("")
+        out += [f"* **{t.name}**: {t.description}." for t in TIMERS if t.name in names]
         out.append("")
         out.append("| run | " + " | ".join(names) + " |")
         out.append("|---|" + "---|" * len(names))
         for r in timed:
+            meas = measured_timers(r.run)
             cells = []
             for k in names:
-                meas = r.run.timers.get(k)
-                pred = r.timers_pred.get(k)
-                text = f"{meas:.3f}" if pred is None else f"{meas:.3f} / {pred:.3f}"
-                cells.append("—" if meas is None else text)
+                m, p = meas.get(k), r.timers_pred.get(k)
+                cells.append("—" if m is None else (f"{m:.3f}" if p is None else f"{m:.3f} / {p:.3f}"))
             out.append(f"| {_run(r)} | " + " | ".join(cells) + " |")
     return "\n".join(out)
 

@@ -479,7 +479,16 @@ def harness_replay(plan: Plan) -> HarnessReplay:
 # the phased replay's typed ops. Host wall-clock timers around DeepSpeed 0.19.8's optimizer methods; each
 # counterpart below says which ops it sums. Timers without a counterpart are shown measured only.
 # ------------------------------------------------------------------------------------------------------
-def _is_cpu_adam(op: Op) -> bool:
+_CPU = (ResourceKind.CPU_MAIN, ResourceKind.CPU_OPT)
+
+
+def _cpu_optimizer_work(op: Op) -> bool:
+    """Optimizer math on a CPU resource: Adam, and the unscale/clip pass (the typed fields do not tell them
+    apart, so the timers they are compared with are summed the same way)."""
+    return op.resource.kind in _CPU and op.category is Category.OPTIMIZER
+
+
+def _worker_adam(op: Op) -> bool:
     return op.resource.kind is ResourceKind.CPU_OPT and op.category is Category.OPTIMIZER
 
 
@@ -487,60 +496,94 @@ def _refresh_blocking(op: Op) -> bool:
     return op.phase is Phase.REFRESH and op.resource.kind in (ResourceKind.CPU_MAIN, ResourceKind.H2D)
 
 
-def _t_optimizer(v: PhasedView, run: MeasuredRun) -> float | None:
-    # ZeRO-1/2/3: _optimizer_step runs DeepSpeedCPUAdam on the main thread inside step(). SuperOffload's
-    # CPU Adam runs in its worker (wait_async / sync_cpu_optimizer), so no counterpart there.
-    if run.config == "superoffload":
-        return None
-    return v.busy(_is_cpu_adam)
+def _timer(names: tuple[str, ...], minus: tuple[str, ...] = ()) -> Callable[[Mapping[str, float]], float | None]:
+    """A measured quantity: the sum of timers ``names`` minus ``minus`` (None when one is missing)."""
+    def measured(timers: Mapping[str, float]) -> float | None:
+        if any(n not in timers for n in (*names, *minus)):
+            return None
+        return sum(timers[n] for n in names) - sum(timers[n] for n in minus)
+    return measured
 
 
-def _t_refresh(v: PhasedView, run: MeasuredRun) -> float | None:
-    # Stage 3: _reassign_or_swap_out_partitioned_parameters, a blocking copy_ per sub-group inside step().
-    # ZeRO-2 refreshes inline in step() (no method to time: its refresh is in the fixed part).
-    if run.config == "zero2":
-        return None
+def _adam_unscale(v: PhasedView, run: MeasuredRun) -> float:
+    return v.busy(_cpu_optimizer_work, STEP)
+
+
+def _unscale_main(v: PhasedView, run: MeasuredRun) -> float:
+    return v.busy(lambda o: o.resource.kind is ResourceKind.CPU_MAIN and o.category is Category.OPTIMIZER, STEP)
+
+
+def _refresh(v: PhasedView, run: MeasuredRun) -> float:
     return v.busy(_refresh_blocking, STEP)
 
 
-def _t_wait_async(v: PhasedView, run: MeasuredRun) -> float | None:
-    # SuperOffload without clipping: step() waits for the worker's outstanding sub-groups, i.e. from
-    # backward's barrier to the worker's last Adam, as far as that lies after the barrier.
-    if run.config != "superoffload" or run.clip > 0:
-        return None
-    return max(0.0, v.last_end(_is_cpu_adam) - v.b2)
+def _wait_worker(v: PhasedView, run: MeasuredRun) -> float:
+    # step() waits for the worker's outstanding sub-groups: from backward's barrier to the worker's last Adam.
+    return max(0.0, v.last_end(_worker_adam) - v.b2)
 
 
-def _t_sync_cpu_optimizer(v: PhasedView, run: MeasuredRun) -> float | None:
-    # SuperOffload with clipping: the synchronous path, step() hands each sub-group to the worker and waits
-    # (_sync_cpu_optimizer_step): the worker's Adam inside step().
-    if run.config != "superoffload" or run.clip <= 0:
-        return None
-    return v.busy(_is_cpu_adam, STEP)
+def _worker_in_step(v: PhasedView, run: MeasuredRun) -> float:
+    return v.busy(_worker_adam, STEP)
 
 
-def _t_fixed(v: PhasedView, run: MeasuredRun) -> float | None:
-    # ds_timers.fixed_part_s: step() minus the Adam, the worker wait and the refresh (as timed).
-    parts = [f(v, run) for f in (_t_optimizer, _t_refresh, _t_wait_async, _t_sync_cpu_optimizer)]
-    return max(0.0, (v.t_end - v.b2) - sum(p for p in parts if p is not None))
+def _fixed(v: PhasedView, run: MeasuredRun) -> float:
+    # The step script's fixed part (ds_timers.fixed_part_s) minus unscale/clip: step() minus the optimizer
+    # math, the refresh (stage 3) and the worker wait / synchronous worker Adam (SuperOffload).
+    if run.config == "superoffload":
+        worker = _worker_in_step(v, run) if run.clip > 0 else _wait_worker(v, run)
+        parts = _unscale_main(v, run) + _refresh(v, run) + worker
+    else:
+        parts = _adam_unscale(v, run) + (_refresh(v, run) if run.config == "zero3" else 0.0)
+    return max(0.0, (v.t_end - v.b2) - parts)
 
 
-TIMERS: dict[str, tuple[str, Callable[[PhasedView, MeasuredRun], float | None]]] = {
-    "optimizer": ("ZeRO-2/3 Adam inside step(): the CPU optimizer ops", _t_optimizer),
-    "refresh": ("stage-3 refresh: the refresh ops on the host thread and the H2D link inside step()", _t_refresh),
-    "wait_async": ("SuperOffload, clipping off: the worker's Adam still running after backward's barrier",
-                   _t_wait_async),
-    "sync_cpu_optimizer": ("SuperOffload, clipping on: the worker's Adam inside step()", _t_sync_cpu_optimizer),
-    "fixed": ("step() minus the ones above (as the step script computes it)", _t_fixed),
-}
+@dataclass(frozen=True)
+class TimerCheck:
+    """One measured quantity inside step() (a sum of the step script's timers) and its predicted counterpart."""
+
+    name: str
+    description: str
+    systems: tuple[str, ...]
+    measured: Callable[[Mapping[str, float]], float | None]
+    predicted: Callable[[PhasedView, MeasuredRun], float]
+    clipping: bool | None = None  # only runs with (True) / without (False) clipping; None: both
+
+    def applies(self, run: MeasuredRun) -> bool:
+        return run.config in self.systems and (self.clipping is None or self.clipping == (run.clip > 0))
+
+
+TIMERS: tuple[TimerCheck, ...] = (
+    TimerCheck("adam+unscale", "Adam and unscale/clip inside step() (t_optimizer + t_unscale_clip) vs the CPU "
+               "optimizer-category ops of the step", ("zero2", "zero3"),
+               _timer(("optimizer", "unscale_clip")), _adam_unscale),
+    TimerCheck("unscale", "SuperOffload's unscale/clip pass in step() (t_unscale_clip) vs the main process's "
+               "optimizer-category ops of the step", ("superoffload",), _timer(("unscale_clip",)), _unscale_main),
+    TimerCheck("refresh", "the stage-3 refresh (t_refresh: _reassign_or_swap_out_partitioned_parameters, a "
+               "blocking copy_ per sub-group) vs the refresh ops of the step", ("zero3", "superoffload"),
+               _timer(("refresh",)), _refresh),
+    TimerCheck("worker wait", "SuperOffload without clipping: step() waiting for the worker (t_wait_async) vs "
+               "the worker's Adam after backward's barrier", ("superoffload",), _timer(("wait_async",)),
+               _wait_worker, clipping=False),
+    TimerCheck("worker Adam", "SuperOffload with clipping: the synchronous worker Adam (t_sync_cpu_optimizer) "
+               "vs the worker's Adam inside step()", ("superoffload",), _timer(("sync_cpu_optimizer",)),
+               _worker_in_step, clipping=True),
+    TimerCheck("fixed", "step()'s fixed part without unscale/clip (step_fixed - t_unscale_clip) vs the rest of "
+               "the predicted step", ("zero2", "zero3", "superoffload"), _timer(("fixed",), ("unscale_clip",)),
+               _fixed),
+)
 
 
 def predicted_timers(view: PhasedView, run: MeasuredRun) -> dict[str, float]:
+    return {t.name: t.predicted(view, run) for t in TIMERS if t.applies(run)}
+
+
+def measured_timers(run: MeasuredRun) -> dict[str, float]:
     out = {}
-    for name, (_, fn) in TIMERS.items():
-        value = fn(view, run)
-        if value is not None:
-            out[name] = value
+    for t in TIMERS:
+        if t.applies(run):
+            value = t.measured(run.timers)
+            if value is not None:
+                out[t.name] = value
     return out
 
 
@@ -590,8 +633,9 @@ class RunResult:
             "in_band": self.in_band,
             "phases": {name: {"measured_s": r.phases[name].median, "predicted_s": self.phases_pred.get(name)}
                        for name in SECTION_NAMES if name in r.phases},
-            "timers": {name: {"measured_s": value, "predicted_s": self.timers_pred.get(name)}
-                       for name, value in sorted(r.timers.items())},
+            "timers_raw_s": dict(sorted(r.timers.items())),
+            "timers": {name: {"measured_s": measured_timers(r).get(name), "predicted_s": value}
+                       for name, value in self.timers_pred.items()},
             "source": r.where, "note": self.note,
         }
 

@@ -22,6 +22,7 @@ from sosim.validate_measured import (
     Report,
     RunResult,
     harness_replay,
+    measured_timers,
     op_sections,
     predicted_timers,
     profile_for,
@@ -129,14 +130,18 @@ def test_timers_inside_step_by_hand(runs_1129: list) -> None:
     view = harness_replay(_plan()).view
     assert view is not None and (view.b1 - view.t0, view.b2 - view.t0, view.t_end - view.t0) == (4.0, 6.0, 7.5)
     zero3 = dataclasses.replace(runs_1129[0], config="zero3", clip=0.0)
-    assert predicted_timers(view, zero3) == {"optimizer": 1.0, "refresh": 0.5, "fixed": 0.0}
+    assert predicted_timers(view, zero3) == {"adam+unscale": 1.0, "refresh": 0.5, "fixed": 0.0}
     so = dataclasses.replace(zero3, config="superoffload")
     # The worker's Adam ends 1 s after backward's barrier: step() waits that long for it.
-    assert predicted_timers(view, so) == {"refresh": 0.5, "wait_async": 1.0, "fixed": 0.0}
+    assert predicted_timers(view, so) == {"unscale": 0.0, "refresh": 0.5, "worker wait": 1.0, "fixed": 0.0}
     so_clip = dataclasses.replace(so, clip=1.0)
-    assert predicted_timers(view, so_clip) == {"refresh": 0.5, "sync_cpu_optimizer": 1.0, "fixed": 0.0}
+    assert predicted_timers(view, so_clip) == {"unscale": 0.0, "refresh": 0.5, "worker Adam": 1.0, "fixed": 0.0}
     zero2 = dataclasses.replace(zero3, config="zero2")
-    assert predicted_timers(view, zero2) == {"optimizer": 1.0, "fixed": 0.5}  # ZeRO-2's refresh is inline
+    assert predicted_timers(view, zero2) == {"adam+unscale": 1.0, "fixed": 0.5}  # ZeRO-2's refresh is inline
+    # Measured counterparts: sums of the step script's timers; missing timers give no value.
+    timed = dataclasses.replace(zero3, timers={"optimizer": 0.3, "unscale_clip": 0.1, "refresh": 0.2, "fixed": 0.15})
+    assert measured_timers(timed) == pytest.approx({"adam+unscale": 0.4, "refresh": 0.2, "fixed": 0.05})
+    assert measured_timers(zero3) == {}
 
 
 def test_barrier_contradicting_queue_order_is_reported() -> None:
