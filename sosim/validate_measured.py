@@ -811,15 +811,20 @@ def _s(x: float | None) -> str:
     return "—" if x is None or not math.isfinite(x) else f"{x:.3f}"
 
 
+def _label(r: RunResult) -> str:
+    return f"{r.run.run_id}@{r.run.machine.removeprefix('nvidia-')}"
+
+
 def format_report(rep: Report) -> str:
+    width = max([len(_label(r)) for r in rep.results] + [3])
     lines = ["Measured DeepSpeed runs (step = median of unsynced steps; predicted = the step script's replay)",
-             f"{'run':<44} {'system':<12} {'measured (p10-p90)':<22} {'pred':>7} {'error':>7} "
+             f"{'run':<{width}} {'system':<12} {'measured (p10-p90)':<22} {'pred':>7} {'error':>7} "
              f"{'band p10-p90':<14} ok"]
     for r in rep.results:
         m = r.run.step
         band = f"{r.band[0]:.3f}-{r.band[2]:.3f}" if r.band else "—"
         mark = ("yes" if r.within else "NO") + ("" if r.in_band is None else (" in" if r.in_band else " out"))
-        lines.append(f"{r.run.run_id + '@' + r.run.machine.removeprefix('nvidia-'):<44} {r.run.config:<12} "
+        lines.append(f"{_label(r):<{width}} {r.run.config:<12} "
                      f"{m.median:.3f} ({m.p10:.3f}-{m.p90:.3f})  {r.predicted_s:>7.3f} {_pct(r.error):>7} "
                      f"{band:<14} {mark}")
     lines.append("")
