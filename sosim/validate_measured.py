@@ -37,6 +37,7 @@ run by the engine; a plan whose resource order contradicts the barriers is repor
 from __future__ import annotations
 
 import argparse
+import contextlib
 import csv
 import dataclasses
 import itertools
@@ -208,6 +209,16 @@ def _hf_config(row: Mapping[str, str], where: str) -> dict[str, Any]:
     }
 
 
+def _ds_config_path(folder: Path, name: str) -> Path:
+    """The run's DeepSpeed config: as the CSV names it (relative to the folder), else under the folder's
+    ``deepspeed_runs/`` (the step script writes ``runs/``; the committed folders keep them in deepspeed_runs/)."""
+    given = folder / name
+    if given.is_file():
+        return given
+    moved = folder / "deepspeed_runs" / Path(name).name
+    return moved if moved.is_file() else given
+
+
 def read_runs(folder: Path) -> tuple[list[MeasuredRun], list[Skipped]]:
     """Every run of one ``deepspeed_steps.csv`` (a run = its unsynced row + its phased row)."""
     path = folder / STEPS_FILE
@@ -215,6 +226,8 @@ def read_runs(folder: Path) -> tuple[list[MeasuredRun], list[Skipped]]:
         text = path.read_text()
     except OSError as exc:
         raise ConfigError([f"{path}: cannot read: {exc.strerror or exc}"]) from None
+    with contextlib.suppress(ValueError):  # file:line in messages relative to the repository when inside it
+        path = path.resolve().relative_to(ROOT)
     lines = text.splitlines()
     reader = csv.DictReader(lines)
     by_run: dict[str, dict[str, tuple[int, dict[str, str]]]] = {}
@@ -252,7 +265,7 @@ def read_runs(folder: Path) -> tuple[list[MeasuredRun], list[Skipped]]:
             raise ConfigError([f"{where}: config: unknown configuration {config!r} "
                                f"(known: {', '.join(SYSTEM_NAMES)})"])
         ds_file = _cell(row, "ds_config_file")
-        ds_path = folder / ds_file if ds_file else None
+        ds_path = _ds_config_path(folder, ds_file) if ds_file else None
         if config != "floor" and (ds_path is None or not ds_path.is_file()):
             skipped.append(Skipped(run_id, folder.name, where, f"DeepSpeed config {ds_file or '(none)'} not found "
                                    f"in {folder}"))
