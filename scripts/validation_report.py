@@ -129,6 +129,8 @@ def effects(rep: Report) -> str:
         err = _pct(e["error_of_effect"])
         if not e["resolved"]:
             err += f" (measured Δ within the runs' spread ±{e['measured_noise_s']:.3f} s: not resolved)"
+        if not e["same_session"]:
+            err += " (the two runs come from different device sessions: machine drift not controlled)"
         out.append(f"| {e['effect']} | {e['run_id']} (vs {e['base_run_id']}) | {e['measured_s']:+.3f} s "
                    f"({e['measured_rel']:+.1%}) | {e['predicted_s']:+.3f} s ({e['predicted_rel']:+.1%}) | "
                    f"{err} | {' | '.join(cells)} |")

@@ -41,6 +41,7 @@ import contextlib
 import csv
 import dataclasses
 import itertools
+import json
 import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -132,6 +133,7 @@ class MeasuredRun:
     cores_perc: float
     sub_group_size: float
     model_label: str
+    session: str = ""  # the step script's output folder of the device session that measured it ("" unknown)
 
     @property
     def pair_key(self) -> tuple[Any, ...]:
@@ -219,6 +221,20 @@ def _ds_config_path(folder: Path, name: str) -> Path:
     return moved if moved.is_file() else given
 
 
+def _session(ds_config: Path | None) -> str:
+    """Which device session measured a run: the ``args.out`` of its raw record (``<run_id>.json`` beside its
+    DeepSpeed config). Runs of different sessions may differ by machine drift (another lease, another host)."""
+    if ds_config is None:
+        return ""
+    record = ds_config.with_name(ds_config.name.replace(".ds_config.json", ".json"))
+    try:
+        data = json.loads(record.read_text())
+    except (OSError, ValueError):
+        return ""
+    args = data.get("args") if isinstance(data, dict) else None
+    return str(args.get("out", "")) if isinstance(args, dict) else ""
+
+
 def read_runs(folder: Path) -> tuple[list[MeasuredRun], list[Skipped]]:
     """Every run of one ``deepspeed_steps.csv`` (a run = its unsynced row + its phased row)."""
     path = folder / STEPS_FILE
@@ -282,6 +298,7 @@ def read_runs(folder: Path) -> tuple[list[MeasuredRun], list[Skipped]]:
             gpus=int(_num(row, "gpus", where, 1)), clip=_num(row, "gradient_clipping", where, 0.0),
             ratio=_num(row, "ratio", where, 1.0), cores_perc=_num(row, "cpuadam_cores_perc", where, 0.8),
             sub_group_size=_num(row, "sub_group_size", where, 0.0), model_label=_cell(row, "model"),
+            session=_session(ds_path),
         ))
     return runs, skipped
 
@@ -778,6 +795,7 @@ def _effect(label: str, base: RunResult, other: RunResult) -> dict[str, Any]:
         "measured_rel": measured / base.run.step.median, "predicted_rel": predicted / base.predicted_s,
         "error_of_effect": (predicted - measured) / abs(measured) if measured else math.nan,
         "measured_noise_s": noise, "resolved": abs(measured) > noise,
+        "same_session": base.run.session == other.run.session,
         "phases": {name: {"measured_s": other.run.phases[name].median - base.run.phases[name].median,
                           "predicted_s": other.phases_pred.get(name, math.nan) - base.phases_pred.get(name, math.nan)}
                    for name in SECTION_NAMES if name in other.run.phases and name in base.run.phases},

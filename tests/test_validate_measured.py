@@ -290,3 +290,20 @@ def test_report_script_replaces_only_marked_sections(tmp_path: Path, monkeypatch
     assert module.write(page) == 0 and page.read_text() == expected  # idempotent
     page.write_text("no markers\n")
     assert module.write(page) == 1
+
+
+def test_runs_of_2026_11_30_with_timers_and_sessions() -> None:
+    folder = ROOT / "calibration" / "nvidia-h200-2026-11-30"
+    runs, skipped = read_runs(folder)
+    assert skipped == [] and len(runs) == 12
+    by_id = {r.run_id: r for r in runs}
+    z3 = by_id["1.1b-s2048-mb4-zero3-clip0"]
+    # The CSV names runs/...; the committed folder keeps the configs in deepspeed_runs/.
+    assert z3.ds_config == folder / "deepspeed_runs" / "1.1b-s2048-mb4-zero3-clip0.ds_config.json"
+    assert z3.n_steps == 10 and z3.timers["refresh"] > 0 and "fixed" in z3.timers
+    assert set(measured_timers(z3)) == {"adam+unscale", "refresh", "fixed"}
+    # Call D measured the clipping run; its clip-0 partner came from another device session.
+    rep = validate_measured([folder])
+    effects = {(e["effect"], e["run_id"]): e for e in rep.effects()}
+    assert effects[("clipping 1 vs 0", "0.5b-s2048-mb4-superoffload-clip1")]["same_session"] is False
+    assert effects[("ratio 0.5 vs 1", "0.5b-s2048-mb4-superoffload-clip0-ratio0.5")]["same_session"] is True
