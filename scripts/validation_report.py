@@ -71,8 +71,11 @@ def measured_steps(rep: Report) -> str:
         out.append(f"| {_run(r)} | {SYSTEM_NAMES[r.run.config]} | {m.median:.3f} ({m.p10:.3f}-{m.p90:.3f}) | "
                    f"{r.predicted_s:.3f} | {_pct(r.error)} | {band} | {inside} | "
                    f"{'yes' if r.within else '**no**'} |")
-    for s in rep.skipped:
-        out.append(f"\nSkipped {s.run_id} ({s.machine}): {s.reason}.")
+    by_reason: dict[str, list[str]] = {}
+    for skip in rep.skipped:
+        by_reason.setdefault(skip.reason, []).append(f"{skip.run_id} ({skip.machine.removeprefix('nvidia-')})")
+    for reason, runs in by_reason.items():
+        out.append(f"\nNot compared ({len(runs)}): {', '.join(runs)}: {reason}.")
     return "\n".join(out)
 
 
