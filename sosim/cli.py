@@ -167,11 +167,14 @@ def cmd_run(args: argparse.Namespace) -> int:
     if trace is not None:
         from sosim.trace import write_trace
 
-        write_output(trace, "--trace", lambda p: write_trace(result, p, band.metrics() if band else None))
+        # The band's markers only when there is a band (keeps write_trace's two-argument form otherwise).
+        write_output(trace, "--trace", lambda p: write_trace(result, p, band=band.metrics()) if band
+                     else write_trace(result, p))
     if plot is not None:
         from sosim.plot import plot_result
 
-        write_output(plot, "--plot", lambda p: plot_result(result, p, band.metrics() if band else None))
+        write_output(plot, "--plot", lambda p: plot_result(result, p, band=band.metrics()) if band
+                     else plot_result(result, p))
     if args.format == "json":
         gpu_usable, cpu_usable = usable_memory_gib(sc)
         print_json({"scenario": sc.name, "system": sc.schedule.system, **provenance_fields(sc), **result.metrics,
