@@ -21,9 +21,12 @@ def make_cost_model(sc: Scenario) -> CostModel:
     return TableCostModel.from_profile(analytic)
 
 
-def simulate(sc: Scenario) -> Result:
-    """Simulate ``sc`` and return its metrics, spans and memory. Deterministic for a given scenario."""
-    costs = make_cost_model(sc)
+def simulate(sc: Scenario, costs: CostModel | None = None) -> Result:
+    """Simulate ``sc`` and return its metrics, spans and memory. Deterministic for a given scenario.
+
+    ``costs``: another cost model for the same scenario (error bands replay sampled costs, sosim.bands);
+    default: the profile's own (:func:`make_cost_model`)."""
+    costs = make_cost_model(sc) if costs is None else costs
     module = SCHEDULES[sc.schedule.system]
     usage = module.memory_usage(sc)
     plan = module.build_plan(sc, costs)
