@@ -76,7 +76,7 @@ def simpy_simulate(sc: Scenario) -> object:
     paused = gc.isenabled()
     gc.disable()
     try:
-        return _simulate(sc, run_plan)
+        return _simulate(sc, None, run_plan)
     finally:
         if paused:
             gc.enable()

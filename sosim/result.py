@@ -73,6 +73,9 @@ METRICS: tuple[MetricSpec, ...] = (
     MetricSpec("samples_per_s", "samples/s", float, "global sequences per second"),
     MetricSpec("model_tflops", "TFLOP/s", float, "model FLOPs per second per GPU (no recompute)"),
     MetricSpec("hardware_tflops", "TFLOP/s", float, "hardware FLOPs per second per GPU (recompute counted)"),
+    MetricSpec("deepspeed_convention_tflops", "TFLOP/s", float,
+               "TFLOP/s per GPU as DeepSpeed's examples and the ZeRO-Offload paper count them (all parameters, "
+               "full attention, recompute counted): only for comparison with numbers published that way"),
     MetricSpec("mfu", "fraction", float, "model FLOPs / peak of all GPUs"),
     MetricSpec("gpu_busy_frac", "fraction", float, "fraction of the step the GPU stream is busy"),
     *(MetricSpec(k, "s", float, _BREAKDOWN_DOC[k]) for k in BREAKDOWN_KEYS),
@@ -180,6 +183,8 @@ def compute_metrics(
         # Per GPU, as papers report them.
         "model_tflops": model_flops / step / TFLOP / gpus,
         "hardware_tflops": hw_flops / step / TFLOP / gpus,
+        "deepspeed_convention_tflops": tm.deepspeed_convention_flops_per_step(sc.model, sc.training, tokens)
+        / step / TFLOP / gpus,
         "mfu": model_flops / step / peak,
         "gpu_busy_frac": (br["gpu_compute_s"] + br["gpu_other_s"]) / step,
         **br,

@@ -27,22 +27,25 @@ def make_cost_model(sc: Scenario) -> CostModel:
     return TableCostModel.from_profile(analytic)
 
 
-def simulate(sc: Scenario) -> Result:
-    """Simulate ``sc`` and return its metrics, spans and memory. Deterministic for a given scenario."""
+def simulate(sc: Scenario, costs: CostModel | None = None) -> Result:
+    """Simulate ``sc`` and return its metrics, spans and memory. Deterministic for a given scenario.
+
+    ``costs``: another cost model for the same scenario (error bands replay sampled costs, sosim.bands);
+    default: the profile's own (:func:`make_cost_model`)."""
     # A simulation allocates many small, acyclic objects (ops, tuples, events) and frees them all at once:
     # the cyclic garbage collector would only walk them again and again. Paused here, restored after.
     paused = gc.isenabled()
     gc.disable()
     try:
-        return _simulate(sc, timeline)
+        return _simulate(sc, costs, timeline)
     finally:
         if paused:
             gc.enable()
 
 
-def _simulate(sc: Scenario, run: Callable[[Plan], tuple[np.ndarray, np.ndarray]]) -> Result:
+def _simulate(sc: Scenario, costs: CostModel | None, run: Callable[[Plan], tuple[np.ndarray, np.ndarray]]) -> Result:
     """simulate() with ``run`` giving the timeline (the fast path; SimPy's ``run_plan`` in the benchmark)."""
-    costs = make_cost_model(sc)
+    costs = make_cost_model(sc) if costs is None else costs
     module = SCHEDULES[sc.schedule.system]
     usage = module.memory_usage(sc)
     plan = module.build_plan(sc, costs)

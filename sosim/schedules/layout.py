@@ -163,8 +163,7 @@ def _unit_counts(m: ModelSpec, tokens: int, seq_len: int, checkpointing: bool) -
     head = tm.embedding_params(m) - emb
     # FLOPs as model.py counts them (causal attention: the kernels skip the masked half); backward = 2x
     # forward, + a forward if recomputed.
-    attention_fwd_flops = tm.attention_flops_fwd(m, tokens, seq_len) * tm.CAUSAL_ATTENTION_FRACTION
-    layer_fwd_flops = tm.layer_gemm_flops_fwd(m, tokens) + attention_fwd_flops
+    layer_fwd_flops = tm.layer_flops_fwd(m, tokens, seq_len)
     layer_bwd_flops = layer_fwd_flops * (3.0 if checkpointing else 2.0)
     return emb, head, tm.layer_params(m), layer_fwd_flops, layer_bwd_flops, tm.head_flops_fwd(m, tokens)
 
