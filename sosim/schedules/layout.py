@@ -170,10 +170,17 @@ def _unit_counts(m: ModelSpec, tokens: int, seq_len: int, checkpointing: bool) -
 
 def param_units(m: ModelSpec) -> list[Unit]:
     """Units with their parameter counts only (no durations): what memory footprints need."""
+    return list(_param_units(m))
+
+
+@functools.lru_cache(maxsize=64)
+def _param_units(m: ModelSpec) -> tuple[Unit, ...]:
+    # Cached: a search checks the memory of many settings of one model (units are immutable).
     emb = m.vocab * m.hidden
-    return ([Unit(0, "embed", emb, 0.0, 0.0)]
-            + [Unit(i, f"layer{i - 1}", tm.layer_params(m), 0.0, 0.0) for i in range(1, m.layers + 1)]
-            + [Unit(m.layers + 1, "head", tm.embedding_params(m) - emb, 0.0, 0.0)])
+    layer_p = tm.layer_params(m)
+    return ((Unit(0, "embed", emb, 0.0, 0.0),)
+            + tuple(Unit(i, f"layer{i - 1}", layer_p, 0.0, 0.0) for i in range(1, m.layers + 1))
+            + (Unit(m.layers + 1, "head", tm.embedding_params(m) - emb, 0.0, 0.0),))
 
 
 # --- parameter tensors ------------------------------------------------------------------------------------
