@@ -217,7 +217,8 @@ class AnalyticCostModel:
 
     def head_bwd_s(self) -> float:
         gemm = self.gemm_shape_s(self.tokens_per_gpu, self.model.vocab, self.model.hidden)
-        return max(2.0 * gemm + self._loss_s(), 2.0 * tm.head_flops_fwd(self.model, self.tokens_per_gpu) / self._peak_flops)
+        roofline_s = 2.0 * tm.head_flops_fwd(self.model, self.tokens_per_gpu) / self._peak_flops
+        return max(2.0 * gemm + self._loss_s(), roofline_s)
 
     def gpu_adam_s(self, params: float) -> float:
         return params * GPU_ADAM_BYTES_PER_PARAM / self._hbm_Bps
