@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 from sosim.config import Scenario
+from sosim.contention import node_plan
 from sosim.costs import AnalyticCostModel, CostModel
-from sosim.engine import run_plan
+from sosim.engine import run_plan_detailed
+from sosim.machine import Machine
 from sosim.memory import check_fit
 from sosim.result import Result, compute_metrics
 from sosim.schedules import SCHEDULES
@@ -26,9 +28,14 @@ def simulate(sc: Scenario) -> Result:
     costs = make_cost_model(sc)
     module = SCHEDULES[sc.schedule.system]
     usage = module.memory_usage(sc)
-    plan = module.build_plan(sc, costs)
-    start, end = run_plan(plan)
+    machine = Machine.from_scenario(sc)
+    # One rank's plan, expanded to the ranks of one node that share a host, with the node's shared resources
+    # handed to the engine (sosim/contention.py).
+    plan, contention = node_plan(sc, machine, module.build_plan(sc, costs))
+    run = run_plan_detailed(plan, contention)
+    start, end = run.start_s, run.end_s
     fit = check_fit(usage, sc.hardware)
     metrics = compute_metrics(sc, plan, start, end, usage, fit)
-    provenance = {**costs.provenance, **{k: v for k, v in plan.notes.items() if isinstance(v, (str, int, float))}}
+    provenance = {**costs.provenance, **{k: v for k, v in plan.notes.items() if isinstance(v, (str, int, float))},
+                  **machine.describe(), **{f"contention_{k}_s": v for k, v in run.stretch_s.items()}}
     return Result(sc, metrics, plan, start, end, usage, provenance)

@@ -1,0 +1,139 @@
+"""Contention as a model handed to the engine: from one rank's plan and the machine, the node's plan (one
+copy per rank that shares a host) and which ops draw on which shared resource.
+
+What each kind of op draws on, per second at full speed:
+
+* a host<->device copy of rank r: its bytes per second on every resource of its route (the GPU's own link
+  direction and the link's bidirectional total, the PCIe uplink it sits behind, the cross-socket link when
+  the memory is on another socket, the socket's DRAM);
+* CPU work of rank r (the optimizer worker and the training process's casts and passes): its threads from the
+  node's core pool, and the socket's DRAM bandwidth in proportion to its threads (memory-bound kernels reach
+  the socket's bandwidth at ``adam_saturation_cores`` threads);
+* GPU kernels and collectives draw on nothing shared (a collective's NIC share is inside its duration, see
+  :mod:`sosim.collectives`).
+
+Ranks that behave alike are simulated once: when no shared resource is reachable by two ranks (a GH200
+node: each Superchip has its own Grace, C2C and NIC), one rank stands for all; otherwise every rank of one
+node is simulated and its collectives wait for all of them (a collective starts when the last rank is there).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Hashable
+from typing import Any
+
+from sosim.config import Scenario
+from sosim.engine import Contention
+from sosim.machine import Machine
+from sosim.plan import Plan
+
+# Op kinds (resource labels without the rank suffix) and what they are.
+_COPY = {"h2d": "h2d", "d2h": "d2h"}
+_CPU = frozenset({"cpu_opt", "cpu_cast"})
+_COLLECTIVE = frozenset({"net"})
+
+
+def kind_and_rank(resource: Any) -> tuple[str, int]:
+    """(kind label, local rank) of a plan resource: ``Resource(kind, instance)`` or a ``"kind.rank"`` label."""
+    kind = getattr(resource, "kind", None)
+    if kind is not None:
+        return str(getattr(kind, "value", kind)), int(getattr(resource, "instance", 0))
+    base, _, idx = str(resource).partition(".")
+    return base, int(idx) if idx.isdigit() else 0
+
+
+def rank_resource(resource: Any, rank: int) -> Hashable:
+    """The same resource on another local rank."""
+    if rank == 0:
+        return resource  # type: ignore[no-any-return]
+    if hasattr(resource, "kind") and hasattr(resource, "instance"):
+        return dataclasses.replace(resource, instance=rank)  # type: ignore[no-any-return]
+    base, _ = kind_and_rank(resource)
+    return f"{base}.{rank}"
+
+
+def ranks_share_host(m: Machine) -> bool:
+    """Whether two simulated ranks can draw on one shared resource (then each must be simulated)."""
+    if m.legacy or m.local_ranks <= 1:
+        return False
+    node = m.profile.node
+    assert node is not None
+    if node.dram_GBps is not None and len(set(m.rank_socket)) < m.local_ranks:
+        return True
+    ups = [u for u in m.rank_uplink if u >= 0]
+    if len(ups) != len(set(ups)):
+        return True
+    if node.nvme is not None:
+        return True
+    return m.threads_per_rank * m.local_ranks > m.cores_per_socket * m.sockets  # oversubscribed cores
+
+
+def expand_ranks(plan: Plan, ranks: int,
+                 move: Callable[[Any, int], Hashable] = rank_resource) -> Plan:
+    """The node's plan: ``ranks`` copies of one rank's plan, each on its own resources.
+
+    Op ``i`` of rank ``r`` gets id ``i * ranks + r`` (so every dependency still points to a smaller id). A
+    collective of rank r additionally waits for what the same collective waits for on every other rank.
+    """
+    if ranks <= 1:
+        return plan
+    out = Plan(duplex_factors=dict(plan.duplex_factors), notes=dict(plan.notes))
+    ops = out.ops
+    for op in plan.ops:
+        kind, _ = kind_and_rank(op.resource)
+        shifted = [tuple(d * ranks + r for d in op.deps) for r in range(ranks)]
+        synced = tuple(sorted({d for deps in shifted for d in deps})) if kind in _COLLECTIVE else None
+        for r in range(ranks):
+            deps = synced if synced is not None else shifted[r]
+            ops.append(dataclasses.replace(op, id=op.id * ranks + r, resource=move(op.resource, r),  # type: ignore[arg-type]
+                                           deps=deps))
+    out.iteration_starts = [i * ranks for i in plan.iteration_starts]
+    return out
+
+
+def node_plan(sc: Scenario, m: Machine, plan: Plan) -> tuple[Plan, Contention]:
+    """The plan the engine runs for one node and the contention it is handed."""
+    simulated = m.local_ranks if ranks_share_host(m) else 1
+    node = expand_ranks(plan, simulated)
+    return node, contention_for(sc, m, node, simulated)
+
+
+def contention_for(sc: Scenario, m: Machine, plan: Plan, simulated_ranks: int) -> Contention:
+    shared = m.shared_resources()
+    index = {s.name: k for k, s in enumerate(shared)}
+    hw = m.profile
+    link = hw.link
+    rate = {"h2d": link.h2d_GBps * 1e9, "d2h": link.d2h_GBps * 1e9}
+    latency = link.latency_us * 1e-6
+    node = hw.node
+    dram_Bps = node.dram_GBps * 1e9 if node is not None and node.dram_GBps is not None else 0.0
+    fraction = float(getattr(sc.schedule, "cpu_adam_core_fraction", 1.0))
+    threads = float(m.threads_per_rank)
+    # The optimizer worker's threads and the training process's (they split the rank's threads when the
+    # worker is given a fraction of them; otherwise they take turns on all of them).
+    split = {"cpu_opt": max(1.0, threads * fraction), "cpu_cast": max(1.0, threads * (1 - fraction))} \
+        if fraction < 1 else {"cpu_opt": threads, "cpu_cast": threads}
+    saturation = float(hw.cpu.adam_saturation_cores)
+    uses: dict[int, tuple[tuple[int, float], ...]] = {}
+    for op in plan.ops:
+        if op.duration_s <= 0:
+            continue
+        kind, rank = kind_and_rank(op.resource)
+        if rank >= simulated_ranks:
+            continue
+        if kind in _COPY:
+            n_bytes = float(getattr(op, "n_bytes", 0.0))
+            moving_s = op.duration_s - latency
+            bps = n_bytes / moving_s if n_bytes > 0 and moving_s > 0 else rate[kind]
+            route = m.route(rank, "host", "hbm") if kind == "h2d" else m.route(rank, "hbm", "host")
+            uses[op.id] = tuple((index[name], bps) for name in route if name in index)
+        elif kind in _CPU:
+            t = split[kind]
+            demand = [(index["cores"], t)] if "cores" in index else []
+            socket = m.rank_socket[rank] if not m.legacy else rank
+            if dram_Bps > 0 and f"dram{socket}" in index:
+                demand.append((index[f"dram{socket}"], dram_Bps * min(1.0, t / saturation)))
+            if demand:
+                uses[op.id] = tuple(demand)
+    return Contention(tuple(s.name for s in shared), tuple(s.capacity for s in shared), uses)
