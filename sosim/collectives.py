@@ -120,3 +120,39 @@ def _latency_s(m: Machine, nodes: int) -> float:
     if nodes <= 1:
         return m.fabric_latency_s
     return m.fabric_latency_s + m.network_latency_s * math.ceil(math.log2(nodes))
+
+
+class TopologyCosts:
+    """A cost model whose collectives run on the machine's topology; every other cost is the wrapped model's.
+
+    The schedules time their reduce-scatters, all-gathers and all-reduces through the cost model; wrapping it
+    here puts the node's fabric, NICs, network and measured NCCL curves behind those calls without the
+    schedules knowing about topology.
+    """
+
+    def __init__(self, inner: object, machine: Machine) -> None:
+        self._inner = inner
+        self._machine = machine
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self._inner, name)
+
+    def _per_node(self, ranks: int) -> int:
+        return math.gcd(ranks, min(ranks, self._machine.gpus_per_node))
+
+    def collective_s(self, kind: str, n_bytes: float, ranks: int) -> float:
+        if ranks <= 1:
+            return 0.0
+        return collective_s(self._machine, kind, n_bytes, ranks, self._per_node(ranks))
+
+    def allreduce_s(self, n_bytes: float, ranks: int) -> float:
+        return self.collective_s("all_reduce", n_bytes, ranks)
+
+    def reduce_scatter_s(self, n_bytes: float, ranks: int) -> float:
+        # Also what the schedules use for all-gathers (the same bytes cross each link).
+        return self.collective_s("reduce_scatter", n_bytes, ranks)
+
+    @property
+    def provenance(self) -> dict[str, str]:
+        inner = dict(getattr(self._inner, "provenance", {}))
+        return {**inner, "collectives": "topology (sosim/collectives.py)"}

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from typing import cast
+
+from sosim.collectives import TopologyCosts
 from sosim.config import Scenario
 from sosim.contention import node_plan
 from sosim.costs import AnalyticCostModel, CostModel
@@ -25,16 +28,17 @@ def make_cost_model(sc: Scenario) -> CostModel:
 
 def simulate(sc: Scenario) -> Result:
     """Simulate ``sc`` and return its metrics, spans and memory. Deterministic for a given scenario."""
-    costs = make_cost_model(sc)
+    machine = Machine.from_scenario(sc)
+    costs = cast(CostModel, TopologyCosts(make_cost_model(sc), machine)) if not machine.legacy \
+        else make_cost_model(sc)
     module = SCHEDULES[sc.schedule.system]
     usage = module.memory_usage(sc)
-    machine = Machine.from_scenario(sc)
     # One rank's plan, expanded to the ranks of one node that share a host, with the node's shared resources
     # handed to the engine (sosim/contention.py).
     plan, contention = node_plan(sc, machine, module.build_plan(sc, costs))
     run = run_plan_detailed(plan, contention)
     start, end = run.start_s, run.end_s
-    fit = check_fit(usage, sc.hardware)
+    fit = check_fit(usage, sc.hardware, machine)
     metrics = compute_metrics(sc, plan, start, end, usage, fit)
     provenance = {**costs.provenance, **{k: v for k, v in plan.notes.items() if isinstance(v, (str, int, float))},
                   **machine.describe(), **{f"contention_{k}_s": v for k, v in run.stretch_s.items()}}

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from sosim import model as tm
 from sosim.config import Scenario
 from sosim.costs import CostModel
+from sosim.machine import Machine
 from sosim.plan import COMM, COMPUTE, GPU, NET, Plan
 
 
@@ -143,4 +144,9 @@ def make_buckets(units: Sequence[Unit], bucket_params: float) -> list[Bucket]:
 
 
 def cores_for_adam(sc: Scenario, fraction: float) -> float:
-    return max(1.0, sc.hardware.cpu.cores * fraction)
+    """The rank's CPU threads given to the optimizer (its share of the node's cores: sosim/machine.py)."""
+    return max(1.0, cpu_threads(sc) * fraction)
+
+
+def cpu_threads(sc: Scenario) -> float:
+    return float(Machine.from_scenario(sc).threads_per_rank)

@@ -38,7 +38,15 @@ from sosim.plan import (
     TRANSFER,
     Plan,
 )
-from sosim.schedules.common import Bucket, Unit, build_units, cores_for_adam, gpu_pass_op, make_buckets
+from sosim.schedules.common import (
+    Bucket,
+    Unit,
+    build_units,
+    cores_for_adam,
+    cpu_threads,
+    gpu_pass_op,
+    make_buckets,
+)
 from sosim.units import BF16_BYTES, FP32_BYTES, MB
 
 # DeepSpeed ZeRO-3 runs Python hooks around every submodule's forward and backward (fetch, release,
@@ -171,7 +179,7 @@ def build_plan(sc: Scenario, costs: CostModel, st: Stage3Strategy) -> Plan:
     # With a dedicated Adam worker (core fraction < 1) the training process casts on the remaining cores,
     # concurrently; otherwise casts and Adam share all cores and run one after the other on one resource.
     if st.cpu_adam_core_fraction < 1:
-        cast_cores, cpu_cast = max(1.0, sc.hardware.cpu.cores - cores), CPU_CAST
+        cast_cores, cpu_cast = max(1.0, cpu_threads(sc) - cores), CPU_CAST
     else:
         cast_cores, cpu_cast = cores, CPU_OPT
     shard_total = lay.p_total / dp
