@@ -31,7 +31,7 @@ DEFAULT_CSV = ROOT / "calibration" / "nvidia-h200-2026-11-29" / "measurements.cs
 class _NoLayers(CalibrationTable):
     """The table with its whole-layer rows hidden, so a layer must be composed from GEMMs + attention."""
 
-    def layer_time_s(self, hidden: int, seq: int, batch: int, backward: bool) -> float | None:
+    def layer_time_s(self, hidden: int, seq: int, batch: int, backward: bool, **shape: object) -> float | None:
         return None
 
 
@@ -51,7 +51,7 @@ def main() -> None:
                       ffn=int(r.ffn), ffn_kind="swiglu", vocab=32000)
         t = TrainingSpec(seq_len=int(r.seq), micro_batch=int(r.batch), activation_checkpointing=False)
         analytic = AnalyticCostModel(hw, m, t, int(r.seq) * int(r.batch))
-        composed = TableCostModel(analytic, held_out)
+        composed = TableCostModel.from_analytic(analytic, held_out)
         backward = r.variant == "fwd_bwd"
         a = analytic.layer_fwd_s() + (analytic.layer_bwd_s() if backward else 0.0)
         c = composed.layer_fwd_s() + (composed.layer_bwd_s() if backward else 0.0)

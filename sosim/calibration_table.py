@@ -9,6 +9,7 @@ measured sizes are spaced geometrically.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import math
 from collections.abc import Mapping
@@ -45,7 +46,12 @@ REQUIRED_COLUMNS: tuple[str, ...] = (
 )
 # Numeric columns checked when present (the harness's schema minus its text columns); empty cells mean
 # "not applicable" except for median_s.
-NUMERIC_COLUMNS: tuple[str, ...] = tuple(c for c in COLUMNS if c not in TEXT_COLUMNS)
+# Columns later harness versions append at the end (DeepSpeed stage-3 sections: optimizer sub-groups of a
+# step, GPUs of a collective); accepted and parsed whenever present, whether or not COLUMNS lists them yet.
+OPTIONAL_NUMERIC_COLUMNS: tuple[str, ...] = ("subgroups", "gpus")
+NUMERIC_COLUMNS: tuple[str, ...] = tuple(c for c in COLUMNS if c not in TEXT_COLUMNS) + tuple(
+    c for c in OPTIONAL_NUMERIC_COLUMNS if c not in COLUMNS
+)
 TIMING_COLUMNS: frozenset[str] = frozenset(("median_s", "p10_s", "p90_s"))
 
 # Sizes closer than this relative gap count as the same measured point (CSV round-trips of 1e8 etc.).
@@ -76,6 +82,40 @@ class CalibrationTable:
             raise CalibrationError(f"{path}: cannot read calibration file: {error.strerror}") from None
         frame = _read_frame(path)
         return cls(path=path, sha256=hashlib.sha256(raw_bytes).hexdigest(), columns_by_op=_group(frame))
+
+    def thread_range(self, op: str, variant: str) -> tuple[float, float] | None:
+        """Smallest and largest thread count measured for (op, variant); None if none was."""
+        cols = self.columns_by_op.get((op, variant))
+        if cols is None or "threads" not in cols:
+            return None
+        threads = cols["threads"][np.isfinite(cols["threads"])]
+        return (float(threads.min()), float(threads.max())) if threads.size else None
+
+    # ---- spread: the same table at another point of each measurement's run-to-run distribution ------------
+
+    def at_quantile(self, q: float) -> CalibrationTable:
+        """The table with every timing replaced by its quantile ``q`` (see :func:`quantile_times`)."""
+        if not 0.0 <= q <= 1.0:
+            raise ValueError(f"quantile must be in [0, 1], got {q}")
+        return self._with_times({key: q for key in self.columns_by_op})
+
+    def sampled(self, rng: np.random.Generator) -> tuple[CalibrationTable, dict[str, float]]:
+        """One seeded draw: a uniform quantile per op (component kind), shared by all its variants and rows.
+
+        Why one draw per kind and not per row: the rows of one kind were measured minutes apart on the same
+        machine state (clocks, NUMA placement, background load), so they move together; independent draws
+        per row would average the spread away over the many lookups of one replay. The ops are drawn in
+        sorted order, so a seed gives the same table whatever the file's row order.
+        """
+        ops = sorted({op for op, _ in self.columns_by_op})
+        draws = {op: float(rng.uniform()) for op in ops}
+        return self._with_times({key: draws[key[0]] for key in self.columns_by_op}), draws
+
+    def _with_times(self, q_by_key: Mapping[tuple[str, str], float]) -> CalibrationTable:
+        columns = {
+            key: {**cols, "median_s": quantile_times(cols, q_by_key[key])} for key, cols in self.columns_by_op.items()
+        }
+        return dataclasses.replace(self, columns_by_op=columns)
 
     # ---- GPU compute -------------------------------------------------------------------------------
 
@@ -130,8 +170,24 @@ class CalibrationTable:
         candidates = (same_seq & _match(cols, heads=heads), same_seq, same_dim)
         return _time_from_rate(work, measured_work, rate, candidates)
 
-    def layer_time_s(self, hidden: int, seq: int, batch: int, backward: bool) -> float | None:
-        """One Llama decoder layer (no recompute), only at a measured (hidden, seq).
+    def layer_time_s(
+        self,
+        hidden: int,
+        seq: int,
+        batch: int,
+        backward: bool,
+        *,
+        heads: int | None = None,
+        kv_heads: int | None = None,
+        ffn: int | None = None,
+        engine: str = "",
+    ) -> float | None:
+        """One Llama decoder layer (no recompute), only at a measured layer shape and seq.
+
+        The shape is (hidden, seq) plus, when given, heads, kv_heads and ffn: a multi-head layer must not
+        be given a grouped-query layer's time. ``engine`` picks the variant family: "" for the harness's
+        bare layer (``fwd`` / ``fwd_bwd``), "hf" for the Hugging Face layer bare, "z3" for the same layer
+        inside a DeepSpeed ZeRO-3 engine (``hf_fwd``, ``z3_fwd_bwd``, ...).
 
         Why so strict: a layer mixes GEMMs, attention and memory-bound kernels whose shares change with
         shape; only the micro-batch is interpolated (linearly, inside the measured range), because layer
@@ -140,10 +196,13 @@ class CalibrationTable:
         _check_non_negative(hidden=hidden, seq=seq, batch=batch)
         if batch == 0:
             return 0.0
-        cols = self.columns_by_op.get(("layer", "fwd_bwd" if backward else "fwd"))
+        variant = ("fwd_bwd" if backward else "fwd") if not engine else f"{engine}_{'fwd_bwd' if backward else 'fwd'}"
+        cols = self.columns_by_op.get(("layer", variant))
         if cols is None:
             return None
-        rows = _match(cols, hidden=hidden, seq=seq)
+        shape = {name: value for name, value in (("heads", heads), ("kv_heads", kv_heads), ("ffn", ffn))
+                 if value is not None}
+        rows = _match(cols, hidden=hidden, seq=seq, **shape)
         if not rows.any():
             return None
         batches, times_s = _average_duplicates(cols["batch"][rows], cols["median_s"][rows])
@@ -154,7 +213,7 @@ class CalibrationTable:
     # ---- links and CPU -----------------------------------------------------------------------------
 
     def copy_time_s(
-        self, bytes_: int, direction: Literal["h2d", "d2h"], pinned: bool, bidirectional: bool
+        self, bytes_: float, direction: Literal["h2d", "d2h"], pinned: bool, bidirectional: bool
     ) -> float | None:
         """Host<->device copy of ``bytes_`` (bidirectional: this direction's time while the other runs).
 
@@ -176,7 +235,7 @@ class CalibrationTable:
         bandwidth_Bps = cols["bytes"] / cols["median_s"]
         return _time_from_rate(float(bytes_), cols["bytes"], bandwidth_Bps, (np.isfinite(cols["bytes"]),))
 
-    def cpu_adam_time_s(self, elements: int, threads: int, impl: Literal["torch", "deepspeed"]) -> float | None:
+    def cpu_adam_time_s(self, elements: float, threads: float, impl: Literal["torch", "deepspeed"]) -> float | None:
         """One Adam step over ``elements`` fp32 parameters on the CPU with ``threads`` threads."""
         if impl not in ("torch", "deepspeed"):
             raise ValueError(f"impl must be 'torch' or 'deepspeed', not {impl!r}")
@@ -187,7 +246,7 @@ class CalibrationTable:
         return None if cols is None else _per_element_time_s(cols, elements, threads)
 
     def cast_time_s(
-        self, elements: int, where: Literal["cpu", "gpu"], to_dtype: Literal["bf16", "fp32"], threads: int | None
+        self, elements: float, where: Literal["cpu", "gpu"], to_dtype: Literal["bf16", "fp32"], threads: float | None
     ) -> float | None:
         """fp32<->bf16 cast of ``elements`` values into a preallocated buffer.
 
@@ -212,6 +271,158 @@ class CalibrationTable:
                 return None
             threads = int(measured.max())
         return _per_element_time_s(cols, elements, threads)
+
+
+    # ---- DeepSpeed stage-3 paths (docs/calibration.md) -----------------------------------------------
+
+    def ds_refresh_time_s(self, elements: float, threads: float, variant: str) -> float | None:
+        """DeepSpeed's refresh copy_ of one sub-group (fp32 host -> bf16 device, allocating cast + copy).
+
+        Per-element time over log size at each measured thread count, linear in throughput between thread
+        counts (as CPU Adam); None outside the measured thread counts or below the smallest size.
+        """
+        _check_non_negative(elements=elements, threads=threads)
+        if elements == 0:
+            return 0.0
+        cols = self.columns_by_op.get(("ds_refresh", variant))
+        return None if cols is None else _per_element_time_s(cols, elements, threads)
+
+    def stage3_hook_time_s(
+        self, hidden: int, heads: int, kv_heads: int, ffn: int, tokens: int, backward: bool
+    ) -> tuple[float, str] | None:
+        """CPU-side ZeRO-3 hook cost of one layer pass: (z3 layer - bare HF layer) at the same shape and tokens.
+
+        ``backward``: the backward pass alone, (fwd_bwd difference) - (fwd difference). Returns the time and
+        which measured shape answered: the exact layer shape when measured, else the measured shape of the
+        nearest hidden size (the hooks run per parameter tensor, and a Llama layer has the same tensors at
+        every size). Linear in tokens inside the measured range, flat outside it (a CPU-side cost does not
+        grow with the GPU work). Negative differences (noise) count as zero. None when no pair was measured.
+        """
+        _check_non_negative(tokens=tokens)
+        fwd = self._hook_points(False)
+        if fwd is None:
+            return None
+        both = self._hook_points(True) if backward else None
+        if backward and both is None:
+            return None
+        # Shapes measured for every pass needed.
+        shapes = set(fwd) if both is None else set(fwd) & set(both)
+        if not shapes:
+            return None
+        wanted = (float(hidden), float(heads), float(kv_heads), float(ffn))
+        shape = wanted if wanted in shapes else min(shapes, key=lambda sh: (abs(math.log(sh[0] / hidden)), sh))
+        label = "exact shape" if shape == wanted else f"nearest measured shape hidden={int(shape[0])}"
+        diff_fwd = _clamped_interp(float(tokens), *fwd[shape])
+        if both is None:
+            return max(0.0, diff_fwd), label
+        return max(0.0, _clamped_interp(float(tokens), *both[shape]) - diff_fwd), label
+
+    def _hook_points(self, backward: bool) -> dict[tuple[float, ...], tuple[Array, Array]] | None:
+        """Layer shape -> (tokens, z3 - hf seconds) at the points measured in both engines."""
+        pass_name = "fwd_bwd" if backward else "fwd"
+        z3 = self.columns_by_op.get(("layer", f"z3_{pass_name}"))
+        hf = self.columns_by_op.get(("layer", f"hf_{pass_name}"))
+        if z3 is None or hf is None:
+            return None
+        keys = ("hidden", "heads", "kv_heads", "ffn", "seq", "batch")
+
+        def by_point(cols: Mapping[str, Array]) -> dict[tuple[float, ...], list[float]]:
+            out: dict[tuple[float, ...], list[float]] = {}
+            for i in range(len(cols["median_s"])):
+                out.setdefault(tuple(float(cols[k][i]) for k in keys), []).append(float(cols["median_s"][i]))
+            return out
+
+        z3_points, hf_points = by_point(z3), by_point(hf)
+        per_shape: dict[tuple[float, ...], list[tuple[float, float]]] = {}
+        for point, times in z3_points.items():
+            if point in hf_points and all(math.isfinite(v) for v in point):
+                diff = float(np.mean(times)) - float(np.mean(hf_points[point]))
+                per_shape.setdefault(point[:4], []).append((point[4] * point[5], diff))
+        if not per_shape:
+            return None
+        out: dict[tuple[float, ...], tuple[Array, Array]] = {}
+        for shape, pts in per_shape.items():
+            xs, ys = _average_duplicates(np.array([p[0] for p in pts]), np.array([p[1] for p in pts]))
+            out[shape] = (xs, ys)
+        return out
+
+    def ds_step_fixed_time_s(self, elements: float, subgroups: int, variant: str) -> float | None:
+        """engine.step() with a no-op optimizer: its fixed part, for ``elements`` parameters in ``subgroups``.
+
+        An exact measured point -> its median; otherwise the least-squares affine fit
+        t = a + b * subgroups + c * elements over the variant's rows (each regressor only if it varies in
+        the data): partitioning and the norm stream over the elements, the bookkeeping repeats per
+        sub-group, the host sync is fixed. None without enough rows for the fit.
+        """
+        _check_non_negative(elements=elements, subgroups=subgroups)
+        cols = self.columns_by_op.get(("ds_step_fixed", variant))
+        if cols is None or "subgroups" not in cols:
+            return None
+        exact = _match(cols, elements=elements, subgroups=subgroups)
+        if exact.any():
+            return float(np.mean(cols["median_s"][exact]))
+        return _affine_fit(cols, {"subgroups": float(subgroups), "elements": float(elements)})
+
+    def so_worker_time_s(self, elements: float, variant: str) -> float | None:
+        """SuperOffload's round trip of one sub-group to its Adam worker and back (excluding the Adam).
+
+        Affine in elements (a fixed hand-off plus per-element copies through shared buffers): piecewise
+        linear between measured sizes, extended by the end segments' slopes, never below zero.
+        """
+        _check_non_negative(elements=elements)
+        cols = self.columns_by_op.get(("so_worker", variant))
+        if cols is None:
+            return None
+        keep = np.isfinite(cols["elements"])
+        if not keep.any():
+            return None
+        xs, ys = _average_duplicates(cols["elements"][keep], cols["median_s"][keep])
+        return max(0.0, _linear_extrapolated(float(elements), xs, ys))
+
+    def collective_time_s(self, kind: str, n_bytes: float, gpus: int) -> float | None:
+        """NCCL collective ``kind`` over a buffer of ``n_bytes`` on ``gpus`` GPUs (op ``nccl``).
+
+        Achieved bandwidth (bytes / time) interpolated over log size at that GPU count; flat above the
+        largest size, None below the smallest or at an unmeasured GPU count.
+        """
+        _check_non_negative(n_bytes=n_bytes, gpus=gpus)
+        if n_bytes == 0 or gpus <= 1:
+            return 0.0
+        cols = self.columns_by_op.get(("nccl", kind))
+        if cols is None or "gpus" not in cols:
+            return None
+        rows = _match(cols, gpus=gpus) & np.isfinite(cols["bytes"])
+        if not rows.any():
+            return None
+        return _time_from_rate(float(n_bytes), cols["bytes"], cols["bytes"] / cols["median_s"], (rows,))
+
+    def disk_time_s(
+        self, n_bytes: float, write: bool, block_bytes: float = 2**20, queue_depth: int | None = None
+    ) -> float | None:
+        """Direct I/O of ``n_bytes`` at ``block_bytes`` per request (op ``disk``: bytes = block size, threads =
+        queue depth; each row's time is one block's transfer at that depth).
+
+        Throughput = queue depth x block / time, interpolated over log block size at the queue depth
+        asked (None: the deepest measured); the transfer takes n_bytes / throughput.
+        """
+        _check_non_negative(n_bytes=n_bytes, block_bytes=block_bytes)
+        if n_bytes == 0:
+            return 0.0
+        cols = self.columns_by_op.get(("disk", "write_direct" if write else "read_direct"))
+        if cols is None:
+            return None
+        depths = cols["threads"][np.isfinite(cols["threads"])]
+        if depths.size == 0:
+            return None
+        depth = float(depths.max()) if queue_depth is None else float(queue_depth)
+        rows = _match(cols, threads=depth) & np.isfinite(cols["bytes"])
+        if not rows.any():
+            return None
+        rate = depth * cols["bytes"] / cols["median_s"]
+        per_block = _time_from_rate(float(block_bytes), cols["bytes"], rate, (rows,))
+        if per_block is None:
+            return None
+        return n_bytes / (block_bytes / per_block)
 
 
 # ---- reading -------------------------------------------------------------------------------------------
@@ -270,10 +481,28 @@ def _group(frame: pd.DataFrame) -> dict[tuple[str, str], dict[str, Array]]:
     return groups
 
 
+def quantile_times(cols: Mapping[str, Array], q: float) -> Array:
+    """Each row's time at quantile ``q`` of its measured repeats, from its p10 / median / p90.
+
+    Piecewise linear through (0.1, p10), (0.5, median), (0.9, p90); flat outside [0.1, 0.9] (the table
+    does not know the tails, and inventing them would widen bands with no measurement behind it). A row
+    without p10 / p90 keeps its median.
+    """
+    median = cols["median_s"]
+    p10 = cols.get("p10_s", np.full_like(median, np.nan))
+    p90 = cols.get("p90_s", np.full_like(median, np.nan))
+    low = np.where(np.isfinite(p10) & (p10 > 0), np.minimum(p10, median), median)
+    high = np.where(np.isfinite(p90) & (p90 > 0), np.maximum(p90, median), median)
+    q = min(max(q, 0.1), 0.9)
+    if q <= 0.5:
+        return low + (median - low) * (q - 0.1) / 0.4
+    return median + (high - median) * (q - 0.5) / 0.4
+
+
 # ---- interpolation helpers -----------------------------------------------------------------------------
 
 
-def _check_non_negative(**sizes: int) -> None:
+def _check_non_negative(**sizes: float) -> None:
     for name, value in sizes.items():
         if value < 0:
             raise ValueError(f"{name} must not be negative, got {value}")
@@ -322,7 +551,7 @@ def _time_from_rate(
     return None
 
 
-def _per_element_time_s(cols: Mapping[str, Array], elements: int, threads: int | None) -> float | None:
+def _per_element_time_s(cols: Mapping[str, Array], elements: float, threads: float | None) -> float | None:
     """elements x per-element time, interpolated over log size (flat above the largest, None below the
     smallest) at each measured thread count, then linearly in threads on the throughput (elements/s),
     which is what adding a core adds to; None outside the measured thread counts."""
@@ -351,5 +580,39 @@ def _per_element_time_s(cols: Mapping[str, Array], elements: int, threads: int |
     return elements / float(throughput)
 
 
-def _scaled(elements: int, per_element_s: float | None) -> float | None:
+def _clamped_interp(x: float, xs: Array, ys: Array) -> float:
+    """Linear interpolation, flat beyond the ends (np.interp's own rule), for sorted unique xs."""
+    return float(np.interp(x, xs, ys))
+
+
+def _linear_extrapolated(x: float, xs: Array, ys: Array) -> float:
+    """Piecewise linear through sorted unique points, extended beyond the ends by the end segments."""
+    if xs.size == 1:
+        return float(ys[0])
+    if x < xs[0]:
+        slope = (ys[1] - ys[0]) / (xs[1] - xs[0])
+        return float(ys[0] + slope * (x - xs[0]))
+    if x > xs[-1]:
+        slope = (ys[-1] - ys[-2]) / (xs[-1] - xs[-2])
+        return float(ys[-1] + slope * (x - xs[-1]))
+    return float(np.interp(x, xs, ys))
+
+
+def _affine_fit(cols: Mapping[str, Array], query: Mapping[str, float]) -> float | None:
+    """Least-squares t = a + sum(b_i * x_i) over the rows, x_i only where it varies; max(0, prediction)."""
+    keep = np.isfinite(cols["median_s"])
+    for name in query:
+        keep &= np.isfinite(cols[name])
+    if not keep.any():
+        return None
+    names = [n for n in query if np.unique(cols[n][keep]).size > 1]
+    design = np.column_stack([np.ones(int(keep.sum()))] + [cols[n][keep] for n in names])
+    if design.shape[0] < design.shape[1] or np.linalg.matrix_rank(design) < design.shape[1]:
+        return None
+    coef, *_ = np.linalg.lstsq(design, cols["median_s"][keep], rcond=None)
+    x = np.array([1.0] + [query[n] for n in names])
+    return max(0.0, float(x @ coef))
+
+
+def _scaled(elements: float, per_element_s: float | None) -> float | None:
     return None if per_element_s is None else elements * per_element_s

@@ -23,18 +23,19 @@ def _metrics_table(metrics: dict[str, Any]) -> str:
     return "\n".join(f"{k:<{width}}  {format_value(v)}" for k, v in metrics.items() if k != "reason" or v)
 
 
-def _add_scenario_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("scenario", help="scenario YAML file")
+def _add_scenario_args(p: argparse.ArgumentParser, optional: bool = False) -> None:
+    p.add_argument("scenario", nargs="?" if optional else None, help="scenario YAML file")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY.PATH=VALUE",
                    help="override a scenario (or hardware.*) value; repeatable")
     p.add_argument("--format", choices=["table", "json"], default="table")
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from sosim import load_scenario, simulate
+    from sosim import dsconfig, simulate
 
-    sc = load_scenario(args.scenario, args.overrides)
+    sc, ds_mapping = dsconfig.scenario_for_run(args)  # a scenario file, or --ds-config + --model
     result = simulate(sc)
+    ds_extra = dsconfig.finish_run(args, sc, ds_mapping)  # mapping report, --emit-ds-config
     if args.trace:
         from sosim.trace import write_trace
 
@@ -45,7 +46,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         plot_result(result, args.plot)
     if args.format == "json":
         print_json({"scenario": sc.name, "system": sc.schedule.system, **result.metrics,
-                     "provenance": result.provenance})
+                     "provenance": result.provenance, **ds_extra})
     else:
         print(f"# {sc.name}: {sc.schedule.system} on {sc.hardware.name}, {result.metrics['params_b']:.2f}B params")
         print(_metrics_table(result.metrics))
@@ -115,7 +116,10 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
 
     p = sub.add_parser("run", help="simulate one scenario")
-    _add_scenario_args(p)
+    _add_scenario_args(p, optional=True)
+    from sosim.dsconfig import add_arguments as add_ds_arguments
+
+    add_ds_arguments(p)
     p.add_argument("--trace", metavar="OUT.json", help="write a Chrome/Perfetto trace")
     p.add_argument("--plot", metavar="OUT.png", help="write a timeline + breakdown figure")
     p.set_defaults(func=cmd_run)

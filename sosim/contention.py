@@ -20,37 +20,20 @@ node is simulated and its collectives wait for all of them (a collective starts 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Hashable
-from typing import Any
 
 from sosim.config import Scenario
 from sosim.engine import Contention
 from sosim.machine import Machine
-from sosim.plan import Plan
+from sosim.plan import Plan, Resource, ResourceKind
 
-# Op kinds (resource labels without the rank suffix) and what they are.
-_COPY = {"h2d": "h2d", "d2h": "d2h"}
-_CPU = frozenset({"cpu_opt", "cpu_cast"})
-_COLLECTIVE = frozenset({"net"})
-
-
-def kind_and_rank(resource: Any) -> tuple[str, int]:
-    """(kind label, local rank) of a plan resource: ``Resource(kind, instance)`` or a ``"kind.rank"`` label."""
-    kind = getattr(resource, "kind", None)
-    if kind is not None:
-        return str(getattr(kind, "value", kind)), int(getattr(resource, "instance", 0))
-    base, _, idx = str(resource).partition(".")
-    return base, int(idx) if idx.isdigit() else 0
+_COPY = {ResourceKind.H2D: "h2d", ResourceKind.D2H: "d2h"}
+_CPU = frozenset({ResourceKind.CPU_OPT, ResourceKind.CPU_CAST})
+_COLLECTIVE = frozenset({ResourceKind.NET})
 
 
-def rank_resource(resource: Any, rank: int) -> Hashable:
-    """The same resource on another local rank."""
-    if rank == 0:
-        return resource  # type: ignore[no-any-return]
-    if hasattr(resource, "kind") and hasattr(resource, "instance"):
-        return dataclasses.replace(resource, instance=rank)  # type: ignore[no-any-return]
-    base, _ = kind_and_rank(resource)
-    return f"{base}.{rank}"
+def rank_resource(resource: Resource, rank: int) -> Resource:
+    """The same resource on another local rank (a resource's instance is its rank)."""
+    return resource if rank == 0 else Resource(resource.kind, rank)
 
 
 def ranks_share_host(m: Machine) -> bool:
@@ -69,34 +52,34 @@ def ranks_share_host(m: Machine) -> bool:
     return m.threads_per_rank * m.local_ranks > m.cores_per_socket * m.sockets  # oversubscribed cores
 
 
-def expand_ranks(plan: Plan, ranks: int,
-                 move: Callable[[Any, int], Hashable] = rank_resource) -> Plan:
+def expand_ranks(plan: Plan, ranks: int) -> Plan:
     """The node's plan: ``ranks`` copies of one rank's plan, each on its own resources.
 
-    Op ``i`` of rank ``r`` gets id ``i * ranks + r`` (so every dependency still points to a smaller id). A
-    collective of rank r additionally waits for what the same collective waits for on every other rank.
+    Op ``i`` of rank ``r`` gets id ``i * ranks + r`` (so every dependency still points to a smaller id); rank
+    0's ops are ``plan``'s ops at ids multiplied by ``ranks``. A collective of rank r additionally waits for
+    what the same collective waits for on every other rank.
     """
     if ranks <= 1:
         return plan
-    out = Plan(duplex_factors=dict(plan.duplex_factors), notes=dict(plan.notes))
+    out = Plan(duplex_factors=dict(plan.duplex_factors))
     ops = out.ops
     for op in plan.ops:
-        kind, _ = kind_and_rank(op.resource)
         shifted = [tuple(d * ranks + r for d in op.deps) for r in range(ranks)]
-        synced = tuple(sorted({d for deps in shifted for d in deps})) if kind in _COLLECTIVE else None
+        synced = tuple(sorted({d for deps in shifted for d in deps})) if op.resource.kind in _COLLECTIVE else None
         for r in range(ranks):
             deps = synced if synced is not None else shifted[r]
-            ops.append(dataclasses.replace(op, id=op.id * ranks + r, resource=move(op.resource, r),  # type: ignore[arg-type]
+            ops.append(dataclasses.replace(op, id=op.id * ranks + r, resource=rank_resource(op.resource, r),
                                            deps=deps))
     out.iteration_starts = [i * ranks for i in plan.iteration_starts]
     return out
 
 
-def node_plan(sc: Scenario, m: Machine, plan: Plan) -> tuple[Plan, Contention]:
-    """The plan the engine runs for one node and the contention it is handed."""
+def node_plan(sc: Scenario, m: Machine, plan: Plan) -> tuple[Plan, Contention, int]:
+    """The plan the engine runs for one node, the contention it is handed, and how many ranks it holds
+    (rank 0's op ``i`` is the node plan's op ``i * ranks``)."""
     simulated = m.local_ranks if ranks_share_host(m) else 1
     node = expand_ranks(plan, simulated)
-    return node, contention_for(sc, m, node, simulated)
+    return node, contention_for(sc, m, node, simulated), simulated
 
 
 def contention_for(sc: Scenario, m: Machine, plan: Plan, simulated_ranks: int) -> Contention:
@@ -112,21 +95,22 @@ def contention_for(sc: Scenario, m: Machine, plan: Plan, simulated_ranks: int) -
     threads = float(m.threads_per_rank)
     # The optimizer worker's threads and the training process's (they split the rank's threads when the
     # worker is given a fraction of them; otherwise they take turns on all of them).
-    split = {"cpu_opt": max(1.0, threads * fraction), "cpu_cast": max(1.0, threads * (1 - fraction))} \
-        if fraction < 1 else {"cpu_opt": threads, "cpu_cast": threads}
+    split = {ResourceKind.CPU_OPT: max(1.0, threads * fraction),
+             ResourceKind.CPU_CAST: max(1.0, threads * (1 - fraction))} \
+        if fraction < 1 else {ResourceKind.CPU_OPT: threads, ResourceKind.CPU_CAST: threads}
     saturation = float(hw.cpu.adam_saturation_cores)
     uses: dict[int, tuple[tuple[int, float], ...]] = {}
     for op in plan.ops:
         if op.duration_s <= 0:
             continue
-        kind, rank = kind_and_rank(op.resource)
+        kind, rank = op.resource.kind, op.resource.instance
         if rank >= simulated_ranks:
             continue
         if kind in _COPY:
-            n_bytes = float(getattr(op, "n_bytes", 0.0))
+            direction = _COPY[kind]
             moving_s = op.duration_s - latency
-            bps = n_bytes / moving_s if n_bytes > 0 and moving_s > 0 else rate[kind]
-            route = m.route(rank, "host", "hbm") if kind == "h2d" else m.route(rank, "hbm", "host")
+            bps = op.n_bytes / moving_s if op.n_bytes > 0 and moving_s > 0 else rate[direction]
+            route = m.route(rank, "host", "hbm") if direction == "h2d" else m.route(rank, "hbm", "host")
             uses[op.id] = tuple((index[name], bps) for name in route if name in index)
         elif kind in _CPU:
             t = split[kind]

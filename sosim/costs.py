@@ -17,15 +17,64 @@ import numpy as np
 
 from sosim import model as tm
 from sosim.config import AdamImpl, Curve, HardwareProfile, ModelSpec, TrainingSpec
-from sosim.units import FP32_BYTES, GB, TFLOP, us_to_s
+from sosim.units import BF16_BYTES, FP32_BYTES, GB, TFLOP, us_to_s
 
 Direction = Literal["h2d", "d2h"]
-# Fraction of the full s x s attention work a causal flash-attention kernel actually performs.
-CAUSAL_WORK_FRACTION = 0.5
+CollectiveKind = Literal["all_reduce", "reduce_scatter", "all_gather", "all_to_all"]
+# Fraction of the full s x s attention work a causal flash-attention kernel actually performs (the same
+# fraction the FLOP metrics count: sosim.model).
+CAUSAL_WORK_FRACTION = tm.CAUSAL_ATTENTION_FRACTION
 # Adam reads p, g, m, v and writes p, m, v in fp32 (28 B) plus the bf16 copy of p (2 B): REFERENCE.md §1.
 GPU_ADAM_BYTES_PER_PARAM = 30.0
 # fp32 -> bf16 cast reads 4 B and writes 2 B per element (bf16 -> fp32 the reverse): 6 B either way.
 CAST_BYTES_PER_ELEMENT = 6.0
+
+# --- DeepSpeed stage-3 estimates: the analytic fallbacks of the costs ``sosim calibrate`` measures -------
+# A freshly allocated host buffer is written through page faults (the kernel zeroes each 4 KiB page and
+# maps it) before the data lands: DeepSpeed's refresh ``copy_`` of an fp32 host partition into a bf16 GPU
+# parameter casts into such a temporary (PyTorch's cross-device, cross-dtype copy converts on the source
+# device first: aten/src/ATen/native/cuda/Copy.cu, copy_kernel_cuda). Estimate: ~1.5 us per 4 KiB page on
+# one core = ~2.7 GB/s per core of first-touch bandwidth (Linux anonymous page faults incl. zeroing).
+FIRST_TOUCH_GBps_PER_CORE = 2.7
+# DeepSpeed ZeRO-3 runs Python hooks around every submodule's forward and backward (fetch, release,
+# partition bookkeeping) even on one GPU. Estimate: ~25 us per parameter tensor per pass.
+STAGE3_HOOK_S_PER_TENSOR = 25e-6
+# Host waiting for the GPU stream to drain (torch.cuda.synchronize / event sync, e.g. the norm's .item()):
+# the GPU runs dry for the kernel-launch pipeline depth. Estimate: 100 us.
+HOST_SYNC_S = 100e-6
+# engine.step()'s per-sub-group Python bookkeeping (partition views, flags, timers) outside the optimizer
+# kernels. Estimate: 200 us per sub-group.
+DS_STEP_PER_SUBGROUP_S = 200e-6
+# SuperOffload's hand-off of one sub-group to its Adam worker process (multiprocessing queue put + get of a
+# task and its result: deepspeed/runtime/superoffload/superoffload_utils.py, SuperOffloadCPUOptimizer).
+# Estimate: 2 x 50 us for the two queue messages; the data goes through shared buffers, counted below.
+SO_WORKER_IPC_S = 100e-6
+# The worker reads the gradient from and writes the parameter to shared host buffers: one fp32 copy each
+# way, read 4 B + write 4 B per element per copy, streamed at the host memory bandwidth.
+SO_WORKER_COPY_BYTES_PER_ELEMENT = 16.0
+# NVMe tier (until profiles describe their drives): DeepNVMe ds_io over a RAID-0 of 4 Gen4 drives with 1 GB
+# transfers reads 10 GB/s and writes 5 GB/s (DeepSpeed DeepNVMe blog, 2024): per drive 2.5 / 1.25 GB/s.
+NVME_READ_GBps = 2.5
+NVME_WRITE_GBps = 1.25
+# One I/O's submission-to-completion latency on an NVMe drive. Estimate: 100 us.
+NVME_LATENCY_S = 100e-6
+
+# Bytes crossing each rank's link per byte of the collective's buffer, ring algorithms (NCCL's "bus
+# bandwidth" factors): all-reduce 2(n-1)/n, reduce-scatter and all-gather (n-1)/n, all-to-all (n-1)/n.
+_RING_FACTOR: dict[str, float] = {"all_reduce": 2.0, "reduce_scatter": 1.0, "all_gather": 1.0, "all_to_all": 1.0}
+
+
+def parameter_tensors_per_layer(m: ModelSpec) -> int:
+    """Parameter tensors of one decoder layer: the weights of its GEMMs, GPT's biases, the norm scales."""
+    if m.ffn_kind == "gelu":
+        return 2 * len(tm.layer_gemms(m)) + 4  # weight + bias per linear, LayerNorm scale + bias twice
+    # Hugging Face Llama keeps q, k, v and gate, up as separate Linear modules: 7 weights + 2 RMSNorm scales.
+    return 7 + 2
+
+
+def stage3_variant(system: str) -> str:
+    """The calibration variant of a DeepSpeed stage-3 cost: SuperOffload's engine, or plain ZeRO-3's."""
+    return "superoffload" if system == "superoffload" else "zero3"
 
 
 class CostModel(Protocol):
@@ -43,6 +92,13 @@ class CostModel(Protocol):
     def cpu_norm_s(self, params: float) -> float: ...
     def allreduce_s(self, n_bytes: float, ranks: int) -> float: ...
     def reduce_scatter_s(self, n_bytes: float, ranks: int) -> float: ...
+    def collective_s(self, kind: CollectiveKind, n_bytes: float, ranks: int) -> float: ...
+    def disk_s(self, n_bytes: float, write: bool) -> float: ...
+    # DeepSpeed stage-3 paths (docs/model.md "Costs: measured baseline and what-if").
+    def ds_refresh_s(self, elements: float, threads: float, pinned: bool, system: str = "zero3_offload") -> float: ...
+    def stage3_hook_s(self, tokens: int, backward: bool) -> float: ...
+    def ds_step_fixed_s(self, params: float, subgroups: int, system: str) -> float: ...
+    def so_worker_roundtrip_s(self, elements: float, with_copies: bool = False) -> float: ...
     @property
     def duplex_factors(self) -> dict[str, float]: ...
     @property
@@ -92,16 +148,37 @@ class AnalyticCostModel:
         eff = interp_log_x(self.hw.gpu.gemm_efficiency, flops / 1e9)
         return flops / (self._peak_flops * eff)
 
+    # The layer composition below calls these component costs; the measured-table model overrides exactly
+    # the components it measured and inherits the composition (the launch-bound floor included).
+    def gemm_shape_s(self, m: int, n: int, k: int) -> float:
+        """A bf16 GEMM (m x k) @ (k x n) by its shape (the analytic model only needs its FLOPs)."""
+        return self.gemm_s(2.0 * m * n * k)
+
+    def attention_fwd_s(self) -> float:
+        """Causal flash attention forward of one layer: half the full s x s work (CAUSAL_WORK_FRACTION)."""
+        return self._attention_flops_fwd / (self._peak_flops * self.hw.gpu.attention_efficiency)
+
+    def attention_bwd_s(self) -> float:
+        """Attention backward: ``attention_bwd_factor`` x forward, never faster than its 2x forward FLOPs at
+        peak (the roofline every GPU op obeys, so hardware FLOP/s can never exceed the peak)."""
+        return max(self.hw.gpu.attention_bwd_factor * self.attention_fwd_s(),
+                   2.0 * self._attention_flops_fwd / self._peak_flops)
+
+    @cached_property
+    def _attention_flops_fwd(self) -> float:
+        return tm.attention_flops_fwd(self.model, self.tokens_per_gpu, self.training.seq_len) * CAUSAL_WORK_FRACTION
+
+    def elementwise_fwd_s(self) -> float:
+        """The memory-bound kernels of one layer's forward (norms, residuals, rotary, activation)."""
+        elem_bytes = tm.elementwise_bytes_fwd_per_token(self.model) * self.hw.gpu.elementwise_traffic_factor
+        return elem_bytes * self.tokens_per_gpu / self._hbm_Bps
+
     @cached_property
     def _layer_parts_s(self) -> tuple[float, float, float, float]:
         """(gemm, attention, elementwise, overhead) forward seconds of one layer."""
         t = self.tokens_per_gpu
-        gemm = sum(self.gemm_s(g.flops(t)) for g in tm.layer_gemms(self.model))
-        attn_flops = tm.attention_flops_fwd(self.model, t, self.training.seq_len) * CAUSAL_WORK_FRACTION
-        attn = attn_flops / (self._peak_flops * self.hw.gpu.attention_efficiency)
-        elem_bytes = tm.elementwise_bytes_fwd_per_token(self.model) * self.hw.gpu.elementwise_traffic_factor
-        elem = elem_bytes * t / self._hbm_Bps
-        return gemm, attn, elem, us_to_s(self.hw.gpu.layer_overhead_us)
+        gemm = sum(self.gemm_shape_s(t, g.n_out, g.k_in) for g in tm.layer_gemms(self.model))
+        return gemm, self.attention_fwd_s(), self.elementwise_fwd_s(), us_to_s(self.hw.gpu.layer_overhead_us)
 
     @cached_property
     def _min_fwd_s(self) -> float:
@@ -110,25 +187,29 @@ class AnalyticCostModel:
     def layer_fwd_s(self) -> float:
         return max(sum(self._layer_parts_s), self._min_fwd_s)
 
+    def layer_bwd_only_s(self) -> float:
+        """Backward of one layer without recompute: dgrad + wgrad GEMMs = 2x forward, attention backward."""
+        gemm, _, elem, over = self._layer_parts_s
+        bwd = 2.0 * gemm + self.attention_bwd_s() + 2.0 * elem + 2.0 * over
+        return max(bwd, 2.0 * self._min_fwd_s)
+
     def layer_bwd_s(self) -> float:
-        """Backward of one layer (dgrad + wgrad GEMMs = 2x forward), plus its recompute when checkpointing."""
-        gemm, attn, elem, over = self._layer_parts_s
-        bwd = 2.0 * gemm + self.hw.gpu.attention_bwd_factor * attn + 2.0 * elem + 2.0 * over
-        bwd = max(bwd, 2.0 * self._min_fwd_s)
+        """Backward of one layer, plus its recompute (one more forward) when checkpointing."""
+        bwd = self.layer_bwd_only_s()
         if self.training.activation_checkpointing:
             bwd += self.layer_fwd_s()
         return bwd
 
+    def _loss_s(self) -> float:
+        """Softmax / cross-entropy over the logits: memory bound, 6 B per logit."""
+        return 6.0 * self.tokens_per_gpu * self.model.vocab / self._hbm_Bps
+
     def head_fwd_s(self) -> float:
-        """Embedding gather + logits GEMM + softmax/cross-entropy (memory bound: 6 B per logit)."""
-        t = self.tokens_per_gpu
-        logits = self.gemm_s(tm.head_flops_fwd(self.model, t))
-        loss = 6.0 * t * self.model.vocab / self._hbm_Bps
-        return logits + loss
+        """Embedding gather + logits GEMM + softmax/cross-entropy."""
+        return self.gemm_shape_s(self.tokens_per_gpu, self.model.vocab, self.model.hidden) + self._loss_s()
 
     def head_bwd_s(self) -> float:
-        t = self.tokens_per_gpu
-        return 2.0 * self.gemm_s(tm.head_flops_fwd(self.model, t)) + 6.0 * t * self.model.vocab / self._hbm_Bps
+        return 2.0 * self.gemm_shape_s(self.tokens_per_gpu, self.model.vocab, self.model.hidden) + self._loss_s()
 
     def gpu_adam_s(self, params: float) -> float:
         return params * GPU_ADAM_BYTES_PER_PARAM / self._hbm_Bps
@@ -188,17 +269,69 @@ class AnalyticCostModel:
 
     def allreduce_s(self, n_bytes: float, ranks: int) -> float:
         """Ring all-reduce: 2(n-1)/n of the bytes cross each GPU's link."""
-        if ranks <= 1:
-            return 0.0
-        lat = us_to_s(self.hw.interconnect.latency_us) if self.hw.interconnect else 0.0
-        return lat + 2.0 * (ranks - 1) / ranks * n_bytes / self._fabric_Bps(ranks)
+        return self.collective_s("all_reduce", n_bytes, ranks)
 
     def reduce_scatter_s(self, n_bytes: float, ranks: int) -> float:
         """Ring reduce-scatter (or all-gather): (n-1)/n of the bytes."""
+        return self.collective_s("reduce_scatter", n_bytes, ranks)
+
+    def collective_s(self, kind: CollectiveKind, n_bytes: float, ranks: int) -> float:
+        """Ring collective over a buffer of ``n_bytes`` (the whole buffer, not one rank's shard)."""
+        if kind not in _RING_FACTOR:
+            raise ValueError(f"collective kind must be one of {', '.join(_RING_FACTOR)}, not {kind!r}")
         if ranks <= 1:
             return 0.0
         lat = us_to_s(self.hw.interconnect.latency_us) if self.hw.interconnect else 0.0
-        return lat + (ranks - 1) / ranks * n_bytes / self._fabric_Bps(ranks)
+        return lat + _RING_FACTOR[kind] * (ranks - 1) / ranks * n_bytes / self._fabric_Bps(ranks)
+
+    # --- NVMe ------------------------------------------------------------------------------------------------
+    def disk_s(self, n_bytes: float, write: bool) -> float:
+        """Direct I/O of ``n_bytes`` to or from one NVMe drive (published per-drive rates, see constants)."""
+        if n_bytes <= 0:
+            return 0.0
+        return NVME_LATENCY_S + n_bytes / ((NVME_WRITE_GBps if write else NVME_READ_GBps) * GB)
+
+    # --- DeepSpeed stage-3 paths ---------------------------------------------------------------------------
+    def ds_refresh_s(self, elements: float, threads: float, pinned: bool, system: str = "zero3_offload") -> float:
+        """One sub-group's parameter refresh: fp32 host master -> bf16 device parameter in one blocking copy_.
+
+        ``pinned=False`` is DeepSpeed's stage-3 path: the CPU casts into a freshly allocated (pageable,
+        first-touch) bf16 temporary, then a pageable H2D copy. ``pinned=True`` is a cast into a preallocated
+        pinned staging buffer and a pinned copy (ZeRO-2's path). ``system`` only selects the measured variant
+        in a table; the analytic estimate is the same for both engines at the same thread count.
+        """
+        if elements <= 0:
+            return 0.0
+        cast = self.cpu_cast_s(elements, threads)
+        if not pinned:
+            cast += elements * BF16_BYTES / (FIRST_TOUCH_GBps_PER_CORE * GB * max(1.0, threads))
+        return cast + self.copy_s(elements * BF16_BYTES, "h2d", pinned)
+
+    def stage3_hook_s(self, tokens: int, backward: bool) -> float:
+        """CPU-side cost of DeepSpeed's ZeRO-3 hooks around one decoder layer's forward (or its backward).
+
+        Analytic: a per-parameter-tensor estimate, the same in both passes and for every token count.
+        """
+        del tokens, backward  # the estimate depends on neither
+        return STAGE3_HOOK_S_PER_TENSOR * parameter_tensors_per_layer(self.model)
+
+    def ds_step_fixed_s(self, params: float, subgroups: int, system: str) -> float:
+        """engine.step() outside the optimizer kernels and copies: the gradient norm over ``params`` fp32
+        gradients on the host, its host sync, and per-sub-group bookkeeping (schedules using this must not
+        add their own norm op)."""
+        del system  # same estimate for ZeRO-3 and SuperOffload
+        return self.cpu_norm_s(params) + HOST_SYNC_S + DS_STEP_PER_SUBGROUP_S * max(0, subgroups)
+
+    def so_worker_roundtrip_s(self, elements: float, with_copies: bool = False) -> float:
+        """SuperOffload: hand one sub-group of ``elements`` to the Adam worker and take it back (no Adam).
+
+        ``with_copies``: while the main process copies and casts (only a measured table tells the
+        difference; the analytic estimate does not model that contention).
+        """
+        del with_copies
+        if elements <= 0:
+            return 0.0
+        return SO_WORKER_IPC_S + elements * SO_WORKER_COPY_BYTES_PER_ELEMENT / (self.hw.cpu.mem_GBps * GB)
 
     @property
     def provenance(self) -> dict[str, str]:

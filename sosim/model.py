@@ -3,12 +3,18 @@
 Conventions (stated once, used everywhere):
 
 * A GEMM of (m x k) @ (k x n) costs 2*m*n*k FLOPs.
-* Attention score and value products cost 4*s*h FLOPs per token per layer in the forward pass, counted over
-  the full s x s matrix, as in Megatron's and the DESIGN.md model-FLOPs formula. Causal flash attention
-  does about half of that work; the cost model applies that factor to *time*, never to reported FLOPs.
+* Attention score and value products: 4*s*h FLOPs per token per layer in the forward pass over the full
+  s x s matrix (:func:`attention_flops_fwd`). A decoder is causal: its flash-attention kernels skip the
+  masked half, so the FLOPs *counted* in the metrics are the causal half, 2*s*h per token per layer
+  (:data:`CAUSAL_ATTENTION_FRACTION`), the same work the cost model times. Why: counting the full matrix
+  credits the GPU with work it never does; at long sequences that alone pushed the 1M-token scenario to
+  876 of 989 TF/s "hardware" FLOP/s (attention at 2 x its real rate), and MFU could pass 1.
+  Megatron-LM's and the SuperOffload paper's formulas count the full matrix: their MFU at sequence s is
+  ours x (6N + 12*L*h*s) / (6N + 6*L*h*s) (:func:`model_flops_per_step` with ``causal=False``).
 * Backward = 2 x forward FLOPs. Activation checkpointing re-runs one forward per layer: it adds hardware
   FLOPs, not model FLOPs.
-* Model FLOPs per step = 6*N*tokens + 12*L*h*s*tokens, N = all parameters (DESIGN.md "Metric names").
+* Model FLOPs per step = 6*N*tokens + 6*L*h*s*tokens, N = all parameters (DESIGN.md "Metric names",
+  attention causal).
 """
 
 from __future__ import annotations
@@ -17,6 +23,9 @@ from dataclasses import dataclass
 
 from sosim.config import ModelSpec, TrainingSpec
 from sosim.units import BF16_BYTES
+
+# Fraction of the full s x s attention work a causal (decoder) attention kernel performs, and counts.
+CAUSAL_ATTENTION_FRACTION = 0.5
 
 
 @dataclass(frozen=True)
@@ -97,21 +106,20 @@ def elementwise_bytes_fwd_per_token(m: ModelSpec) -> float:
     return float(elems * BF16_BYTES)
 
 
-def model_flops_per_step(m: ModelSpec, t: TrainingSpec, global_tokens: int) -> float:
-    """DESIGN.md model FLOPs: 6*N*tokens + 12*L*h*s*tokens (no recompute)."""
+def model_flops_per_step(m: ModelSpec, t: TrainingSpec, global_tokens: int, causal: bool = True) -> float:
+    """Model FLOPs: 6*N*tokens + 3 passes x attention (causal: 6*L*h*s*tokens; full: 12*L*h*s*tokens)."""
     n = total_params(m)
-    return 6.0 * n * global_tokens + 12.0 * m.layers * m.hidden * t.seq_len * global_tokens
+    attention = 3.0 * m.layers * attention_flops_fwd(m, global_tokens, t.seq_len)
+    return 6.0 * n * global_tokens + attention * (CAUSAL_ATTENTION_FRACTION if causal else 1.0)
 
 
-def hardware_flops_per_step(m: ModelSpec, t: TrainingSpec, global_tokens: int) -> float:
+def hardware_flops_per_step(m: ModelSpec, t: TrainingSpec, global_tokens: int, causal: bool = True) -> float:
     """Model FLOPs plus the recomputed forward of every layer when activations are checkpointed."""
-    base = model_flops_per_step(m, t, global_tokens)
+    base = model_flops_per_step(m, t, global_tokens, causal)
     if not t.activation_checkpointing:
         return base
-    recompute = m.layers * (
-        layer_gemm_flops_fwd(m, global_tokens) + attention_flops_fwd(m, global_tokens, t.seq_len)
-    )
-    return base + recompute
+    attention = attention_flops_fwd(m, global_tokens, t.seq_len) * (CAUSAL_ATTENTION_FRACTION if causal else 1.0)
+    return base + m.layers * (layer_gemm_flops_fwd(m, global_tokens) + attention)
 
 
 def activation_bytes_per_token_layer(m: ModelSpec) -> float:

@@ -4,40 +4,118 @@ A plan is pure data built before the simulation: every op has a resolved duratio
 run one at a time in the order they were added, and dependencies on earlier ops (by id). Because a
 dependency always points to a smaller id, id order is a topological order; :func:`list_schedule` uses that
 to compute the timeline without SimPy (the test oracle for the engine).
+
+Every op says what it is in typed fields, so that nothing downstream parses op names:
+
+* ``resource`` (:class:`Resource`): where it runs. A resource is a *kind* (:class:`ResourceKind`: the GPU
+  compute stream, a link direction, the CPU optimizer worker, ...) plus an *instance* id that tells copies
+  of the same kind apart (the GPU of rank 3, the second NVMe device, the PCIe uplink of switch 1). Kinds
+  are a closed enum the engine and the outputs know how to treat; instances are plain integers, so a
+  machine described by profile data (n GPUs per node, m NVMe devices, k uplinks) creates as many instances
+  as it has, without new code. Contract for new resources: add a kind here (with its place in
+  ``TRACK_ORDER`` and, in :mod:`sosim.result`, the breakdown bucket its exposed time goes to); create
+  instances with ``Resource(kind, i)``; a plan never needs to declare its resources up front (the engine
+  starts one process per distinct resource it finds).
+* ``phase`` (:class:`Phase`): which part of the training step the op belongs to (forward, backward, the
+  gradient path, the optimizer step, the parameter refresh, ...): phase-level reports sum by it.
+* ``category`` (:class:`Category`): what kind of work it is (compute, transfer, cast, optimizer math,
+  collective, host synchronisation, framework bookkeeping): the breakdown of exposed time reads it.
+* ``n_bytes``: bytes the op moves across its resource (copies, collectives, disk I/O); ``flops``: the
+  floating-point operations a GPU compute op performs (hardware FLOPs, recompute included); ``group``:
+  the gradient bucket or optimizer sub-group an op serves (-1 when none); ``layer`` and ``iteration``.
+
+The ``name`` is a label for humans (traces, span tables) and is never parsed.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from enum import StrEnum
 
-# Serial resources. Each is one SimPy process walking its op list.
-GPU = "gpu"  # the GPU compute stream
-H2D = "h2d"  # host -> device copy engine / link direction
-D2H = "d2h"  # device -> host
-CPU_OPT = "cpu_opt"  # CPU optimizer worker(s)
-CPU_CAST = "cpu_cast"  # CPU-side dtype conversion and bookkeeping
-NET = "net"  # GPU-GPU collectives (NCCL stream)
-GPU_CAST = "gpu_cast"  # a side CUDA stream for dtype casts (memory bound, overlaps compute)
 
-# Categories drive the breakdown of where the step time goes.
-COMPUTE = "compute"
-OPTIMIZER = "optimizer"
-TRANSFER = "transfer"
-CAST = "cast"
-COMM = "comm"
-SYNC = "sync"
+class ResourceKind(StrEnum):
+    """Kinds of serial resources. Values are the labels used in span tables and traces."""
+
+    GPU = "gpu"  # the GPU compute stream
+    GPU_CAST = "gpu_cast"  # a side CUDA stream (dtype casts, side-stream copies' kernels)
+    H2D = "h2d"  # host -> device copy engine / link direction
+    D2H = "d2h"  # device -> host
+    CPU_OPT = "cpu_opt"  # CPU optimizer worker(s)
+    CPU_CAST = "cpu_cast"  # the training process's CPU work: casts, copies, bookkeeping
+    NET = "net"  # GPU-GPU collectives (NCCL stream)
+
+
+@dataclass(frozen=True, slots=True, order=True)
+class Resource:
+    """One serial resource: a kind and an instance id (rank, device, link index)."""
+
+    kind: ResourceKind
+    instance: int = 0
+
+    @property
+    def label(self) -> str:
+        """``gpu`` for instance 0, ``gpu.1`` for instance 1 (the span table's ``resource`` column)."""
+        return self.kind.value if self.instance == 0 else f"{self.kind.value}.{self.instance}"
+
+    def __str__(self) -> str:
+        return self.label
+
+
+class Phase(StrEnum):
+    """The part of a training step an op belongs to."""
+
+    FORWARD = "forward"
+    BACKWARD = "backward"
+    GRADIENT = "gradient"  # gradients leaving the GPU: reduce, copies, casts, accumulation
+    OPTIMIZER = "optimizer"  # norm, unscale/clip, the Adam update, step() bookkeeping
+    REFRESH = "refresh"  # updated parameters back where the next forward reads them
+    FETCH = "fetch"  # weights streamed in for use (weight-flow, ZeRO-Infinity)
+    CHECKPOINT = "checkpoint"  # activation checkpoints moved out and back
+
+
+class Category(StrEnum):
+    """What kind of work an op is; the breakdown of exposed time is by category and resource."""
+
+    COMPUTE = "compute"
+    OPTIMIZER = "optimizer"
+    TRANSFER = "transfer"
+    CAST = "cast"
+    COMM = "comm"
+    SYNC = "sync"
+    FRAMEWORK = "framework"  # host-side bookkeeping of the training framework (hooks, step() fixed part)
+
+
+# Singleton instances of each kind (one GPU, one host link): what single-GPU schedules use.
+GPU = Resource(ResourceKind.GPU)
+GPU_CAST = Resource(ResourceKind.GPU_CAST)
+H2D = Resource(ResourceKind.H2D)
+D2H = Resource(ResourceKind.D2H)
+CPU_OPT = Resource(ResourceKind.CPU_OPT)
+CPU_CAST = Resource(ResourceKind.CPU_CAST)
+NET = Resource(ResourceKind.NET)
+
+# Canonical order of resource kinds in traces and plots (GPU compute on top).
+TRACK_ORDER: tuple[ResourceKind, ...] = tuple(ResourceKind)
+
+# Old names of the categories, kept so that callers can write ``plan.COMPUTE``.
+COMPUTE, OPTIMIZER, TRANSFER = Category.COMPUTE, Category.OPTIMIZER, Category.TRANSFER
+CAST, COMM, SYNC, FRAMEWORK = Category.CAST, Category.COMM, Category.SYNC, Category.FRAMEWORK
 
 
 @dataclass(frozen=True, slots=True)
 class Op:
     id: int
-    resource: str
+    resource: Resource
     name: str
     duration_s: float
     deps: tuple[int, ...]
     layer: int
     iteration: int
-    category: str
+    category: Category
+    phase: Phase
+    n_bytes: float = 0.0
+    flops: float = 0.0
+    group: int = -1
 
 
 @dataclass
@@ -45,46 +123,54 @@ class Plan:
     ops: list[Op] = field(default_factory=list)
     # op id of the first forward op of each iteration: the steady-state step is measured between them.
     iteration_starts: list[int] = field(default_factory=list)
-    # Speed factor of each link direction ("h2d", "d2h") while the other is busy (1.0 = full duplex).
-    duplex_factors: dict[str, float] = field(default_factory=dict)
-    # Free-form facts the schedule wants in the result (choices made, bytes moved per step, ...).
-    notes: dict[str, object] = field(default_factory=dict)
+    # Speed factor of each link direction while the other is busy (1.0 = full duplex).
+    duplex_factors: dict[ResourceKind, float] = field(default_factory=dict)
 
     def add(
         self,
-        resource: str,
+        resource: Resource,
         name: str,
         duration_s: float,
         deps: tuple[int, ...] | list[int] = (),
         *,
+        phase: Phase,
+        category: Category = Category.COMPUTE,
         layer: int = -1,
         iteration: int = 0,
-        category: str = COMPUTE,
+        n_bytes: float = 0.0,
+        flops: float = 0.0,
+        group: int = -1,
     ) -> int:
-        if duration_s < 0:
-            raise ValueError(f"op {name}: negative duration {duration_s}")
+        if not duration_s >= 0:  # also rejects NaN
+            raise ValueError(f"op {name}: invalid duration {duration_s}")
         op_id = len(self.ops)
-        clean = tuple(sorted({d for d in deps if d is not None}))
+        clean = tuple(sorted(set(deps)))
         if clean and clean[-1] >= op_id:
             raise ValueError(f"op {name}: dependency on a later op")
-        self.ops.append(Op(op_id, resource, name, float(duration_s), clean, layer, iteration, category))
+        self.ops.append(Op(op_id, resource, name, float(duration_s), clean, layer, iteration, category, phase,
+                           float(n_bytes), float(flops), group))
         return op_id
 
     def mark_iteration_start(self, op_id: int) -> None:
         self.iteration_starts.append(op_id)
 
     @property
-    def resources(self) -> list[str]:
-        seen: dict[str, None] = {}
+    def resources(self) -> list[Resource]:
+        seen: dict[Resource, None] = {}
         for op in self.ops:
             seen.setdefault(op.resource)
         return list(seen)
 
-    def ops_by_resource(self) -> dict[str, list[int]]:
-        out: dict[str, list[int]] = {}
+    def ops_by_resource(self) -> dict[Resource, list[int]]:
+        out: dict[Resource, list[int]] = {}
         for op in self.ops:
             out.setdefault(op.resource, []).append(op.id)
         return out
+
+    @property
+    def measured_iteration(self) -> int:
+        """The iteration whose first forward opens the steady-state window (the second-to-last start)."""
+        return self.ops[self.iteration_starts[-2]].iteration
 
 
 def list_schedule(plan: Plan) -> tuple[list[float], list[float]]:
@@ -92,7 +178,7 @@ def list_schedule(plan: Plan) -> tuple[list[float], list[float]]:
 
     Each op starts when its resource has finished the previous op and all its dependencies are done.
     """
-    free: dict[str, float] = {}
+    free: dict[Resource, float] = {}
     start = [0.0] * len(plan.ops)
     end = [0.0] * len(plan.ops)
     for op in plan.ops:

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from sosim.result import BREAKDOWN_KEYS, Result
-from sosim.trace import RESOURCE_LABELS, resource_order
+from sosim.trace import resource_label, resource_order
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
@@ -31,6 +31,7 @@ CATEGORY_COLORS: dict[str, str] = {
     "cast": "#c44e52",
     "comm": "#8172b3",
     "sync": "#937860",
+    "framework": "#da8bc3",
 }
 BREAKDOWN_COLORS: dict[str, str] = {
     "gpu_compute_s": "#4c72b0",
@@ -73,8 +74,9 @@ def draw_timeline(ax: Axes, result: Result, window_s: tuple[float, float] | None
     cat = spans["category"].to_numpy()
     seen: set[str] = set()
     for y, resource in enumerate(rows):
-        for category in sorted(set(cat[res == resource])):
-            sel = (res == resource) & (cat == category)
+        on_row = res == resource.label
+        for category in sorted(set(cat[on_row])):
+            sel = on_row & (cat == category)
             bars = list(zip(start[sel], end[sel] - start[sel]))
             # One broken_barh call per (row, category) instead of one bar per op: 80-layer steps stay fast.
             # The edge in the face colour keeps sub-pixel ops (a cast in a minutes-long step) visible as hairlines.
@@ -82,7 +84,7 @@ def draw_timeline(ax: Axes, result: Result, window_s: tuple[float, float] | None
             ax.broken_barh(bars, (y - 0.4, 0.8), facecolors=color, edgecolor=color, linewidth=0.5,
                            label=category if category not in seen else None)
             seen.add(category)
-    ax.set_yticks(range(len(rows)), [RESOURCE_LABELS.get(r, r) for r in rows])
+    ax.set_yticks(range(len(rows)), [resource_label(r) for r in rows])
     ax.invert_yaxis()
     ax.set_xlim(0, (t1 - t0) * scale)
     ax.set_xlabel(f"time in the steady-state step ({unit})")

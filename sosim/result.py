@@ -18,20 +18,21 @@ import pandas as pd
 from sosim import model as tm
 from sosim.config import Scenario
 from sosim.memory import Feasibility, MemoryUsage
-from sosim.plan import CAST, COMPUTE, CPU_CAST, CPU_OPT, D2H, GPU, H2D, NET, OPTIMIZER, Plan
+from sosim.plan import Category, Plan, ResourceKind
 from sosim.schedules.common import global_tokens_per_step
 from sosim.units import GIB, TFLOP
 
 # GPU-idle time goes to the first of these whose resource is busy (the CPU side first: it is what the
-# GPU waits on in offload schedules).
-# CPU work is attributed by category (a cast may run on the optimizer worker's cores when they are shared).
-_CPU = frozenset({CPU_OPT, CPU_CAST})
-EXPOSED_ORDER: tuple[tuple[str, frozenset[str], str | None], ...] = (
-    ("exposed_cpu_optimizer_s", _CPU, OPTIMIZER),
-    ("exposed_cpu_cast_s", _CPU, CAST),
-    ("exposed_d2h_s", frozenset({D2H}), None),
-    ("exposed_h2d_s", frozenset({H2D}), None),
-    ("exposed_comm_s", frozenset({NET}), None),
+# GPU waits on in offload schedules). Matched on resource kinds, so every instance of a kind counts.
+# CPU work is attributed by category (a cast may run on the optimizer worker's cores when they are shared);
+# a CPU op of another category (framework bookkeeping, host syncs) counts as CPU cast/main-thread work.
+_CPU = frozenset({ResourceKind.CPU_OPT, ResourceKind.CPU_CAST})
+EXPOSED_ORDER: tuple[tuple[str, frozenset[ResourceKind], frozenset[Category] | None], ...] = (
+    ("exposed_cpu_optimizer_s", _CPU, frozenset({Category.OPTIMIZER})),
+    ("exposed_cpu_cast_s", _CPU, None),
+    ("exposed_d2h_s", frozenset({ResourceKind.D2H}), None),
+    ("exposed_h2d_s", frozenset({ResourceKind.H2D}), None),
+    ("exposed_comm_s", frozenset({ResourceKind.NET}), None),
 )
 BREAKDOWN_KEYS: tuple[str, ...] = (
     "gpu_compute_s",
@@ -40,7 +41,55 @@ BREAKDOWN_KEYS: tuple[str, ...] = (
     "idle_s",
 )
 
-SPAN_COLUMNS = ["resource", "op", "layer", "iteration", "category", "start_s", "end_s"]
+SPAN_COLUMNS = ["resource", "op", "layer", "iteration", "category", "phase", "start_s", "end_s"]
+
+
+@dataclass(frozen=True)
+class MetricSpec:
+    """One metric of :attr:`Result.metrics`: its name, unit, Python type and meaning."""
+
+    name: str
+    unit: str
+    dtype: type
+    description: str
+
+
+_BREAKDOWN_DOC = {
+    "gpu_compute_s": "GPU stream busy with forward/backward",
+    "gpu_other_s": "GPU stream busy with other work (optimizer, casts, syncs)",
+    "exposed_cpu_optimizer_s": "GPU idle while CPU optimizer work runs",
+    "exposed_cpu_cast_s": "GPU idle while other CPU work runs (casts, copies, bookkeeping)",
+    "exposed_d2h_s": "GPU idle while a device-to-host copy runs",
+    "exposed_h2d_s": "GPU idle while a host-to-device copy runs",
+    "exposed_comm_s": "GPU idle while a collective runs",
+    "idle_s": "GPU idle with nothing else busy",
+}
+
+# The declared schema: every key of ``Result.metrics``, in order. Sweeps build their columns from it.
+METRICS: tuple[MetricSpec, ...] = (
+    MetricSpec("step_time_s", "s", float, "steady-state step time"),
+    MetricSpec("tokens_per_s", "tokens/s", float, "global tokens per second"),
+    MetricSpec("samples_per_s", "samples/s", float, "global sequences per second"),
+    MetricSpec("model_tflops", "TFLOP/s", float, "model FLOPs per second per GPU (no recompute)"),
+    MetricSpec("hardware_tflops", "TFLOP/s", float, "hardware FLOPs per second per GPU (recompute counted)"),
+    MetricSpec("mfu", "fraction", float, "model FLOPs / peak of all GPUs"),
+    MetricSpec("gpu_busy_frac", "fraction", float, "fraction of the step the GPU stream is busy"),
+    *(MetricSpec(k, "s", float, _BREAKDOWN_DOC[k]) for k in BREAKDOWN_KEYS),
+    MetricSpec("gpu_mem_peak_gib", "GiB", float, "peak GPU memory per rank"),
+    MetricSpec("cpu_mem_peak_gib", "GiB", float, "peak host memory per rank"),
+    MetricSpec("params_b", "billion", float, "model parameters"),
+    MetricSpec("link_gb_per_step", "GB", float, "host-link bytes of one steady iteration, both directions"),
+    MetricSpec("link_h2d_gb_per_step", "GB", float, "host-to-device bytes of one steady iteration"),
+    MetricSpec("link_d2h_gb_per_step", "GB", float, "device-to-host bytes of one steady iteration"),
+    MetricSpec("feasible", "", bool, "model state and activations fit in both memories"),
+    MetricSpec("reason", "", str, "why not feasible (empty when feasible)"),
+)
+METRIC_NAMES: tuple[str, ...] = tuple(m.name for m in METRICS)
+
+
+def metric_schema() -> dict[str, type]:
+    """Metric name -> Python type, in output order (what a sweep's columns are, without simulating)."""
+    return {m.name: m.dtype for m in METRICS}
 
 
 def _active(starts: np.ndarray, ends: np.ndarray, points: np.ndarray) -> np.ndarray:
@@ -54,8 +103,8 @@ def _active(starts: np.ndarray, ends: np.ndarray, points: np.ndarray) -> np.ndar
 
 def step_breakdown(plan: Plan, start: np.ndarray, end: np.ndarray, t0: float, t1: float) -> dict[str, float]:
     """Seconds of [t0, t1) in each breakdown bucket; the values sum to t1 - t0."""
-    resources = np.array([op.resource for op in plan.ops])
-    categories = np.array([op.category for op in plan.ops])
+    resources = np.array([op.resource.kind.value for op in plan.ops])
+    categories = np.array([op.category.value for op in plan.ops])
     keep = (end > t0) & (start < t1) & (end > start)
     s = np.clip(start[keep], t0, t1)
     e = np.clip(end[keep], t0, t1)
@@ -67,16 +116,17 @@ def step_breakdown(plan: Plan, start: np.ndarray, end: np.ndarray, t0: float, t1
     out = dict.fromkeys(BREAKDOWN_KEYS, 0.0)
     if mids.size == 0:
         return out
-    gpu = res == GPU
-    gpu_compute = _active(s[gpu & (cat == COMPUTE)], e[gpu & (cat == COMPUTE)], mids)
+    gpu = res == ResourceKind.GPU.value
+    compute = cat == Category.COMPUTE.value
+    gpu_compute = _active(s[gpu & compute], e[gpu & compute], mids)
     gpu_any = _active(s[gpu], e[gpu], mids)
     out["gpu_compute_s"] = float(widths[gpu_compute].sum())
     out["gpu_other_s"] = float(widths[gpu_any & ~gpu_compute].sum())
     free = ~gpu_any
-    for key, resources, category in EXPOSED_ORDER:
-        sel = np.isin(res, list(resources))
-        if category is not None:
-            sel &= cat == category
+    for key, kinds, only in EXPOSED_ORDER:
+        sel = np.isin(res, [k.value for k in kinds])
+        if only is not None:
+            sel &= np.isin(cat, [c.value for c in only])
         hit = free & _active(s[sel], e[sel], mids)
         out[key] = float(widths[hit].sum())
         free &= ~hit
@@ -96,6 +146,9 @@ def compute_metrics(
     hw_flops = tm.hardware_flops_per_step(sc.model, sc.training, tokens)
     peak = sc.hardware.gpu.peak_bf16_tflops * TFLOP * gpus
     br = step_breakdown(plan, start, end, t0, t1)
+    measured = plan.measured_iteration
+    h2d = link_bytes(plan, ResourceKind.H2D, measured)
+    d2h = link_bytes(plan, ResourceKind.D2H, measured)
     metrics: dict[str, Any] = {
         "step_time_s": step,
         "tokens_per_s": tokens / step,
@@ -109,11 +162,18 @@ def compute_metrics(
         "gpu_mem_peak_gib": usage.gpu_peak_bytes / GIB,
         "cpu_mem_peak_gib": usage.cpu_peak_bytes / GIB,
         "params_b": tm.total_params(sc.model) / 1e9,
-        "link_gb_per_step": float(plan.notes.get("link_bytes_per_step", 0.0)) / 1e9,  # type: ignore[arg-type]
+        "link_gb_per_step": (h2d + d2h) / 1e9,
+        "link_h2d_gb_per_step": h2d / 1e9,
+        "link_d2h_gb_per_step": d2h / 1e9,
         "feasible": fit.feasible,
         "reason": fit.reason,
     }
     return metrics
+
+
+def link_bytes(plan: Plan, kind: ResourceKind, iteration: int) -> float:
+    """Bytes the ops on resources of ``kind`` move in ``iteration`` (every instance of the kind)."""
+    return sum(op.n_bytes for op in plan.ops if op.iteration == iteration and op.resource.kind is kind)
 
 
 @dataclass(frozen=True)
@@ -133,11 +193,12 @@ class Result:
         ops = self.plan.ops
         return pd.DataFrame(
             {
-                "resource": [o.resource for o in ops],
+                "resource": [o.resource.label for o in ops],
                 "op": [o.name for o in ops],
                 "layer": [o.layer for o in ops],
                 "iteration": [o.iteration for o in ops],
-                "category": [o.category for o in ops],
+                "category": [o.category.value for o in ops],
+                "phase": [o.phase.value for o in ops],
                 "start_s": self.start_s,
                 "end_s": self.end_s,
             },

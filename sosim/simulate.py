@@ -35,11 +35,29 @@ def simulate(sc: Scenario) -> Result:
     usage = module.memory_usage(sc)
     # One rank's plan, expanded to the ranks of one node that share a host, with the node's shared resources
     # handed to the engine (sosim/contention.py).
-    plan, contention = node_plan(sc, machine, module.build_plan(sc, costs))
-    run = run_plan_detailed(plan, contention)
-    start, end = run.start_s, run.end_s
+    plan = module.build_plan(sc, costs)
+    node, contention, ranks = node_plan(sc, machine, plan)
+    run = run_plan_detailed(node, contention)
+    # Metrics, spans and trace are rank 0's view (its ops are every ranks-th op of the node plan).
+    start, end = run.start_s[::ranks], run.end_s[::ranks]
     fit = check_fit(usage, sc.hardware, machine)
     metrics = compute_metrics(sc, plan, start, end, usage, fit)
-    provenance = {**costs.provenance, **{k: v for k, v in plan.notes.items() if isinstance(v, (str, int, float))},
-                  **machine.describe(), **{f"contention_{k}_s": v for k, v in run.stretch_s.items()}}
-    return Result(sc, metrics, plan, start, end, usage, provenance)
+    prov = provenance(sc, costs, module.choices(sc))
+    prov.update({k: str(v) for k, v in machine.describe().items()})
+    prov.update({f"contention_{k}_s": f"{v:.6g}" for k, v in run.stretch_s.items()})
+    return Result(sc, metrics, plan, start, end, usage, prov)
+
+
+def provenance(sc: Scenario, costs: CostModel, choices: dict[str, str]) -> dict[str, str]:
+    """What produced a result: system, implementation, hardware profile, cost model and calibration table,
+    then the cost model's own notes and the choices the system made for this scenario."""
+    sched = sc.schedule
+    out = {
+        "system": sched.system,
+        "implementation": str(getattr(sched, "implementation", "n/a")),
+        "profile": sc.hardware.name,
+        "calibration": "none",
+    }
+    out.update(costs.provenance)
+    out.update(choices)
+    return out

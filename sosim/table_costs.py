@@ -1,27 +1,55 @@
-"""Cost model backed by a measured calibration table, with the analytic model as the fallback.
+"""Cost model backed by a measured calibration table: the analytic composition, measured components.
 
-A profile names its table with ``calibration: <csv>``. For each cost the table is asked first (a whole
-measured layer, else its measured GEMMs and attention, a measured copy, CPU Adam or cast); anything the
-table does not cover — a shape or size outside the measurements, an implementation never timed — falls
-back to :class:`~sosim.costs.AnalyticCostModel`. The table's SHA-256 goes into every result's provenance,
-with how many lookups were answered by measurements.
+A profile names its table with ``calibration: <csv>``. :class:`TableCostModel` *is* an
+:class:`~sosim.costs.AnalyticCostModel` (same layer composition, launch-bound floor included) that overrides
+only the components the table measured: a whole layer at its exact shape, else its GEMMs and attention, the
+GPU cast, host copies and their duplex slowdown, CPU Adam and casts, collectives, disk, DeepSpeed's stage-3
+costs. Anything the table does not cover falls back to the analytic formula.
+
+**What-if on a calibrated machine.** The table was measured on the hardware numbers of the profile file
+that names it (the *baseline*). When the scenario's hardware differs from it (``--set
+hardware.link.h2d_GBps=1``, or another profile pointed at this table), every measured cost is rescaled by
+the analytic model's own ratio for that cost, ``analytic(scenario hw) / analytic(baseline hw)``: a copy by
+the bandwidth ratio (latency unchanged), a GEMM by the peak (and efficiency-curve) ratio, a whole layer by
+its composition's ratio (the memory-bound part moves with HBM bandwidth, the launch-bound floor with
+nothing), CPU Adam and casts by the core count the analytic model uses. With the baseline hardware every
+ratio is exactly 1. The result's provenance lists, per cost kind, how many lookups were measured, rescaled
+(by which factors, because of which changed numbers) or analytic.
+
+**Spread.** :meth:`TableCostModel.at_quantile` and :meth:`TableCostModel.sample` give the same model on a
+table whose timings are a measured quantile, or a seeded draw per component kind (see
+:mod:`sosim.calibration_table`).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import os
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
+
+import numpy as np
 
 from sosim import model as tm
 from sosim.calibration_table import CalibrationError, CalibrationTable
-from sosim.config import AdamImpl
-from sosim.costs import CAUSAL_WORK_FRACTION, AnalyticCostModel, Direction
+from sosim.config import AdamImpl, HardwareProfile
+from sosim.costs import AnalyticCostModel, CollectiveKind, Direction, stage3_variant
 from sosim.errors import ConfigError
 
 # sosim's CPU-Adam names -> the implementations the harness times.
 _ADAM_IMPL: dict[str, str] = {"torch": "torch", "cpu_adam": "deepspeed"}
+# Hardware sections whose numbers govern costs; names, descriptions and sources never rescale anything.
+_HW_SECTIONS: tuple[str, ...] = ("gpu", "cpu", "link", "interconnect")
+# Which sections each cost kind depends on in the analytic model (to say *why* a cost was rescaled).
+_KIND_SECTIONS: dict[str, tuple[str, ...]] = {
+    "gemm": ("gpu",), "attention": ("gpu",), "layer": ("gpu",), "gpu_cast": ("gpu",),
+    "copy": ("link",), "duplex": ("link",), "cpu_adam": ("cpu",), "cpu_cast": ("cpu",),
+    "nccl": ("interconnect",), "disk": (), "ds_refresh": ("cpu", "link"), "stage3_hook": (),
+    "ds_step_fixed": ("cpu",), "so_worker": ("cpu",),
+}
 
 
 @functools.lru_cache(maxsize=16)
@@ -42,138 +70,378 @@ def load_table(path: str) -> CalibrationTable:
         raise ConfigError([f"calibration table: {exc}"]) from None
 
 
+# ---- the baseline: the hardware numbers the table was measured on ----------------------------------------
+
+
+@functools.lru_cache(maxsize=32)
+def _profile_file(path: str, mtime_ns: int, size: int) -> HardwareProfile | None:
+    """A profile file as loaded (no overrides); None if it does not load. Memo keyed by the file version."""
+    del mtime_ns, size
+    from sosim.loader import load_profile  # the loader imports this module lazily; no import cycle
+
+    try:
+        return load_profile(path)
+    except ConfigError:
+        return None
+
+
+def _candidate_files(name: str) -> Iterator[Path]:
+    from sosim.loader import available_profiles
+
+    found = available_profiles()
+    if name in found:
+        yield found[name]
+    yield from (p for n, p in found.items() if n != name)
+
+
+def find_baseline(hw: HardwareProfile) -> tuple[HardwareProfile | None, str]:
+    """The profile file that names ``hw``'s calibration table, as loaded from disk, and its path.
+
+    The profile of the same name first (the scenario's profile before any ``--set``), then any available
+    profile naming the same table (e.g. another machine's profile pointed at this table). (None, "") when
+    no profile file names it (an inline profile): its own numbers are then the baseline.
+    """
+    if hw.calibration is None:
+        return None, ""
+    target = Path(hw.calibration).resolve()
+    for path in _candidate_files(hw.name):
+        try:
+            st = path.stat()
+            if "calibration" not in path.read_text(errors="replace"):
+                continue
+        except OSError:
+            continue
+        prof = _profile_file(str(path), st.st_mtime_ns, st.st_size)
+        if prof is not None and prof.calibration is not None and Path(prof.calibration).resolve() == target:
+            return prof, str(path)
+    return None, ""
+
+
+def hardware_changes(base: HardwareProfile, now: HardwareProfile) -> dict[str, tuple[Any, Any]]:
+    """Dotted field path -> (baseline value, scenario value) for every cost-governing number that differs."""
+    out: dict[str, tuple[Any, Any]] = {}
+    for section in _HW_SECTIONS:
+        a, b = getattr(base, section), getattr(now, section)
+        if a is None or b is None:
+            if a is not b:
+                out[section] = (a is not None, b is not None)
+            continue
+        for name in type(a).model_fields:
+            if name in ("sources", "name"):
+                continue
+            va, vb = getattr(a, name), getattr(b, name)
+            if va != vb:
+                out[f"{section}.{name}"] = (va, vb)
+    return out
+
+
+# ---- provenance ledger -------------------------------------------------------------------------------------
+
+
+@dataclass
+class _Ledger:
+    """Per cost kind: lookups answered by measurements (as measured or rescaled) and by the analytic model."""
+
+    measured: dict[str, int] = field(default_factory=dict)
+    rescaled: dict[str, list[float]] = field(default_factory=dict)
+    analytic: dict[str, int] = field(default_factory=dict)
+
+    def add_measured(self, kind: str, factor: float) -> None:
+        if factor == 1.0:
+            self.measured[kind] = self.measured.get(kind, 0) + 1
+        else:
+            r = self.rescaled.setdefault(kind, [factor, factor, 0])
+            r[0], r[1], r[2] = min(r[0], factor), max(r[1], factor), r[2] + 1
+
+    def add_analytic(self, kind: str) -> None:
+        self.analytic[kind] = self.analytic.get(kind, 0) + 1
+
+
+def _family(kind: str) -> str:
+    for prefix in sorted(_KIND_SECTIONS, key=len, reverse=True):
+        if kind.startswith(prefix):
+            return prefix
+    return kind
+
+
 @dataclass(frozen=True)
-class TableCostModel:
-    analytic: AnalyticCostModel
-    table: CalibrationTable
-    # Lookups answered by measurements vs by the analytic fallback (for provenance only).
-    _hits: dict[str, int] = field(default_factory=lambda: {"measured": 0, "fallback": 0}, compare=False)
+class TableCostModel(AnalyticCostModel):
+    """The analytic composition over measured components, rescaled to the scenario's hardware."""
+
+    table: CalibrationTable = field(default=None, repr=False)  # type: ignore[assignment]
+    # The profile the table was measured on; None: the scenario's own hardware (nothing is rescaled).
+    baseline: HardwareProfile | None = field(default=None, repr=False, compare=False)
+    baseline_source: str = ""
+    # How the timings were chosen: "median", "quantile 0.9", "sample seed 3" (provenance only).
+    timings: str = "median"
+    _ledger: _Ledger = field(default_factory=_Ledger, compare=False, repr=False)
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.table, CalibrationTable):
+            raise TypeError("TableCostModel needs a CalibrationTable (use TableCostModel.from_profile)")
+
+    @classmethod
+    def from_analytic(
+        cls, analytic: AnalyticCostModel, table: CalibrationTable, baseline: HardwareProfile | None = None,
+        baseline_source: str = "",
+    ) -> TableCostModel:
+        return cls(analytic.hw, analytic.model, analytic.training, analytic.tokens_per_gpu, table=table,
+                   baseline=baseline, baseline_source=baseline_source)
 
     @classmethod
     def from_profile(cls, analytic: AnalyticCostModel) -> TableCostModel:
+        """The profile's table, with the profile file that names it as the baseline (see find_baseline)."""
         path = analytic.hw.calibration
-        assert path is not None
-        return cls(analytic, load_table(path))
+        if path is None:
+            raise ValueError(f"profile '{analytic.hw.name}' names no calibration table")
+        baseline, source = find_baseline(analytic.hw)
+        return cls.from_analytic(analytic, load_table(path), baseline, source)
 
-    def _pick(self, measured: float | None, fallback: float) -> float:
+    # --- spread (issue 11): the same model over other timings of the same table ------------------------------
+    def at_quantile(self, q: float) -> TableCostModel:
+        """Every measured lookup at quantile ``q`` of its measured run-to-run spread (0.1 = p10, 0.9 = p90)."""
+        return dataclasses.replace(self, table=self.table.at_quantile(q), timings=f"quantile {q:g}",
+                                   _ledger=_Ledger())
+
+    def sample(self, rng: np.random.Generator, label: str = "sample") -> TableCostModel:
+        """One replay's draw: each component kind (GEMMs, attention, layers, copies, CPU Adam, ...) takes one
+        quantile drawn from ``rng``, shared by all its lookups, so related costs move together."""
+        table, draws = self.table.sampled(rng)
+        desc = ", ".join(f"{op} {u:.2f}" for op, u in sorted(draws.items()))
+        return dataclasses.replace(self, table=table, timings=f"{label} (quantiles: {desc})", _ledger=_Ledger())
+
+    # --- the baseline and the rescaling rule -----------------------------------------------------------------
+    @functools.cached_property
+    def _now(self) -> AnalyticCostModel:
+        """The plain analytic model on the scenario's hardware."""
+        return AnalyticCostModel(self.hw, self.model, self.training, self.tokens_per_gpu)
+
+    @functools.cached_property
+    def _changes(self) -> dict[str, tuple[Any, Any]]:
+        return {} if self.baseline is None else hardware_changes(self.baseline, self.hw)
+
+    @functools.cached_property
+    def _base(self) -> AnalyticCostModel:
+        """The plain analytic model on the hardware the table was measured on."""
+        hw = self.baseline if self.baseline is not None and self._changes else self.hw
+        return AnalyticCostModel(hw, self.model, self.training, self.tokens_per_gpu)
+
+    @functools.cached_property
+    def _base_cpu(self) -> AnalyticCostModel:
+        """The baseline for CPU costs looked up by thread count: the table's thread dimension already says
+        what a core count does, so the baseline takes the scenario's ``cpu.cores`` (otherwise the analytic
+        model's "cast_GBps on all cores" would count a core override a second time)."""
+        base = self._base.hw
+        if base.cpu.cores == self.hw.cpu.cores:
+            return self._base
+        hw = base.model_copy(update={"cpu": base.cpu.model_copy(update={"cores": self.hw.cpu.cores})})
+        return AnalyticCostModel(hw, self.model, self.training, self.tokens_per_gpu)
+
+    def _use(
+        self,
+        kind: str,
+        measured: float | None,
+        analytic: Callable[[AnalyticCostModel], float],
+        measured_at: Callable[[AnalyticCostModel], float] | None = None,
+        cpu: bool = False,
+    ) -> float:
+        """A measured cost times analytic(scenario hw) / analytic(baseline hw); else the analytic cost.
+
+        ``measured_at``: the analytic cost at the arguments the measurement was taken at, when they differ
+        from the scenario's (a thread count beyond the measured ones); ``cpu``: use the CPU baseline.
+        """
         if measured is None:
-            self._hits["fallback"] += 1
-            return fallback
-        self._hits["measured"] += 1
-        return measured
+            self._ledger.add_analytic(kind)
+            return analytic(self._now)
+        factor = 1.0
+        if self._changes or measured_at is not None:
+            base = (measured_at or analytic)(self._base_cpu if cpu else self._base)
+            if base > 0:
+                factor = analytic(self._now) / base
+        self._ledger.add_measured(kind, factor)
+        return measured * factor
 
-    # --- GPU -------------------------------------------------------------------------------------------
+    def _threads(self, op: str, variant: str, threads: float) -> tuple[int, bool]:
+        """The thread count to look up: ``threads`` rounded, clamped into the measured range (and whether it
+        was clamped, so that the analytic model scales from the nearest measured count)."""
+        wanted = max(1, round(threads))
+        span = self.table.thread_range(op, variant)
+        if span is None:
+            return wanted, False
+        clamped = int(min(max(wanted, span[0]), span[1]))
+        return clamped, clamped != wanted
+
+    def _roofline(self, flops: float, seconds: float) -> float:
+        """No rescaled GPU cost beats its FLOPs at the scenario's peak (a measured rate x an efficiency ratio
+        could otherwise pass it): hardware FLOP/s never exceeds the peak."""
+        return max(seconds, flops / self._peak_flops)
+
+    # --- GPU -------------------------------------------------------------------------------------------------
     @functools.cached_property
     def _shape(self) -> tuple[int, int, int, int, int]:
-        a = self.analytic
-        m, t = a.model, a.training
-        batch = max(1, a.tokens_per_gpu // t.seq_len)
+        m, t = self.model, self.training
+        batch = max(1, self.tokens_per_gpu // t.seq_len)
         return m.hidden, t.seq_len, batch, m.heads, m.hidden // m.heads
 
-    def _gemms_s(self) -> float:
-        a = self.analytic
-        t = a.tokens_per_gpu
-        total = 0.0
-        for g in tm.layer_gemms(a.model):
-            total += self._pick(self.table.gemm_time_s(t, g.n_out, g.k_in), a.gemm_s(g.flops(t)))
-        return total
+    def gemm_shape_s(self, m: int, n: int, k: int) -> float:
+        measured = self.table.gemm_time_s(m, n, k)
+        return self._roofline(2.0 * m * n * k, self._use("gemm", measured, lambda a: a.gemm_shape_s(m, n, k)))
 
-    def _attention_s(self, backward: bool) -> float:
+    def attention_fwd_s(self) -> float:
         _, seq, batch, heads, head_dim = self._shape
-        a = self.analytic
-        fwd_flops = tm.attention_flops_fwd(a.model, a.tokens_per_gpu, seq) * CAUSAL_WORK_FRACTION
-        fwd_analytic = fwd_flops / (a.hw.gpu.peak_bf16_tflops * 1e12 * a.hw.gpu.attention_efficiency)
-        fwd = self._pick(self.table.attention_time_s(batch, seq, heads, head_dim, backward=False), fwd_analytic)
-        if not backward:
-            return fwd
+        measured = self.table.attention_time_s(batch, seq, heads, head_dim, backward=False)
+        seconds = self._use("attention_fwd", measured, lambda a: a.attention_fwd_s())
+        return self._roofline(self._attention_flops_fwd, seconds)
+
+    def attention_bwd_s(self) -> float:
+        _, seq, batch, heads, head_dim = self._shape
+        fwd = self.table.attention_time_s(batch, seq, heads, head_dim, backward=False)
         both = self.table.attention_time_s(batch, seq, heads, head_dim, backward=True)
-        return self._pick(None if both is None else both - fwd, a.hw.gpu.attention_bwd_factor * fwd_analytic)
+        measured = None if fwd is None or both is None else max(both - fwd, 0.0)
+        seconds = self._use("attention_bwd", measured, lambda a: a.attention_bwd_s())
+        return self._roofline(2.0 * self._attention_flops_fwd, seconds)
 
     def _measured_layer(self, backward: bool) -> float | None:
-        a = self.analytic
-        if a.model.ffn_kind != "swiglu":  # the harness times Llama-style layers only
+        """A measured whole layer at this exact shape (hidden, heads, kv_heads, ffn, seq; batch interpolated)."""
+        m = self.model
+        if m.ffn_kind != "swiglu":  # the harness times Llama-style layers only
             return None
         hidden, seq, batch, _, _ = self._shape
-        return self.table.layer_time_s(hidden, seq, batch, backward=backward)
+        return self.table.layer_time_s(hidden, seq, batch, backward=backward, heads=m.heads,
+                                       kv_heads=m.n_kv_heads, ffn=m.ffn_dim)
 
     def layer_fwd_s(self) -> float:
         measured = self._measured_layer(backward=False)
-        if measured is not None:
-            return self._pick(measured, 0.0)
-        _, _, elem, over = self.analytic._layer_parts_s
-        return self._gemms_s() + self._attention_s(backward=False) + elem + over
+        if measured is None:  # composed from the measured components, floor included
+            return super().layer_fwd_s()
+        return self._roofline(self._layer_flops_fwd, self._use("layer_fwd", measured, lambda a: a.layer_fwd_s()))
 
-    def layer_bwd_s(self) -> float:
+    def layer_bwd_only_s(self) -> float:
+        fwd = self._measured_layer(backward=False)
         both = self._measured_layer(backward=True)
-        fwd = self.layer_fwd_s()
-        if both is not None:
-            bwd = self._pick(both - fwd, 0.0)
-        else:
-            _, _, elem, over = self.analytic._layer_parts_s
-            bwd = 2.0 * self._gemms_s() + self._attention_s(backward=True) + 2.0 * elem + 2.0 * over
-        if self.analytic.training.activation_checkpointing:
-            bwd += fwd
-        return bwd
+        if fwd is None or both is None:
+            return super().layer_bwd_only_s()
+        seconds = self._use("layer_bwd", max(both - fwd, 0.0), lambda a: a.layer_bwd_only_s())
+        return self._roofline(2.0 * self._layer_flops_fwd, seconds)
 
-    def head_fwd_s(self) -> float:
-        return self.analytic.head_fwd_s()
-
-    def head_bwd_s(self) -> float:
-        return self.analytic.head_bwd_s()
-
-    def gpu_adam_s(self, params: float) -> float:
-        return self.analytic.gpu_adam_s(params)
+    @functools.cached_property
+    def _layer_flops_fwd(self) -> float:
+        return tm.layer_gemm_flops_fwd(self.model, self.tokens_per_gpu) + self._attention_flops_fwd
 
     def gpu_cast_s(self, elements: float) -> float:
         measured = self.table.cast_time_s(elements, "gpu", "bf16", None)
-        return self._pick(measured, self.analytic.gpu_cast_s(elements))
+        return self._use("gpu_cast", measured, lambda a: a.gpu_cast_s(elements))
 
-    # --- host link -----------------------------------------------------------------------------------------
+    # --- host link -------------------------------------------------------------------------------------------
     def copy_s(self, n_bytes: float, direction: Direction, pinned: bool) -> float:
         measured = self.table.copy_time_s(n_bytes, direction, pinned, False)
-        return self._pick(measured, self.analytic.copy_s(n_bytes, direction, pinned))
+        kind = f"copy_{direction}_{'pinned' if pinned else 'pageable'}"
+        return self._use(kind, measured, lambda a: a.copy_s(n_bytes, direction, pinned))
 
     @functools.cached_property
     def duplex_factors(self) -> dict[str, float]:
-        """Measured: each direction's time alone / its time while both directions copy, at 256 MiB."""
+        """Measured: each direction's time alone / its time while both copy, at 256 MiB; rescaled by the
+        analytic ratio of the duplex factor, never above 1 (a direction is never faster than alone)."""
         size = 256 * 2**20
-        out = dict(self.analytic.duplex_factors)
+        out = dict(self._now.duplex_factors)
         for direction in ("h2d", "d2h"):
             alone = self.table.copy_time_s(size, direction, True, False)  # type: ignore[arg-type]
             both = self.table.copy_time_s(size, direction, True, True)  # type: ignore[arg-type]
-            if alone is not None and both is not None and both > 0:
-                out[direction] = min(1.0, alone / both)
+            measured = alone / both if alone is not None and both is not None and both > 0 else None
+            value = self._use(f"duplex_{direction}", measured, functools.partial(_duplex_factor, direction))
+            out[direction] = min(1.0, value)
         return out
 
-    # --- CPU -----------------------------------------------------------------------------------------------
+    # --- CPU -------------------------------------------------------------------------------------------------
     def cpu_adam_s(self, params: float, impl: AdamImpl, cores: float, total_params: float) -> float:
-        fallback = self.analytic.cpu_adam_s(params, impl, cores, total_params)
         name = _ADAM_IMPL.get(impl)
         if name is None:
-            return self._pick(None, fallback)
-        whole = self.table.cpu_adam_time_s(total_params, round(cores), name)  # type: ignore[arg-type]
-        return self._pick(None if whole is None else whole * params / total_params, fallback)
+            return self._use(f"cpu_adam_{impl}", None, lambda a: a.cpu_adam_s(params, impl, cores, total_params))
+        threads, clamped = self._threads("cpu_adam", name, cores)
+        whole = self.table.cpu_adam_time_s(total_params, threads, name)  # type: ignore[arg-type]
+        measured = None if whole is None else whole * params / total_params
+        return self._use(f"cpu_adam_{name}", measured, lambda a: a.cpu_adam_s(params, impl, cores, total_params),
+                         (lambda a: a.cpu_adam_s(params, impl, threads, total_params)) if clamped else None, cpu=True)
 
     def cpu_cast_s(self, elements: float, cores: float) -> float:
-        measured = self.table.cast_time_s(elements, "cpu", "bf16", round(cores))
-        return self._pick(measured, self.analytic.cpu_cast_s(elements, cores))
+        threads, clamped = self._threads("cast", "cpu_fp32_to_bf16", cores)
+        measured = self.table.cast_time_s(elements, "cpu", "bf16", threads)
+        return self._use("cpu_cast", measured, lambda a: a.cpu_cast_s(elements, cores),
+                         (lambda a: a.cpu_cast_s(elements, threads)) if clamped else None, cpu=True)
 
-    def cpu_norm_s(self, params: float) -> float:
-        return self.analytic.cpu_norm_s(params)
+    # --- collectives and disk --------------------------------------------------------------------------------
+    def collective_s(self, kind: CollectiveKind, n_bytes: float, ranks: int) -> float:
+        measured = self.table.collective_time_s(kind, n_bytes, ranks)
+        return self._use(f"nccl_{kind}", measured, lambda a: a.collective_s(kind, n_bytes, ranks))
 
-    def allreduce_s(self, n_bytes: float, ranks: int) -> float:
-        return self.analytic.allreduce_s(n_bytes, ranks)
+    def disk_s(self, n_bytes: float, write: bool) -> float:
+        measured = self.table.disk_time_s(n_bytes, write)
+        return self._use(f"disk_{'write' if write else 'read'}", measured, lambda a: a.disk_s(n_bytes, write))
 
-    def reduce_scatter_s(self, n_bytes: float, ranks: int) -> float:
-        return self.analytic.reduce_scatter_s(n_bytes, ranks)
+    # --- DeepSpeed stage-3 paths -----------------------------------------------------------------------------
+    def ds_refresh_s(self, elements: float, threads: float, pinned: bool, system: str = "zero3_offload") -> float:
+        # The table times DeepSpeed's allocating, pageable path only; a pinned staging path is analytic.
+        variant = stage3_variant(system)
+        looked_up, clamped = self._threads("ds_refresh", variant, threads)
+        measured = None if pinned else self.table.ds_refresh_time_s(elements, looked_up, variant)
+        return self._use("ds_refresh", measured, lambda a: a.ds_refresh_s(elements, threads, pinned, system),
+                         (lambda a: a.ds_refresh_s(elements, looked_up, pinned, system)) if clamped else None,
+                         cpu=True)
 
+    def stage3_hook_s(self, tokens: int, backward: bool) -> float:
+        m = self.model
+        found = None
+        if m.ffn_kind == "swiglu":  # the harness times Hugging Face Llama layers only
+            found = self.table.stage3_hook_time_s(m.hidden, m.heads, m.n_kv_heads, m.ffn_dim, tokens, backward)
+        measured = None if found is None else found[0]
+        return self._use("stage3_hook", measured, lambda a: a.stage3_hook_s(tokens, backward))
+
+    def ds_step_fixed_s(self, params: float, subgroups: int, system: str) -> float:
+        measured = self.table.ds_step_fixed_time_s(params, subgroups, stage3_variant(system))
+        return self._use("ds_step_fixed", measured, lambda a: a.ds_step_fixed_s(params, subgroups, system))
+
+    def so_worker_roundtrip_s(self, elements: float, with_copies: bool = False) -> float:
+        measured = self.table.so_worker_time_s(elements, "with_copies" if with_copies else "alone")
+        return self._use("so_worker", measured, lambda a: a.so_worker_roundtrip_s(elements, with_copies))
+
+    # --- provenance ------------------------------------------------------------------------------------------
     @property
     def provenance(self) -> dict[str, str]:
-        return {
+        led = self._ledger
+        out = {
             "cost_model": "table",
-            "profile": self.analytic.hw.name,
+            "profile": self.hw.name,
             "calibration": str(Path(self.table.path).name),
             "calibration_sha256": self.table.sha256,
-            "table_lookups_measured": str(self._hits["measured"]),
-            "table_lookups_fallback": str(self._hits["fallback"]),
+            "calibration_timings": self.timings,
+            "calibration_baseline": self.baseline_source
+            or "the scenario's own profile (no profile file names this table)",
+            "hardware_vs_baseline": "; ".join(f"{k} {a} -> {b}" for k, (a, b) in self._changes.items()) or "same",
+            "costs_measured": _counts(led.measured),
+            "costs_rescaled": "; ".join(
+                f"{kind} x{n} by {_factor(lo, hi)} ({self._why(kind)})" for kind, (lo, hi, n) in
+                sorted((k, (v[0], v[1], int(v[2]))) for k, v in led.rescaled.items())
+            ) or "none",
+            "costs_analytic": _counts(led.analytic),
+            "table_lookups_measured": str(sum(led.measured.values()) + sum(int(v[2]) for v in led.rescaled.values())),
+            "table_lookups_fallback": str(sum(led.analytic.values())),
         }
+        return out
+
+    def _why(self, kind: str) -> str:
+        sections = _KIND_SECTIONS.get(_family(kind), _HW_SECTIONS)
+        changed = [k for k in self._changes if k.split(".")[0] in sections]
+        return "analytic ratio for " + (", ".join(changed) if changed else "the changed hardware")
+
+
+def _duplex_factor(direction: str, a: AnalyticCostModel) -> float:
+    return a.duplex_factors[direction]
+
+
+def _counts(counts: dict[str, int]) -> str:
+    return ", ".join(f"{k} x{n}" for k, n in sorted(counts.items())) or "none"
+
+
+def _factor(lo: float, hi: float) -> str:
+    return f"{lo:.4g}" if f"{lo:.4g}" == f"{hi:.4g}" else f"{lo:.4g}..{hi:.4g}"
+

@@ -18,32 +18,38 @@ from typing import Any
 
 import numpy as np
 
-from sosim.plan import COMPUTE, CPU_CAST, CPU_OPT, D2H, GPU, GPU_CAST, H2D, NET
+from sosim.plan import TRACK_ORDER, Category, Phase, Resource, ResourceKind
 from sosim.result import Result
 from sosim.units import GIB
 
-# Track order and labels; resources a schedule adds later still get a track (after these, by name).
-RESOURCE_LABELS: dict[str, str] = {
-    GPU: "GPU compute",
-    GPU_CAST: "GPU cast stream",
-    H2D: "H2D link",
-    D2H: "D2H link",
-    CPU_OPT: "CPU optimizer",
-    CPU_CAST: "CPU cast",
-    NET: "Collectives (NCCL)",
+# Track labels per resource kind; a kind without a label shows its value.
+RESOURCE_LABELS: dict[ResourceKind, str] = {
+    ResourceKind.GPU: "GPU compute",
+    ResourceKind.GPU_CAST: "GPU cast stream",
+    ResourceKind.H2D: "H2D link",
+    ResourceKind.D2H: "D2H link",
+    ResourceKind.CPU_OPT: "CPU optimizer",
+    ResourceKind.CPU_CAST: "CPU main process",
+    ResourceKind.NET: "Collectives (NCCL)",
 }
 PID = 1
 US_PER_S = 1e6
 ACTIVATIONS = "activations"
 
 
-def resource_order(resources: list[str]) -> list[str]:
-    """Known resources in their canonical order, then unknown ones alphabetically."""
-    known = [r for r in RESOURCE_LABELS if r in resources]
-    return known + sorted(set(resources) - set(known))
+def resource_label(resource: Resource) -> str:
+    """Human label of a track: the kind's label, with the instance id when it is not 0."""
+    base = RESOURCE_LABELS.get(resource.kind, resource.kind.value)
+    return base if resource.instance == 0 else f"{base} #{resource.instance}"
 
 
-def _metadata(result: Result, tids: dict[str, int]) -> list[dict[str, Any]]:
+def resource_order(resources: list[Resource]) -> list[Resource]:
+    """Resources in the canonical order of their kinds (GPU compute first), then by instance."""
+    rank = {k: i for i, k in enumerate(TRACK_ORDER)}
+    return sorted(set(resources), key=lambda r: (rank[r.kind], r.instance))
+
+
+def _metadata(result: Result, tids: dict[Resource, int]) -> list[dict[str, Any]]:
     sc = result.scenario
     events: list[dict[str, Any]] = [
         {"name": "process_name", "ph": "M", "pid": PID, "tid": 0,
@@ -51,23 +57,24 @@ def _metadata(result: Result, tids: dict[str, int]) -> list[dict[str, Any]]:
     ]
     for resource, tid in tids.items():
         events.append({"name": "thread_name", "ph": "M", "pid": PID, "tid": tid,
-                       "args": {"name": RESOURCE_LABELS.get(resource, resource)}})
+                       "args": {"name": resource_label(resource)}})
         # Perfetto sorts tracks by this index, so GPU compute stays on top.
         events.append({"name": "thread_sort_index", "ph": "M", "pid": PID, "tid": tid,
                        "args": {"sort_index": tid}})
     return events
 
 
-def _op_events(result: Result, tids: dict[str, int]) -> list[dict[str, Any]]:
+def _op_events(result: Result, tids: dict[Resource, int]) -> list[dict[str, Any]]:
     start_us = np.asarray(result.start_s, dtype=float) * US_PER_S
     dur_us = (np.asarray(result.end_s, dtype=float) - np.asarray(result.start_s, dtype=float)) * US_PER_S
     # tolist() turns numpy floats into Python floats once (json cannot encode numpy scalars, and a per-item
     # float() is the slow part for 80-layer traces).
     starts, durs = start_us.tolist(), dur_us.tolist()
     return [
-        {"name": op.name, "cat": op.category, "ph": "X", "pid": PID, "tid": tids[op.resource],
+        {"name": op.name, "cat": op.category.value, "ph": "X", "pid": PID, "tid": tids[op.resource],
          "ts": starts[op.id], "dur": durs[op.id],
-         "args": {"layer": op.layer, "iteration": op.iteration, "category": op.category}}
+         "args": {"layer": op.layer, "iteration": op.iteration, "category": op.category.value,
+                  "phase": op.phase.value, "bytes": op.n_bytes, "flops": op.flops, "group": op.group}}
         for op in result.plan.ops
     ]
 
@@ -86,7 +93,7 @@ def _iteration_events(result: Result) -> list[dict[str, Any]]:
 
 def activation_curve_bytes(result: Result) -> tuple[list[float], list[float]]:
     """(times in s, live activation bytes): up by peak/n_fwd at the end of each forward GPU op of an
-    iteration, down by peak/n_bwd at the end of each backward op. Ops are told apart by name prefix."""
+    iteration, down by peak/n_bwd at the end of each backward op (GPU compute ops of those phases)."""
     peak = float(result.memory.gpu_bytes.get(ACTIVATIONS, 0.0))
     times: list[float] = [0.0]
     levels: list[float] = [0.0]
@@ -94,12 +101,12 @@ def activation_curve_bytes(result: Result) -> tuple[list[float], list[float]]:
         return times, levels
     by_iteration: dict[int, tuple[list[float], list[float]]] = {}
     for op in result.plan.ops:
-        if op.resource != GPU or op.category != COMPUTE:
+        if op.resource.kind is not ResourceKind.GPU or op.category is not Category.COMPUTE:
             continue
         fwd, bwd = by_iteration.setdefault(op.iteration, ([], []))
-        if op.name.startswith("fwd"):
+        if op.phase is Phase.FORWARD:
             fwd.append(float(result.end_s[op.id]))
-        elif op.name.startswith("bwd"):
+        elif op.phase is Phase.BACKWARD:
             bwd.append(float(result.end_s[op.id]))
     for iteration in sorted(by_iteration):
         fwd, bwd = by_iteration[iteration]
@@ -137,7 +144,8 @@ def chrome_trace(result: Result) -> dict[str, Any]:
     m = result.metrics
     other = {"scenario": result.scenario.name, "system": result.scenario.schedule.system,
              "hardware": result.scenario.hardware.name, "step_time_s": m["step_time_s"],
-             "tokens_per_s": m["tokens_per_s"], "feasible": m["feasible"]}
+             "tokens_per_s": m["tokens_per_s"], "feasible": m["feasible"],
+             "provenance": dict(result.provenance)}
     return {"traceEvents": events, "displayTimeUnit": "ms", "otherData": other}
 
 

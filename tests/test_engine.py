@@ -10,16 +10,18 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from sosim.engine import Contention, run_plan
-from sosim.plan import CPU_OPT, D2H, GPU, H2D, Plan, critical_path_s, list_schedule
+from sosim.plan import CPU_OPT, D2H, GPU, H2D, Phase, Plan, critical_path_s, list_schedule
+
+F = Phase.FORWARD
 
 
 def test_hand_computed_two_resources() -> None:
     plan = Plan()
-    a = plan.add(GPU, "a", 1.0)
-    b = plan.add(D2H, "b", 2.0, [a])
-    c = plan.add(GPU, "c", 0.5)  # runs right after a on the GPU, overlapping b
-    d = plan.add(CPU_OPT, "d", 1.0, [b, c])
-    plan.add(GPU, "e", 1.0, [d])
+    a = plan.add(GPU, "a", 1.0, phase=F)
+    b = plan.add(D2H, "b", 2.0, [a], phase=F)
+    c = plan.add(GPU, "c", 0.5, phase=F)  # runs right after a on the GPU, overlapping b
+    d = plan.add(CPU_OPT, "d", 1.0, [b, c], phase=F)
+    plan.add(GPU, "e", 1.0, [d], phase=F)
     start, end = run_plan(plan)
     assert list(start) == [0.0, 1.0, 1.0, 3.0, 4.0]
     assert list(end) == [1.0, 3.0, 1.5, 4.0, 5.0]
@@ -32,8 +34,8 @@ def test_duplex_link_is_shared_while_both_directions_run() -> None:
     full speed) ends at 4/3 s; 'down' has done 1 s of its 2 s by then and finishes the rest at full speed.
     """
     plan = Plan()
-    plan.add(D2H, "down", 2.0)
-    plan.add(H2D, "up", 1.0)
+    plan.add(D2H, "down", 2.0, phase=F)
+    plan.add(H2D, "up", 1.0, phase=F)
     gb = 1e9
     contention = Contention(("h2d", "d2h", "bidir"), (20 * gb, 20 * gb, 30 * gb),
                             {0: ((1, 20 * gb), (2, 20 * gb)), 1: ((0, 20 * gb), (2, 20 * gb))})
@@ -50,7 +52,7 @@ def random_plans(draw: st.DrawFn) -> Plan:
         resource = draw(st.sampled_from([GPU, D2H, H2D, CPU_OPT]))
         duration = draw(st.floats(0.0, 5.0, allow_nan=False))
         deps = draw(st.lists(st.integers(0, i - 1), max_size=3)) if i else []
-        plan.add(resource, f"op{i}", duration, deps)
+        plan.add(resource, f"op{i}", duration, deps, phase=F)
     return plan
 
 

@@ -10,7 +10,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from sosim.engine import Contention, effective_contention, run_plan, run_plan_detailed
-from sosim.plan import CPU_OPT, D2H, GPU, H2D, Plan, list_schedule
+from sosim.plan import CPU_OPT, D2H, GPU, H2D, Phase, Plan, Resource, ResourceKind, list_schedule
+
+F = Phase.FORWARD
+H2D_1 = Resource(ResourceKind.H2D, 1)
 
 GB = 1e9
 
@@ -26,8 +29,8 @@ def test_two_ranks_sharing_one_link_split_it_evenly() -> None:
     has done 1 of its 3 s by then and runs the remaining 2 s alone: ends at 4 s.
     """
     plan = Plan()
-    plan.add(H2D, "rank0", 1.0)
-    plan.add("h2d.1", "rank1", 3.0)
+    plan.add(H2D, "rank0", 1.0, phase=F)
+    plan.add(H2D_1, "rank1", 3.0, phase=F)
     names, caps = _link(10)
     run = run_plan_detailed(plan, Contention(names, caps, {0: ((0, 10 * GB),), 1: ((0, 10 * GB),)}))
     assert run.start_s.tolist() == [0.0, 0.0]
@@ -42,9 +45,9 @@ def test_a_late_arrival_slows_the_copy_already_running() -> None:
     done); both at half speed until rank 0 finishes its last second of work at 3 s; rank 1 has done 1 of its
     2 s and ends at 4 s."""
     plan = Plan()
-    plan.add(H2D, "rank0", 2.0)
-    k = plan.add("gpu.1", "kernel", 1.0)
-    plan.add("h2d.1", "rank1", 2.0, [k])
+    plan.add(H2D, "rank0", 2.0, phase=F)
+    k = plan.add(Resource(ResourceKind.GPU, 1), "kernel", 1.0, phase=F)
+    plan.add(H2D_1, "rank1", 2.0, [k], phase=F)
     names, caps = _link(10)
     _start, end = run_plan(plan, Contention(names, caps, {0: ((0, 10 * GB),), 2: ((0, 10 * GB),)}))
     assert end.tolist() == pytest.approx([3.0, 1.0, 4.0], rel=1e-12)
@@ -56,9 +59,9 @@ def test_progressive_filling_frees_what_the_bottleneck_leaves() -> None:
     r1 is the first to fill: X and Y run at 0.5. Z then has r2's 25 GB/s left and runs at full speed.
     """
     plan = Plan()
-    plan.add(H2D, "X", 1.0)
-    plan.add(D2H, "Y", 1.0)
-    plan.add(CPU_OPT, "Z", 1.0)
+    plan.add(H2D, "X", 1.0, phase=F)
+    plan.add(D2H, "Y", 1.0, phase=F)
+    plan.add(CPU_OPT, "Z", 1.0, phase=F)
     c = Contention(("r1", "r2"), (10 * GB, 30 * GB),
                    {0: ((0, 10 * GB),), 1: ((0, 10 * GB), (1, 10 * GB)), 2: ((1, 10 * GB),)})
     _start, end = run_plan(plan, c)
@@ -70,8 +73,8 @@ def test_dram_shared_by_adam_and_a_copy_slows_both_by_the_same_factor() -> None:
     they ask 150, so both run at 2/3: the DMA ends at 0.75 s; Adam has done 0.5 s of work by then and does the
     rest alone: 1.25 s."""
     plan = Plan()
-    plan.add(CPU_OPT, "adam", 1.0)
-    plan.add(D2H, "dma", 0.5)
+    plan.add(CPU_OPT, "adam", 1.0, phase=F)
+    plan.add(D2H, "dma", 0.5, phase=F)
     c = Contention(("dram0",), (100 * GB,), {0: ((0, 100 * GB),), 1: ((0, 50 * GB),)})
     _start, end = run_plan(plan, c)
     assert end.tolist() == pytest.approx([1.25, 0.75], rel=1e-12)
@@ -79,13 +82,13 @@ def test_dram_shared_by_adam_and_a_copy_slows_both_by_the_same_factor() -> None:
 
 def test_a_resource_that_cannot_be_oversubscribed_is_dropped() -> None:
     plan = Plan()
-    plan.add(H2D, "a", 1.0)
-    plan.add(D2H, "b", 1.0)
+    plan.add(H2D, "a", 1.0, phase=F)
+    plan.add(D2H, "b", 1.0, phase=F)
     # Each queue draws at most 10 of 20: never oversubscribed, so the engine runs without contention.
     assert effective_contention(plan, Contention(("r",), (20 * GB,), {0: ((0, 10 * GB),), 1: ((0, 10 * GB),)})) is None
 
 
-_QUEUES = [GPU, H2D, D2H, CPU_OPT, "h2d.1", "d2h.1", "cpu_opt.1"]
+_QUEUES = [GPU, H2D, D2H, CPU_OPT, H2D_1, Resource(ResourceKind.D2H, 1), Resource(ResourceKind.CPU_OPT, 1)]
 
 
 @st.composite
@@ -98,7 +101,7 @@ def plans_with_uses(draw: st.DrawFn, oversubscribed: bool) -> tuple[Plan, Conten
         queue = draw(st.sampled_from(_QUEUES))
         duration = draw(st.floats(0.0, 5.0, allow_nan=False))
         deps = draw(st.lists(st.integers(0, i - 1), max_size=3)) if i else []
-        plan.add(queue, f"op{i}", duration, deps)
+        plan.add(queue, f"op{i}", duration, deps, phase=F)
         ks = draw(st.lists(st.integers(0, n_res - 1), max_size=n_res, unique=True))
         uses[i] = tuple((k, draw(st.floats(0.1, 10.0))) for k in ks)
     if oversubscribed:
@@ -150,7 +153,7 @@ def test_more_capacity_never_delays_independent_transfers(ops: list[tuple[float,
     plan = Plan()
     uses = {}
     for i, (duration, demand) in enumerate(ops):
-        plan.add(f"h2d.{i}", f"t{i}", duration)
+        plan.add(Resource(ResourceKind.H2D, i), f"t{i}", duration, phase=F)
         uses[i] = ((0, demand),)
     _s, slow = run_plan(plan, Contention(("link",), (cap,), uses))
     _s, fast = run_plan(plan, Contention(("link",), (cap * factor,), uses))

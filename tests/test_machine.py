@@ -6,6 +6,7 @@ import copy
 from typing import Any
 
 import pytest
+from helpers import SRC, TINY_PROFILE, tiny_scenario
 
 from sosim import load_scenario, simulate
 from sosim.collectives import analytic_s, collective_s, inter_node_bytes
@@ -13,9 +14,8 @@ from sosim.contention import expand_ranks, node_plan, ranks_share_host
 from sosim.errors import ConfigError
 from sosim.loader import load_profile
 from sosim.machine import Machine
-from sosim.plan import GPU, H2D, NET, Plan
+from sosim.plan import GPU, H2D, NET, Phase, Plan
 from sosim.units import MIB
-from tests.helpers import SRC, TINY_PROFILE, tiny_scenario
 
 NODE_PROFILES = ["h200x2-pcie-gen5-x86", "gh200x4-alps", "gh200-480gb", "hgx-h100x8-x86"]
 SCENARIO = "scenarios/gh200_zero3_offload_4b.yaml"
@@ -137,9 +137,9 @@ def test_collective_monotone_in_size_and_nic_bandwidth() -> None:
 # ---- expanding a plan to the node's ranks ---------------------------------------------------------------------
 def test_expand_ranks_gives_each_rank_its_resources_and_syncs_collectives() -> None:
     plan = Plan()
-    a = plan.add(GPU, "fwd", 1.0)
-    c = plan.add(H2D, "copy", 2.0, [a])
-    plan.add(NET, "allgather", 0.5, [c])
+    a = plan.add(GPU, "fwd", 1.0, phase=Phase.FORWARD)
+    c = plan.add(H2D, "copy", 2.0, [a], phase=Phase.FETCH)
+    plan.add(NET, "allgather", 0.5, [c], phase=Phase.FETCH)
     plan.mark_iteration_start(a)
     node = expand_ranks(plan, 2)
     assert [(o.id, str(o.resource), o.deps) for o in node.ops] == [
@@ -176,5 +176,5 @@ def test_node_plan_simulates_one_rank_when_ranks_share_nothing() -> None:
     from sosim.simulate import make_cost_model
 
     plan = SCHEDULES[sc.schedule.system].build_plan(sc, make_cost_model(sc))
-    node, _ = node_plan(sc, m, plan)
-    assert len(node.ops) == len(plan.ops)
+    node, _, ranks = node_plan(sc, m, plan)
+    assert len(node.ops) == len(plan.ops) and ranks == 1

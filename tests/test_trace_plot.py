@@ -49,7 +49,9 @@ def test_one_complete_event_per_op_in_microseconds(result: Result) -> None:
         assert e["tid"] == tid_of[RESOURCE_LABELS[row.resource]]
         assert e["ts"] == pytest.approx(row.start_s * 1e6)
         assert e["dur"] == pytest.approx((row.end_s - row.start_s) * 1e6)
-        assert e["args"] == {"layer": row.layer, "iteration": row.iteration, "category": row.category}
+        op = result.plan.ops[row.Index]
+        assert e["args"] == {"layer": row.layer, "iteration": row.iteration, "category": row.category,
+                             "phase": row.phase, "bytes": op.n_bytes, "flops": op.flops, "group": op.group}
     # The last op ends where the simulation ends, in microseconds.
     assert max(e["ts"] + e["dur"] for e in xs) == pytest.approx(spans["end_s"].max() * 1e6)
 

@@ -17,9 +17,16 @@ from sosim.plan import Plan
 from sosim.schedules import gpu_only, stage3, superoffload, zero3_offload, zero_infinity, zero_offload
 
 
+def _no_choices(sc: Scenario) -> dict[str, str]:
+    del sc
+    return {}
+
+
 class ScheduleModule(NamedTuple):
     build_plan: Callable[[Scenario, CostModel], Plan]
     memory_usage: Callable[[Scenario], MemoryUsage]
+    # Choices the system made for this scenario, for the result's provenance (text for humans).
+    choices: Callable[[Scenario], dict[str, str]] = _no_choices
 
 
 StrategyFn = Callable[[Scenario], stage3.Stage3Strategy]
@@ -33,8 +40,13 @@ def _stage3_memory(strategy: StrategyFn, sc: Scenario) -> MemoryUsage:
     return stage3.memory_usage(sc, strategy(sc))
 
 
+def _stage3_choices(strategy: StrategyFn, sc: Scenario) -> dict[str, str]:
+    return dict(strategy(sc).notes)
+
+
 def _stage3_module(strategy: StrategyFn) -> ScheduleModule:
-    return ScheduleModule(partial(_stage3_build, strategy), partial(_stage3_memory, strategy))
+    return ScheduleModule(partial(_stage3_build, strategy), partial(_stage3_memory, strategy),
+                          partial(_stage3_choices, strategy))
 
 
 SCHEDULES: MappingProxyType[str, ScheduleModule] = MappingProxyType(

@@ -15,7 +15,8 @@ from sosim import model as tm
 from sosim.config import Scenario
 from sosim.costs import CostModel
 from sosim.machine import Machine
-from sosim.plan import COMM, COMPUTE, GPU, NET, Plan
+from sosim.plan import COMM, COMPUTE, GPU, NET, Phase, Plan, ResourceKind
+from sosim.units import BF16_BYTES
 
 
 @dataclass(frozen=True)
@@ -27,6 +28,15 @@ class Unit:
     bwd_s: float
     # Ulysses sequence parallelism: all-to-all time the layer waits for in each pass (0 without it).
     a2a_s: float = 0.0
+    a2a_bytes: float = 0.0
+    # Hardware FLOPs of the forward and of the backward (recompute included) on this GPU.
+    fwd_flops: float = 0.0
+    bwd_flops: float = 0.0
+
+
+def duplex(costs: CostModel) -> dict[ResourceKind, float]:
+    """The cost model's per-direction duplex factors keyed by resource kind (what the plan carries)."""
+    return {ResourceKind(k): f for k, f in costs.duplex_factors.items()}
 
 
 def gpu_pass_op(
@@ -37,11 +47,14 @@ def gpu_pass_op(
     The all-to-all of Q/K/V (and of the attention output) sits on the critical path: attention cannot
     start before every rank holds its heads for the whole sequence, so the compute op depends on it.
     """
+    phase = Phase.FORWARD if kind == "fwd" else Phase.BACKWARD
     deps = tuple(deps)
     if u.a2a_s > 0:
         deps = (plan.add(NET, f"all_to_all_{kind}:{u.name}", u.a2a_s, deps, layer=u.index, iteration=iteration,
-                         category=COMM),)
-    return plan.add(GPU, f"{kind}:{u.name}", duration_s, deps, layer=u.index, iteration=iteration, category=COMPUTE)
+                         category=COMM, phase=phase, n_bytes=u.a2a_bytes),)
+    flops = u.fwd_flops if phase is Phase.FORWARD else u.bwd_flops
+    return plan.add(GPU, f"{kind}:{u.name}", duration_s, deps, layer=u.index, iteration=iteration,
+                    category=COMPUTE, phase=phase, flops=flops)
 
 
 def tokens_per_gpu(sc: Scenario) -> int:
@@ -62,9 +75,27 @@ def build_units(sc: Scenario, costs: CostModel) -> list[Unit]:
     layer_p = tm.layer_params(m)
     fwd, bwd = costs.layer_fwd_s(), costs.layer_bwd_s()
     a2a = ulysses_all_to_all_s(sc, costs)
-    units += [Unit(i, f"layer{i - 1}", layer_p, fwd, bwd, a2a) for i in range(1, m.layers + 1)]
-    units.append(Unit(m.layers + 1, "head", head, costs.head_fwd_s(), costs.head_bwd_s()))
+    a2a_bytes = ulysses_all_to_all_bytes(sc)
+    tokens = tokens_per_gpu(sc)
+    # FLOPs as model.py counts them (causal attention: the kernels skip the masked half); backward = 2x
+    # forward, + a forward if recomputed.
+    attention_fwd_flops = tm.attention_flops_fwd(m, tokens, sc.training.seq_len) * tm.CAUSAL_ATTENTION_FRACTION
+    layer_fwd_flops = tm.layer_gemm_flops_fwd(m, tokens) + attention_fwd_flops
+    layer_bwd_flops = layer_fwd_flops * (3.0 if sc.training.activation_checkpointing else 2.0)
+    units += [Unit(i, f"layer{i - 1}", layer_p, fwd, bwd, a2a, a2a_bytes, layer_fwd_flops, layer_bwd_flops)
+              for i in range(1, m.layers + 1)]
+    head_flops = tm.head_flops_fwd(m, tokens)
+    units.append(Unit(m.layers + 1, "head", head, costs.head_fwd_s(), costs.head_bwd_s(),
+                      fwd_flops=head_flops, bwd_flops=2.0 * head_flops))
     return units
+
+
+def ulysses_all_to_all_bytes(sc: Scenario) -> float:
+    """Bytes one rank sends in one Ulysses all-to-all pass of one layer: (P-1)/P of 4 * (N/P) * h bf16."""
+    sp = sc.cluster.sequence_parallel
+    if sp <= 1:
+        return 0.0
+    return 4.0 * tokens_per_gpu(sc) * sc.model.hidden * BF16_BYTES * (sp - 1) / sp
 
 
 def ulysses_all_to_all_s(sc: Scenario, costs: CostModel) -> float:

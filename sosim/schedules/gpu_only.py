@@ -10,7 +10,7 @@ from sosim import model as tm
 from sosim.config import GpuOnlySchedule, Scenario
 from sosim.costs import CostModel
 from sosim.memory import MemoryUsage
-from sosim.plan import COMM, GPU, NET, OPTIMIZER, Plan
+from sosim.plan import COMM, GPU, NET, OPTIMIZER, Phase, Plan
 from sosim.schedules.common import backward_pass, build_units, forward_pass, make_buckets
 from sosim.units import BF16_BYTES
 
@@ -46,8 +46,10 @@ def build_plan(sc: Scenario, costs: CostModel) -> Plan:
                 for b in buckets:
                     last_reduce.append(
                         plan.add(NET, f"allreduce:b{b.index}", costs.allreduce_s(b.params * BF16_BYTES, dp),
-                                 (bwd[b.last_unit],), layer=b.last_unit, iteration=it, category=COMM)
+                                 (bwd[b.last_unit],), layer=b.last_unit, iteration=it, category=COMM,
+                                 phase=Phase.GRADIENT, n_bytes=2.0 * (dp - 1) / dp * b.params * BF16_BYTES,
+                                 group=b.index)
                     )
-        plan.add(GPU, "adam:gpu", costs.gpu_adam_s(p_total), last_reduce, iteration=it, category=OPTIMIZER)
-    plan.notes["link_bytes_per_step"] = 0.0
+        plan.add(GPU, "adam:gpu", costs.gpu_adam_s(p_total), last_reduce, iteration=it, category=OPTIMIZER,
+                 phase=Phase.OPTIMIZER)
     return plan

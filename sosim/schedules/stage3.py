@@ -36,6 +36,7 @@ from sosim.plan import (
     OPTIMIZER,
     SYNC,
     TRANSFER,
+    Phase,
     Plan,
 )
 from sosim.schedules.common import (
@@ -44,6 +45,7 @@ from sosim.schedules.common import (
     build_units,
     cores_for_adam,
     cpu_threads,
+    duplex,
     gpu_pass_op,
     make_buckets,
 )
@@ -59,6 +61,7 @@ TENSORS_PER_LAYER = 10
 HOST_SYNC_S = 100e-6
 # fp32 master + Adam m, v + fp32 gradient: bytes of optimizer state per parameter wherever it lives.
 OPT_STATE_BYTES = 16.0
+GRAD, REFRESH = Phase.GRADIENT, Phase.REFRESH
 # DeepSpeed's host buffers per parameter: fp32 master, fp32 grad, m, v + a bf16 staging/grad buffer (18 B).
 DEEPSPEED_CPU_STATE_BYTES = 18.0
 
@@ -172,7 +175,7 @@ def memory_usage(sc: Scenario, st: Stage3Strategy) -> MemoryUsage:
 
 def build_plan(sc: Scenario, costs: CostModel, st: Stage3Strategy) -> Plan:
     lay = _layout(sc, costs, st)
-    plan = Plan(duplex_factors=costs.duplex_factors)
+    plan = Plan(duplex_factors=duplex(costs))
     dp = sc.cluster.dp
     t = sc.training
     cores = cores_for_adam(sc, st.cpu_adam_core_fraction)
@@ -189,20 +192,17 @@ def build_plan(sc: Scenario, costs: CostModel, st: Stage3Strategy) -> Plan:
     ckpt_bytes = sc.model.hidden * BF16_BYTES * tokens
     # Weight-flow with GPU casting streams fp32 weights and casts them on the GPU.
     fetch_bytes = FP32_BYTES if st.param_cast == "gpu" else BF16_BYTES
-    link = {"d2h": 0.0, "h2d": 0.0}
 
     def copy(direction: Literal["h2d", "d2h"], name: str, n_bytes: float, deps: list[int], layer: int, it: int,
-             pinned: bool = True) -> int:
-        if it == 1:  # count link bytes of one steady iteration
-            link[direction] += n_bytes
+             phase: Phase, pinned: bool = True, group: int = -1) -> int:
         res = H2D if direction == "h2d" else D2H
         return plan.add(res, name, costs.copy_s(n_bytes, direction, st.pin_memory and pinned), deps,
-                        layer=layer, iteration=it, category=TRANSFER)
+                        layer=layer, iteration=it, category=TRANSFER, phase=phase, n_bytes=n_bytes, group=group)
 
     def cpu_pass(name: str, params: float, deps: list[int], b: Bucket, it: int) -> int:
         """A streaming pass over fp32 data in the training process (read+write 8 B/param)."""
         return plan.add(cpu_cast, name, 2.0 * costs.cpu_norm_s(params), deps, layer=b.last_unit, iteration=it,
-                        category=OPTIMIZER)
+                        category=OPTIMIZER, phase=Phase.OPTIMIZER, group=b.index)
 
     def adam_s(params: float) -> float:
         return costs.cpu_adam_s(params, st.cpu_adam, cores, shard_total)  # type: ignore[arg-type]
@@ -213,20 +213,24 @@ def build_plan(sc: Scenario, costs: CostModel, st: Stage3Strategy) -> Plan:
         deps = [dep]
         if dp > 1:
             deps = [plan.add(NET, f"reduce_scatter:b{b.index}", costs.reduce_scatter_s(b.params * BF16_BYTES, dp),
-                             deps, layer=b.last_unit, iteration=it, category=COMM)]
+                             deps, layer=b.last_unit, iteration=it, category=COMM, phase=Phase.GRADIENT,
+                             n_bytes=(dp - 1) / dp * b.params * BF16_BYTES, group=b.index)]
         if st.grad_path == "bf16_cpu_cast":
-            d = copy("d2h", f"grad_d2h:b{b.index}", shard * BF16_BYTES, deps, b.last_unit, it)
+            d = copy("d2h", f"grad_d2h:b{b.index}", shard * BF16_BYTES, deps, b.last_unit, it, GRAD,
+                     group=b.index)
             return plan.add(cpu_cast, f"grad_cast_fp32:b{b.index}", costs.cpu_cast_s(shard, cast_cores), [d],
-                            layer=b.last_unit, iteration=it, category=CAST)
+                            layer=b.last_unit, iteration=it, category=CAST, phase=GRAD, group=b.index)
         if st.grad_path == "deepspeed_stage3":
             # DeepSpeed stage 3 partition_grads: bf16 grad into the pinned host buffer, back to the GPU, cast
             # to fp32 there at the boundary, fp32 to the host (8 B/param).
-            d = copy("d2h", f"grad_d2h_bf16:b{b.index}", shard * BF16_BYTES, deps, b.last_unit, it)
-            deps = [copy("h2d", f"grad_h2d_bf16:b{b.index}", shard * BF16_BYTES, [d], b.last_unit, it)]
+            d = copy("d2h", f"grad_d2h_bf16:b{b.index}", shard * BF16_BYTES, deps, b.last_unit, it, GRAD,
+                     group=b.index)
+            deps = [copy("h2d", f"grad_h2d_bf16:b{b.index}", shard * BF16_BYTES, [d], b.last_unit, it, GRAD,
+                         group=b.index)]
         c = plan.add(GPU_CAST, f"grad_cast_fp32:b{b.index}", costs.gpu_cast_s(shard), deps,
-                     layer=b.last_unit, iteration=it, category=CAST)
-        return copy("d2h", f"grad_d2h_fp32:b{b.index}", shard * FP32_BYTES, [c], b.last_unit, it,
-                    pinned=st.grad_d2h_pinned)
+                     layer=b.last_unit, iteration=it, category=CAST, phase=GRAD, group=b.index)
+        return copy("d2h", f"grad_d2h_fp32:b{b.index}", shard * FP32_BYTES, [c], b.last_unit, it, GRAD,
+                    pinned=st.grad_d2h_pinned, group=b.index)
 
     def params_to_gpu(b: Bucket, dep: list[int], it: int) -> int:
         shard = b.params / dp
@@ -235,20 +239,21 @@ def build_plan(sc: Scenario, costs: CostModel, st: Stage3Strategy) -> Plan:
             if st.param_cast == "gpu":
                 return dep[-1]  # fp32 is streamed and cast on the GPU as it is fetched
             return plan.add(cpu_cast, f"param_cast_bf16:b{b.index}", costs.cpu_cast_s(shard, cast_cores), dep,
-                            layer=b.last_unit, iteration=it, category=CAST)
+                            layer=b.last_unit, iteration=it, category=CAST, phase=REFRESH, group=b.index)
         if st.worker_copy_back:
             dep = [cpu_pass(f"worker_copy_back:b{b.index}", shard, dep, b, it)]
         if st.cpu_unscale_pass:
             dep = [cpu_pass(f"unscale_clip:b{b.index}", shard, dep, b, it)]
         if st.param_cast == "cpu":
             c = plan.add(cpu_cast, f"param_cast_bf16:b{b.index}", costs.cpu_cast_s(shard, cast_cores), dep,
-                         layer=b.last_unit, iteration=it, category=CAST)
-            last = copy("h2d", f"param_h2d_bf16:b{b.index}", shard * BF16_BYTES, [c], b.last_unit, it,
-                        pinned=st.refresh_pinned)
+                         layer=b.last_unit, iteration=it, category=CAST, phase=REFRESH, group=b.index)
+            last = copy("h2d", f"param_h2d_bf16:b{b.index}", shard * BF16_BYTES, [c], b.last_unit, it, REFRESH,
+                        pinned=st.refresh_pinned, group=b.index)
         else:
-            h = copy("h2d", f"param_h2d_fp32:b{b.index}", shard * FP32_BYTES, dep, b.last_unit, it)
+            h = copy("h2d", f"param_h2d_fp32:b{b.index}", shard * FP32_BYTES, dep, b.last_unit, it, REFRESH,
+                     group=b.index)
             last = plan.add(GPU_CAST, f"param_cast_bf16:b{b.index}", costs.gpu_cast_s(shard), [h],
-                            layer=b.last_unit, iteration=it, category=CAST)
+                            layer=b.last_unit, iteration=it, category=CAST, phase=REFRESH, group=b.index)
         return last  # the rank's own partition: the next use all-gathers it (ZeRO-3)
 
     ready: dict[int, list[int]] = {}  # bucket index -> ops after which its updated params are usable
@@ -265,29 +270,34 @@ def build_plan(sc: Scenario, costs: CostModel, st: Stage3Strategy) -> Plan:
                 buffer_free = computed[-1 - st.prefetch_layers:-st.prefetch_layers or None][:1]
                 if st.weight_flow and u.params and 0 < u.index <= sc.model.layers:
                     deps = [copy("h2d", f"fetch_fwd:{u.name}", u.params * fetch_bytes, deps + buffer_free,
-                                 u.index, it)]
+                                 u.index, it, Phase.FETCH)]
                 if dp > 1 and u.params:
                     # ZeRO-3: each rank holds 1/dp of the weights; gather the unit's weights before use.
                     deps = [plan.add(NET, f"allgather_fwd:{u.name}", costs.reduce_scatter_s(u.params * BF16_BYTES, dp),
-                                     deps + buffer_free, layer=u.index, iteration=it, category=COMM)]
+                                     deps + buffer_free, layer=u.index, iteration=it, category=COMM,
+                                     phase=Phase.FORWARD, n_bytes=(dp - 1) / dp * u.params * BF16_BYTES)]
                 f = gpu_pass_op(plan, u, "fwd", u.fwd_s, deps, it)
                 computed.append(f)
                 if micro == 0 and u.index == 0:
                     plan.mark_iteration_start(f)
                 if st.offload_checkpoints and t.activation_checkpointing and 0 < u.index <= sc.model.layers:
-                    ckpt_off[u.index] = copy("d2h", f"ckpt_d2h:{u.name}", ckpt_bytes, [f], u.index, it)
+                    ckpt_off[u.index] = copy("d2h", f"ckpt_d2h:{u.name}", ckpt_bytes, [f], u.index, it,
+                                             Phase.CHECKPOINT)
             # ---- backward
             for u in reversed(lay.units):
                 deps = []
                 buffer_free = computed[-1 - st.prefetch_layers:-st.prefetch_layers or None][:1]
                 if st.weight_flow and u.params and 0 < u.index <= sc.model.layers:
-                    deps.append(copy("h2d", f"fetch_bwd:{u.name}", u.params * fetch_bytes, buffer_free, u.index, it))
+                    deps.append(copy("h2d", f"fetch_bwd:{u.name}", u.params * fetch_bytes, buffer_free, u.index, it,
+                                     Phase.FETCH))
                 if dp > 1 and u.params:
                     deps.append(plan.add(NET, f"allgather_bwd:{u.name}",
                                          costs.reduce_scatter_s(u.params * BF16_BYTES, dp), deps + buffer_free,
-                                         layer=u.index, iteration=it, category=COMM))
+                                         layer=u.index, iteration=it, category=COMM, phase=Phase.BACKWARD,
+                                         n_bytes=(dp - 1) / dp * u.params * BF16_BYTES))
                 if u.index in ckpt_off:
-                    deps.append(copy("h2d", f"ckpt_h2d:{u.name}", ckpt_bytes, [ckpt_off[u.index]], u.index, it))
+                    deps.append(copy("h2d", f"ckpt_h2d:{u.name}", ckpt_bytes, [ckpt_off[u.index]], u.index, it,
+                                     Phase.CHECKPOINT))
                 bwd = gpu_pass_op(plan, u, "bwd", u.bwd_s, deps, it)
                 computed.append(bwd)
                 b_idx = lay.unit_bucket.get(u.index)
@@ -297,7 +307,8 @@ def build_plan(sc: Scenario, costs: CostModel, st: Stage3Strategy) -> Plan:
                 arrived[b.index] = grads_to_cpu(b, bwd, it)
                 if not st.overlap_comm or st.blocking_grad_copies:
                     # The next backward kernel waits for this bucket's transfer (no comm/compute overlap).
-                    plan.add(GPU, f"wait_grad:b{b.index}", 0.0, [arrived[b.index]], iteration=it, category=SYNC)
+                    plan.add(GPU, f"wait_grad:b{b.index}", 0.0, [arrived[b.index]], iteration=it, category=SYNC,
+                             phase=GRAD, group=b.index)
         # ---- optimizer step
         cpu_buckets = [b for b in lay.buckets if b.index not in lay.gpu_buckets]
         adam_done: dict[int, int] = {}
@@ -306,18 +317,21 @@ def build_plan(sc: Scenario, costs: CostModel, st: Stage3Strategy) -> Plan:
             for b in cpu_buckets:
                 deps = [arrived[b.index]]
                 if st.host_sync_per_subgroup:
-                    deps.append(plan.add(GPU, f"host_sync:b{b.index}", HOST_SYNC_S, deps, iteration=it, category=SYNC))
+                    deps.append(plan.add(GPU, f"host_sync:b{b.index}", HOST_SYNC_S, deps, iteration=it,
+                                         category=SYNC, phase=GRAD, group=b.index))
                 adam_done[b.index] = plan.add(CPU_OPT, f"cpu_adam_spec:b{b.index}", adam_s(b.params / dp), deps,
-                                              layer=b.last_unit, iteration=it, category=OPTIMIZER)
+                                              layer=b.last_unit, iteration=it, category=OPTIMIZER,
+                                              phase=Phase.OPTIMIZER, group=b.index)
         else:
             gate = list(arrived.values())
             if needs_norm:
                 gate = [plan.add(CPU_OPT, "grad_norm", costs.cpu_norm_s(shard_total), gate, iteration=it,
-                                 category=OPTIMIZER)]
+                                 category=OPTIMIZER, phase=Phase.OPTIMIZER)]
             prev: list[int] = []
             for b in cpu_buckets:
                 adam = plan.add(CPU_OPT, f"cpu_adam:b{b.index}", adam_s(b.params / dp), gate + prev,
-                                layer=b.last_unit, iteration=it, category=OPTIMIZER)
+                                layer=b.last_unit, iteration=it, category=OPTIMIZER, phase=Phase.OPTIMIZER,
+                                group=b.index)
                 adam_done[b.index] = adam
                 if st.serial_subgroups:
                     prev = [params_to_gpu(b, [adam], it)]
@@ -326,7 +340,8 @@ def build_plan(sc: Scenario, costs: CostModel, st: Stage3Strategy) -> Plan:
         for b in lay.buckets:
             if b.index in lay.gpu_buckets:
                 ready[b.index] = [plan.add(GPU, f"gpu_adam:b{b.index}", costs.gpu_adam_s(b.params / dp), [],
-                                           layer=b.last_unit, iteration=it, category=OPTIMIZER)]
+                                           layer=b.last_unit, iteration=it, category=OPTIMIZER,
+                                           phase=Phase.OPTIMIZER, group=b.index)]
         validation: list[int] = []
         if speculative and t.gradient_clipping > 0 and t.clip_rate > 0:
             # Expected cost of rollback + re-execution: clip_rate x (two more Adam passes over the CPU buckets
@@ -335,7 +350,8 @@ def build_plan(sc: Scenario, costs: CostModel, st: Stage3Strategy) -> Plan:
             refresh_s = costs.copy_s(spec_params * (FP32_BYTES if st.param_cast == "gpu" else BF16_BYTES),
                                      "h2d", st.pin_memory)
             validation = [plan.add(CPU_OPT, "rollback_expected", t.clip_rate * (2 * adam_s(spec_params) + refresh_s),
-                                   list(adam_done.values()), iteration=it, category=OPTIMIZER)]
+                                   list(adam_done.values()), iteration=it, category=OPTIMIZER,
+                                   phase=Phase.OPTIMIZER)]
         if st.refresh == "blocking":
             last_adam = list(adam_done.values())
             prev = []
@@ -353,12 +369,6 @@ def build_plan(sc: Scenario, costs: CostModel, st: Stage3Strategy) -> Plan:
                     # Speculative copies go out as each update finishes; the next forward additionally waits for
                     # validation (and, in expectation, a rollback and re-copy).
                     ready[b.index] = [params_to_gpu(b, [adam_done[b.index]], it), *validation]
-    plan.notes.update(dict(st.notes))
-    plan.notes["link_bytes_per_step"] = link["d2h"] + link["h2d"]
-    plan.notes["link_d2h_gb_per_step"] = link["d2h"] / 1e9
-    plan.notes["link_h2d_gb_per_step"] = link["h2d"] / 1e9
-    plan.notes["buckets"] = len(lay.buckets)
-    plan.notes["gpu_buckets"] = len(lay.gpu_buckets)
     return plan
 
 

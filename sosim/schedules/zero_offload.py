@@ -26,10 +26,11 @@ from sosim import model as tm
 from sosim.config import Scenario, ZeroOffloadSchedule
 from sosim.costs import CostModel
 from sosim.memory import MemoryUsage
-from sosim.plan import CAST, COMM, CPU_CAST, CPU_OPT, D2H, GPU, GPU_CAST, H2D, NET, OPTIMIZER, TRANSFER, Plan
+from sosim.plan import CAST, COMM, CPU_CAST, CPU_OPT, D2H, GPU, GPU_CAST, H2D, NET, OPTIMIZER, TRANSFER, Phase, Plan
 from sosim.schedules.common import (
     build_units,
     cores_for_adam,
+    duplex,
     forward_pass,
     gpu_pass_op,
     make_buckets,
@@ -70,7 +71,7 @@ def memory_usage(sc: Scenario) -> MemoryUsage:
 def build_plan(sc: Scenario, costs: CostModel) -> Plan:
     s = _sched(sc)
     deepspeed = s.implementation == "deepspeed"
-    plan = Plan(duplex_factors=costs.duplex_factors)
+    plan = Plan(duplex_factors=duplex(costs))
     units = build_units(sc, costs)
     dp = sc.cluster.dp
     p_total = sum(u.params for u in units)
@@ -81,7 +82,6 @@ def build_plan(sc: Scenario, costs: CostModel) -> Plan:
     grad_bytes = FP32_BYTES if deepspeed else BF16_BYTES
     sync_s = SYNC_S_PER_TENSOR * TENSORS_PER_LAYER if deepspeed else 0.0
     refresh: dict[int, list[int]] = {}  # iteration -> ops that complete its parameter refresh
-    link_bytes = 0.0
     # DPU's one-step staleness needs two extra iterations before the timeline is periodic.
     iterations = sc.training.iterations + (2 if s.dpu else 0)
     for it in range(iterations):
@@ -105,37 +105,42 @@ def build_plan(sc: Scenario, costs: CostModel) -> Plan:
                 if dp > 1:
                     deps = [plan.add(NET, f"reduce_scatter:b{bucket.index}",
                                      costs.reduce_scatter_s(bucket.params * BF16_BYTES, dp), deps,
-                                     layer=u.index, iteration=it, category=COMM)]
+                                     layer=u.index, iteration=it, category=COMM, phase=Phase.GRADIENT,
+                                     group=bucket.index, n_bytes=(dp - 1) / dp * bucket.params * BF16_BYTES)]
                 if deepspeed:
                     # The fp32 cast runs on the stream doing the copy: the compute stream without overlap_comm.
                     stream = GPU_CAST if s.overlap_comm else GPU
                     deps = [plan.add(stream, f"grad_cast_fp32:b{bucket.index}", costs.gpu_cast_s(shard), deps,
-                                     layer=u.index, iteration=it, category=CAST)]
+                                     layer=u.index, iteration=it, category=CAST,
+                                     phase=Phase.GRADIENT, group=bucket.index)]
                 d2h = plan.add(D2H, f"grad_d2h:b{bucket.index}",
                                costs.copy_s(shard * grad_bytes, "d2h", s.pin_memory),
-                               deps, layer=u.index, iteration=it, category=TRANSFER)
-                link_bytes += shard * grad_bytes if it == 0 else 0.0
+                               deps, layer=u.index, iteration=it, category=TRANSFER,
+                                     phase=Phase.GRADIENT, group=bucket.index,
+                               n_bytes=shard * grad_bytes)
                 if not deepspeed:
                     d2h = plan.add(CPU_CAST, f"grad_accum_fp32:b{bucket.index}", costs.cpu_cast_s(shard, cores),
-                                   [d2h], layer=u.index, iteration=it, category=CAST)
+                                   [d2h], layer=u.index, iteration=it, category=CAST,
+                                     phase=Phase.GRADIENT, group=bucket.index)
                 arrived.append(d2h)
                 if not s.overlap_comm and u.index > 0:
                     bwd_gates[u.index - 1] = [d2h]
         step_deps = list(arrived)
         if needs_norm and not deepspeed:
             step_deps = [plan.add(CPU_OPT, "grad_norm", costs.cpu_norm_s(p_total / dp), arrived,
-                                  iteration=it, category=OPTIMIZER)]
+                                  iteration=it, category=OPTIMIZER, phase=Phase.OPTIMIZER)]
         if deepspeed:
             # The norm was accumulated on the GPU during backward; step() scales the fp32 grads on the CPU.
             step_deps = [plan.add(CPU_OPT, "unscale_clip", 2.0 * costs.cpu_norm_s(p_total / dp), arrived,
-                                  iteration=it, category=OPTIMIZER)]
+                                  iteration=it, category=OPTIMIZER, phase=Phase.OPTIMIZER)]
         done: list[int] = []
         adam_ops = []
         for b in buckets:
             shard = b.params / dp
             adam_ops.append(plan.add(CPU_OPT, f"cpu_adam:b{b.index}",
                                      costs.cpu_adam_s(shard, s.cpu_adam, cores, p_total / dp),
-                                     step_deps, layer=b.last_unit, iteration=it, category=OPTIMIZER))
+                                     step_deps, layer=b.last_unit, iteration=it, category=OPTIMIZER,
+                                     phase=Phase.OPTIMIZER, group=b.index))
         for b, adam in zip(buckets, adam_ops):
             shard = b.params / dp
             # DeepSpeed copies after the whole step, converting on the CPU first; ideal CPU-Adam writes the
@@ -143,15 +148,17 @@ def build_plan(sc: Scenario, costs: CostModel) -> Plan:
             deps = [adam]
             if deepspeed:
                 deps = [plan.add(CPU_CAST, f"param_cast_bf16:b{b.index}", costs.cpu_cast_s(shard, cores),
-                                 adam_ops[-1:], layer=b.last_unit, iteration=it, category=CAST)]
+                                 adam_ops[-1:], layer=b.last_unit, iteration=it, category=CAST,
+                           phase=Phase.REFRESH, group=b.index)]
             h2d = plan.add(H2D, f"param_h2d:b{b.index}", costs.copy_s(shard * BF16_BYTES, "h2d", s.pin_memory),
-                           deps, layer=b.last_unit, iteration=it, category=TRANSFER)
+                           deps, layer=b.last_unit, iteration=it, category=TRANSFER,
+                           phase=Phase.REFRESH, group=b.index,
+                           n_bytes=shard * BF16_BYTES)
             if dp > 1:
                 h2d = plan.add(NET, f"allgather:b{b.index}", costs.reduce_scatter_s(b.params * BF16_BYTES, dp),
-                               [h2d], layer=b.last_unit, iteration=it, category=COMM)
+                               [h2d], layer=b.last_unit, iteration=it, category=COMM,
+                           phase=Phase.REFRESH, group=b.index,
+                               n_bytes=(dp - 1) / dp * b.params * BF16_BYTES)
             done.append(h2d)
-            link_bytes += shard * BF16_BYTES if it == 0 else 0.0
         refresh[it] = done
-    plan.notes["link_bytes_per_step"] = link_bytes
-    plan.notes["buckets"] = len(buckets)
     return plan

@@ -1,0 +1,1542 @@
+"""DeepSpeed JSON configs <-> scenarios: the user's own ``ds_config.json`` in, a DeepSpeed config out.
+
+In: ``sosim run --ds-config ds.json --model config.json --hardware PROFILE [--gpus N] [--seq S]`` reads a
+DeepSpeed 0.19 config (and a Hugging Face ``config.json``, :mod:`sosim.hf_model`) into a scenario dict, with
+DeepSpeed's own semantics: its defaults where a key is absent, its batch arithmetic, its validity rules, and
+the Hugging Face Trainer's rules for ``"auto"`` values. Every key of the file is accounted for in the report:
+mapped (to which scenario key, as which value), defaulted (absent: the value used and why), or ignored (and
+why; ``NOT MODELLED`` marks ignored keys that would change the real step).
+
+Out: :func:`ds_config_from_scenario` writes any scenario as a DeepSpeed config (``--emit-ds-config``), keeping
+the keys of a base config (the user's file) that the scenario does not decide; the settings a DeepSpeed
+config cannot express (the paper's 'ideal' schedules, DPU, GraceAdam, the machine) are listed, not dropped
+silently.
+
+What each DeepSpeed key does was read in DeepSpeed's sources (0.19.8, the version of the measured runs, and
+0.19.6 at github deepspeedai/DeepSpeed edaa722): ``runtime/config.py`` (batch arithmetic, precision,
+clipping), ``runtime/zero/config.py`` and ``runtime/zero/offload_config.py`` (the ZeRO keys, their defaults
+and validators), ``runtime/engine.py`` (``_configure_zero_optimizer``: which optimizer class each setting
+selects; ``get_optimizer_configuration``: DeepSpeedCPUAdam vs ``torch_adam``), ``runtime/superoffload/``
+(the SuperOffload worker and its core split), and ``transformers/integrations/deepspeed.py``
+(``HfTrainerDeepSpeedConfig``: how the Trainer fills ``"auto"``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import difflib
+import json
+import math
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from sosim import model as tm
+from sosim.config import ModelSpec, Scenario
+from sosim.errors import ConfigError
+from sosim.hf_model import HfModel, load_hf_model
+from sosim.jsonio import Note, notes_by_status, read_json
+from sosim.loader import KeyPath, Located, parse_override
+
+# --------------------------------------------------------------------------------------------------------
+# DeepSpeed's schema, as data. Sections built on DeepSpeedConfigModel forbid unknown keys
+# (runtime/config_utils.py: ConfigDict(extra="forbid", populate_by_name=True)), so a typo there is an
+# error in DeepSpeed and here. Field names and their aliases, read from the pydantic models:
+# --------------------------------------------------------------------------------------------------------
+SCHEMA_SOURCE = (
+    "DeepSpeed 0.19.8 (PyPI sdist; the measured runs' version) and 0.19.6 (github deepspeedai/DeepSpeed "
+    "edaa722): runtime/zero/config.py DeepSpeedZeroConfig, runtime/zero/offload_config.py "
+    "DeepSpeedZeroOffloadOptimizerConfig / DeepSpeedZeroOffloadParamConfig, runtime/precision_config.py "
+    "DeepSpeedBF16Config / DeepSpeedFP16Config"
+)
+# Known to both versions: the only names the emitter writes.
+DS_KEYS: dict[str, frozenset[str]] = {
+    "zero_optimization": frozenset({
+        "stage", "contiguous_gradients", "reduce_scatter", "reduce_bucket_size", "use_multi_rank_bucket_allreduce",
+        "allgather_partitions", "allgather_bucket_size", "overlap_comm", "load_from_fp32_weights",
+        "elastic_checkpoint", "offload_param", "offload_optimizer", "zenflow", "sub_group_size",
+        "cpu_offload_param", "cpu_offload_use_pin_memory", "cpu_offload",
+        "prefetch_bucket_size", "stage3_prefetch_bucket_size",
+        "param_persistence_threshold", "stage3_param_persistence_threshold",
+        "model_persistence_threshold", "stage3_model_persistence_threshold",
+        "max_live_parameters", "stage3_max_live_parameters",
+        "max_reuse_distance", "stage3_max_reuse_distance",
+        "gather_16bit_weights_on_model_save", "stage3_gather_16bit_weights_on_model_save",
+        "module_granularity_threshold", "stage3_module_granularity_threshold",
+        "use_all_reduce_for_fetch_params", "stage3_use_all_reduce_for_fetch_params",
+        "allgather_sequential", "stage3_allgather_sequential",
+        "stage3_gather_fp16_weights_on_model_save", "ignore_unused_parameters", "legacy_stage1",
+        "round_robin_gradients", "zero_hpz_partition_size", "zero_quantized_weights",
+        "zero_quantized_nontrainable_weights", "zero_quantized_gradients", "memory_efficient_linear",
+        "pipeline_loading_checkpoint", "override_module_apply", "log_trace_cache_warnings",
+        "enable_sanity_checks", "save_muon_momentum_buffer_in_memory", "leaf_module",
+    }),
+    "zero_optimization.offload_optimizer": frozenset({
+        "device", "nvme_path", "buffer_count", "pin_memory", "pipeline_read", "pipeline_write", "fast_init",
+        "ratio", "super_offload", "cpuadam_cores_perc",
+    }),
+    "zero_optimization.offload_param": frozenset({
+        "device", "nvme_path", "buffer_count", "buffer_size", "max_in_cpu", "pin_memory",
+    }),
+    "bf16": frozenset({
+        "enabled", "immediate_grad_update", "check_grad_overflow", "bf16_master_weights_and_grads",
+        "bf16_optimizer_states",
+    }),
+    "fp16": frozenset({
+        "enabled", "auto_cast", "loss_scale", "initial_scale_power", "loss_scale_window", "hysteresis",
+        "consecutive_hysteresis", "min_loss_scale", "fp16_master_weights_and_grads",
+    }),
+}
+# Names only one of the two versions knows: accepted on input (the user's DeepSpeed may be either), never
+# emitted. 0.19.8 added compute_grad_norm and parameter_alignment; 0.19.6 still had MiCS and LoCo-ZeRO++.
+DS_KEYS_ONE_VERSION: dict[str, frozenset[str]] = {
+    "zero_optimization": frozenset({"compute_grad_norm", "parameter_alignment", "zeropp_loco_param",
+                                    "mics_shard_size", "mics_hierarchical_params_gather"}),
+}
+# DeepSpeedZeroConfig fields with an alias: either spelling is accepted (populate_by_name=True).
+ZERO_ALIASES = {
+    "stage3_prefetch_bucket_size": "prefetch_bucket_size",
+    "stage3_param_persistence_threshold": "param_persistence_threshold",
+    "stage3_model_persistence_threshold": "model_persistence_threshold",
+    "stage3_max_live_parameters": "max_live_parameters",
+    "stage3_max_reuse_distance": "max_reuse_distance",
+    "stage3_gather_16bit_weights_on_model_save": "gather_16bit_weights_on_model_save",
+    "stage3_module_granularity_threshold": "module_granularity_threshold",
+    "stage3_use_all_reduce_for_fetch_params": "use_all_reduce_for_fetch_params",
+    "stage3_allgather_sequential": "allgather_sequential",
+}
+# DeepSpeed's defaults for the keys sosim maps (runtime/zero/config.py, offload_config.py, constants.py).
+DS_DEFAULTS: dict[str, Any] = {
+    "reduce_bucket_size": 500_000_000, "sub_group_size": 1_000_000_000, "prefetch_bucket_size": 50_000_000,
+    "max_live_parameters": 1_000_000_000, "pin_memory": True, "ratio": 1.0, "cpuadam_cores_perc": 0.8,
+    "gradient_clipping": 0.0, "gradient_accumulation_steps": 1,
+}
+BF16_BYTES_PER_ELEMENT = 2  # reduce_bucket_size counts elements; sosim's bucket_mb is MB of bf16 gradients
+DEFAULT_SEQ_LEN = 2048  # stated default when --seq is not given (the measured runs' sequence)
+
+# Why each ZeRO key that sosim does not map is ignored. "dp": changes the step only with data parallelism
+# (collectives); "stage3": only for stage-3 systems; True: would change the step; False: does not.
+_ZERO_IGNORED: dict[str, tuple[str, bool | str]] = {
+    "contiguous_gradients": ("gradient buffer layout (memory fragmentation); no modelled effect on time", False),
+    "reduce_scatter": ("collective choice for gradient averaging; sosim models ring collectives", "dp"),
+    "allgather_partitions": ("collective choice for the parameter refresh; sosim models ring collectives", "dp"),
+    "allgather_bucket_size": ("all-gather bucketing; sosim gathers whole units", "dp"),
+    "use_multi_rank_bucket_allreduce": ("collective bucketing across ranks; not modelled", "dp"),
+    "round_robin_gradients": ("parallel gradient copies across ranks (stage 1/2); not modelled", "dp"),
+    "load_from_fp32_weights": ("checkpoint loading only", False),
+    "elastic_checkpoint": ("checkpointing only", False),
+    "gather_16bit_weights_on_model_save": ("checkpoint saving only", False),
+    "stage3_gather_fp16_weights_on_model_save": ("checkpoint saving only (deprecated name)", False),
+    "pipeline_loading_checkpoint": ("checkpoint loading only", False),
+    "ignore_unused_parameters": ("error handling for unused parameters; no effect on time", False),
+    "legacy_stage1": ("the old stage-1 implementation; not modelled", True),
+    "log_trace_cache_warnings": ("logging only", False),
+    "enable_sanity_checks": ("debugging checks; not modelled (leave them off when timing)", True),
+    "memory_efficient_linear": ("stage-3 linear autograd memory; no modelled effect on time", False),
+    "override_module_apply": ("stage-3 nn.Module.apply hook at model construction; not in the step", False),
+    "save_muon_momentum_buffer_in_memory": ("Muon optimizer with NVMe only; sosim times Adam", False),
+    "leaf_module": ("stage-3 hook granularity for listed module classes; not modelled", "stage3"),
+    "module_granularity_threshold": ("stage-3 hook granularity; sosim charges a fixed hook cost per layer",
+                                     "stage3"),
+    "use_all_reduce_for_fetch_params": ("collective choice for stage-3 parameter fetch; not modelled", "dp"),
+    "allgather_sequential": ("per-parameter stage-3 all-gathers; not modelled", "dp"),
+    "param_persistence_threshold": ("parameters below it stay unpartitioned on every GPU (norm scales, "
+                                    "biases: a small share of the bytes); sosim partitions all", False),
+    "model_persistence_threshold": ("upper bound on unpartitioned parameters; see param_persistence_threshold",
+                                    False),
+    "max_live_parameters": ("a cap on gathered stage-3 parameters; sosim holds the layer in use plus the "
+                            "prefetched ones (checked below when it binds)", False),
+    "max_reuse_distance": ("keeps a stage-3 parameter gathered when it is reused soon; sosim re-gathers per "
+                           "pass", "dp"),
+    "zero_hpz_partition_size": ("ZeRO++ hierarchical partitioning (secondary copy of the weights per node); "
+                                "sosim models flat all-gathers", "dp"),
+    "zero_quantized_weights": ("ZeRO++ quantized weight all-gathers; sosim's collectives move bf16", "dp"),
+    "zero_quantized_nontrainable_weights": ("ZeRO++ quantized frozen weights (LoRA); sosim trains all "
+                                            "weights", "dp"),
+    "zero_quantized_gradients": ("ZeRO++ quantized gradient reduce-scatter; sosim's collectives move bf16",
+                                 "dp"),
+    "zeropp_loco_param": ("LoCo-ZeRO++ error feedback (0.19.6); not modelled", "dp"),
+    "mics_shard_size": ("MiCS sharding (0.19.6); not modelled", "dp"),
+    "mics_hierarchical_params_gather": ("MiCS (0.19.6); not modelled", "dp"),
+    "zenflow": ("ZenFlow (stall-free offload with GPU-side updates of important gradients) is not modelled; "
+                "the prediction is for plain ZeRO offload", True),
+    "compute_grad_norm": ("stage 1/2 global-norm bookkeeping (0.19.8); sosim's DeepSpeed path always charges "
+                          "the CPU unscale pass", False),
+    "parameter_alignment": ("16-byte padding of stage 1/2 flat buffers (0.19.8): memory only", False),
+}
+_OFFLOAD_NVME_ONLY = ("nvme_path", "buffer_count", "buffer_size", "max_in_cpu", "pipeline_read", "pipeline_write",
+                      "fast_init")
+# Top-level keys sosim does not map, and why. "enabled": changes the step only when the section is enabled.
+_TOP_IGNORED: dict[str, tuple[str, bool | str]] = {
+    "scheduler": ("learning-rate schedule: no effect on the step time", False),
+    "steps_per_print": ("logging only", False),
+    "wall_clock_breakdown": ("timers that add stream synchronisations; not modelled (leave off when timing)",
+                             "true"),
+    "memory_breakdown": ("logging only", False),
+    "dump_state": ("logging only", False),
+    "log_level": ("logging only", False),
+    "flops_profiler": ("profiling; not modelled (leave off when timing)", "enabled"),
+    "tensorboard": ("monitoring only", False), "wandb": ("monitoring only", False),
+    "csv_monitor": ("monitoring only", False), "comet": ("monitoring only", False),
+    "comms_logger": ("logging only", False), "timers": ("timer settings; logging only", False),
+    "checkpoint": ("checkpointing only", False), "nebula": ("checkpointing only", False),
+    "datastates": ("checkpointing only", False),
+    "zero_allow_untested_optimizer": ("permission flag; no effect on time", False),
+    "communication_data_type": ("dtype of gradient collectives; sosim's collectives move bf16", "dp"),
+    "seq_parallel_communication_data_type": ("dtype of sequence-parallel all-to-alls; not modelled", "sp"),
+    "prescale_gradients": ("gradient scaling before all-reduce; no modelled effect", False),
+    "gradient_predivide_factor": ("gradient scaling before all-reduce; no modelled effect", False),
+    "gradient_allreduce_op": ("sum or mean for gradient all-reduce; same time", False),
+    "sparse_gradients": ("sparse embedding gradients; not modelled", "true"),
+    "disable_allgather": ("legacy collective switch; not modelled", "dp"),
+    "data_types": ("grad_accum_dtype / param_dtype: fp32 gradient accumulation is not modelled", True),
+    "amp": ("NVIDIA apex AMP (not usable with ZeRO); not modelled", "enabled"),
+    "torch_autocast": ("torch autocast instead of bf16/fp16 master copies; not modelled", "enabled"),
+    "compile": ("torch.compile / DeepCompile; not modelled (sosim's constants are for eager PyTorch)",
+                "enabled"),
+    "aio": ("async I/O settings for NVMe offload; sosim models no NVMe tier", False),
+    "elasticity": ("elastic batch sizes; the batch keys given are used as they are", "enabled"),
+    "pipeline": ("pipeline parallelism (PipelineModule); not modelled", True),
+    "autotuning": ("the DeepSpeed autotuner's settings; no effect on a run", False),
+    "sparse_attention": ("block-sparse attention; sosim models dense attention", True),
+    "progressive_layer_drop": ("layer dropping; not modelled", "enabled"),
+    "curriculum_learning": ("sequence-length curriculum; the prediction is for --seq", "enabled"),
+    "data_efficiency": ("data sampling/routing; not modelled", "enabled"),
+    "eigenvalue": ("eigenvalue computation; not modelled", "enabled"),
+    "quantize_training": ("quantized training; not modelled", "enabled"),
+    "compression_training": ("compression; not modelled", True),
+    "hybrid_engine": ("RLHF generation engine; not modelled", "enabled"),
+    "dataloader_drop_last": ("data loading only", False),
+    "vocabulary_size": ("a warning check only (runtime/config.py)", False),
+    "graph_harvesting": ("CUDA-graph capture; not modelled", "true"),
+    "weight_quantization": ("weight quantization; not modelled", True),
+    "tensor_parallel": ("AutoTP tensor parallelism; not modelled", True),
+    "expert_parallel": ("expert parallelism (MoE); not modelled", True),
+    "use_data_before_expert_parallelism": ("MoE process-group layout; not modelled", False),
+    "managed_gradient_accumulation": ("who owns the accumulation boundary; same work", False),
+}
+# Keys the mapper reads (top level); everything else is looked up in _TOP_IGNORED.
+_TOP_MAPPED = ("train_micro_batch_size_per_gpu", "gradient_accumulation_steps", "train_batch_size",
+               "gradient_clipping", "bf16", "bfloat16", "fp16", "zero_optimization", "optimizer",
+               "zero_force_ds_cpu_optimizer", "activation_checkpointing", "sequence_parallel_size")
+_ACT_CKPT_KEYS = {
+    "partition_activations": ("splits checkpoints across tensor-parallel ranks; no effect without TP", False),
+    "cpu_checkpointing": ("moves activation checkpoints to CPU memory; not modelled outside SuperOffload's "
+                          "weight-flow", True),
+    "contiguous_memory_optimization": ("checkpoint buffer layout; memory only", False),
+    "number_checkpoints": ("buffer count for contiguous checkpoints; memory only", False),
+    "synchronize_checkpoint_boundary": ("a stream synchronisation per checkpoint; not modelled", True),
+    "profile": ("profiling only", False),
+}
+_ADAM_TYPES = ("adam", "adamw")
+
+_MISSING = object()
+
+
+# --------------------------------------------------------------------------------------------------------
+# DeepSpeed JSON -> scenario
+# --------------------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class RunInputs:
+    """Everything besides the two files that a DeepSpeed config alone cannot say (flags of ``sosim run``).
+
+    ``None`` means not given: the value comes from the config, from DeepSpeed's or the HF Trainer's
+    defaults, or from a stated sosim default, and the report says which.
+    """
+
+    hardware: str
+    gpus: int | None = None
+    seq_len: int | None = None
+    micro_batch: int | None = None
+    grad_accum: int | None = None
+    precision: str | None = None  # bf16 | fp16
+    activation_checkpointing: bool | None = None
+    overrides: tuple[str, ...] = ()  # --set texts: the report says which mapped values they replace
+
+
+@dataclass
+class DsMapping:
+    """A scenario dict (YAML-level keys) built from a DeepSpeed config and a model config, and the report."""
+
+    scenario: dict[str, Any]
+    notes: list[Note]
+    model_notes: list[Note]
+    ds_origin: str
+    model_origin: str
+
+    def report(self) -> dict[str, Any]:
+        """The JSON form printed under ``ds_config_mapping`` by ``sosim run --format json``."""
+        return {
+            "ds_config": self.ds_origin, "model_config": self.model_origin,
+            "semantics": "DeepSpeed 0.19 (defaults, batch arithmetic, validators) with Hugging Face Trainer "
+                         "rules for 'auto'",
+            **notes_by_status(self.notes),
+            "model": notes_by_status(self.model_notes),
+            "scenario": self.scenario,
+        }
+
+    def format(self) -> str:
+        """The text report (stderr of ``sosim run``)."""
+        lines = [f"sosim: DeepSpeed config {self.ds_origin} -> scenario (DeepSpeed 0.19 semantics)"]
+        for status in ("mapped", "defaulted", "ignored"):
+            lines += [n.line() for n in self.notes if n.status == status]
+        lines.append(f"sosim: model config {self.model_origin} -> model")
+        for status in ("mapped", "defaulted", "ignored"):
+            lines += [n.line() for n in self.model_notes if n.status == status]
+        return "\n".join(lines)
+
+
+def _dotted(path: KeyPath) -> str:
+    return ".".join(str(p) for p in path)
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+class _Mapper:
+    """Reads one DeepSpeed config; every read key leaves a note; problems are collected, then raised at once."""
+
+    def __init__(self, loc: Located, inputs: RunInputs) -> None:
+        self.loc = loc
+        self.inputs = inputs
+        self.notes: list[Note] = []
+        self.problems: list[str] = []
+        self.handled: set[KeyPath] = set()
+        self.override_paths = {_dotted(parse_override(o)[0]): o for o in inputs.overrides}
+        self.dp = 1  # data-parallel ranks, known once the batch keys are read
+
+    # ---- access --------------------------------------------------------------------------------------
+    def get(self, path: KeyPath) -> Any:
+        node: Any = self.loc.data
+        for key in path:
+            if not isinstance(node, dict) or key not in node:
+                return _MISSING
+            node = node[key]
+        return node
+
+    def where(self, path: KeyPath) -> str:
+        return self.loc.where(path)
+
+    def error(self, path: KeyPath, message: str) -> None:
+        self.handled.add(path)
+        self.problems.append(f"{self.where(path)}: {_dotted(path) or '(top level)'}: {message}")
+
+    def _after_set(self, to: str, reason: str) -> str:
+        text = self.override_paths.get(to)
+        if text is None:
+            return reason
+        return f"{reason}; then replaced by --set {text}" if reason else f"replaced by --set {text}"
+
+    def mapped(self, path: KeyPath, to: str, as_value: Any, reason: str = "") -> None:
+        self.handled.add(path)
+        self.notes.append(Note("mapped", _dotted(path), self.where(path), self.get(path), to, as_value,
+                               self._after_set(to, reason)))
+
+    def defaulted(self, path: KeyPath, to: str, as_value: Any, reason: str) -> None:
+        self.handled.add(path)
+        self.notes.append(Note("defaulted", _dotted(path), self.loc.origin, None, to, as_value,
+                               self._after_set(to, reason)))
+
+    def flag(self, flag: str, to: str, as_value: Any, reason: str, status: str = "mapped") -> None:
+        note_status: Any = status
+        self.notes.append(Note(note_status, flag, "command line", as_value if status == "mapped" else None, to,
+                               as_value, self._after_set(to, reason)))
+
+    def ignored(self, path: KeyPath, reason: str, affects_step: bool = False) -> None:
+        self.handled.add(path)
+        self.notes.append(Note("ignored", _dotted(path), self.where(path), self.get(path), reason=reason,
+                               affects_step=affects_step))
+
+    # ---- typed reads: DeepSpeed's pydantic rules (lax: 1e8 for an int is fine, a fraction is not) -------
+    def number(self, path: KeyPath, *, integer: bool, lo: float | None = None, lo_open: bool = False,
+               hi: float | None = None) -> float | int | None:
+        """The value at ``path``; None (and an error) when it is not a number in range."""
+        value = self.get(path)
+        if isinstance(value, str):
+            try:
+                value = float(value)
+            except ValueError:
+                self.error(path, f"expected a number, got {json.dumps(self.get(path))}")
+                return None
+        if not _is_number(value) or not math.isfinite(value):
+            self.error(path, f"expected a number, got {json.dumps(self.get(path))}")
+            return None
+        if integer:
+            if float(value) != int(value):
+                self.error(path, f"expected a whole number, got {value}")
+                return None
+            value = int(value)
+        if lo is not None and (value < lo or (lo_open and value == lo)):
+            self.error(path, f"must be {'>' if lo_open else '>='} {lo:g}, got {value}")
+            return None
+        if hi is not None and value > hi:
+            self.error(path, f"must be <= {hi:g}, got {value}")
+            return None
+        return value
+
+    def boolean(self, path: KeyPath) -> bool | None:
+        value = self.get(path)
+        if isinstance(value, bool):
+            return value
+        if value in (0, 1) and not isinstance(value, float):
+            return bool(value)
+        if isinstance(value, str) and value.lower() in ("true", "false"):
+            return value.lower() == "true"
+        self.error(path, f"expected true or false, got {json.dumps(value)}")
+        return None
+
+    def is_auto(self, path: KeyPath) -> bool:
+        return self.get(path) == "auto"
+
+
+def _enabled(value: Any) -> bool:
+    if isinstance(value, dict):
+        return bool(value.get("enabled", False))
+    return bool(value)
+
+
+@dataclass
+class _Decided:
+    """Values decided while reading, before the scenario dict is assembled."""
+
+    training: dict[str, Any] = field(default_factory=dict)
+    schedule: dict[str, Any] = field(default_factory=dict)
+    cluster: dict[str, Any] = field(default_factory=dict)
+
+
+def _read_precision(m: _Mapper, out: _Decided) -> None:
+    bf16_key = "bf16" if m.get(("bf16",)) is not _MISSING or m.get(("bfloat16",)) is _MISSING else "bfloat16"
+    states: dict[str, bool | None] = {}
+    for section in (bf16_key, "fp16"):
+        sec = m.get((section,))
+        if sec is _MISSING:
+            states[section] = None
+            continue
+        if not isinstance(sec, dict):
+            m.error((section,), "expected an object like {\"enabled\": true}")
+            continue
+        schema = DS_KEYS["bf16" if section == "bfloat16" else section]
+        path = (section, "enabled")
+        if m.is_auto(path):
+            # HfTrainerDeepSpeedConfig fills bf16.enabled / fp16.enabled from --bf16 / --fp16 (default false).
+            states[section] = None
+            m.handled.add(path)
+        elif m.get(path) is not _MISSING:
+            states[section] = m.boolean(path)
+        else:
+            states[section] = False
+            m.handled.add(path)
+        for key in sec:
+            if key == "enabled":
+                continue
+            if key not in schema:
+                continue  # reported by the unknown-key pass
+            if key in ("bf16_master_weights_and_grads", "bf16_optimizer_states", "fp16_master_weights_and_grads"):
+                m.ignored((section, key), "16-bit master weights / optimizer states change host memory and CPU "
+                          "Adam bytes; sosim models fp32 master weights and moments",
+                          affects_step=_enabled({"enabled": m.get((section, key))}))
+            elif key == "check_grad_overflow":
+                m.ignored((section, key), "bf16 overflow check: part of the DeepSpeed step sosim's DeepSpeed paths "
+                          "were checked against (default true)")
+            else:
+                m.ignored((section, key), "loss-scaling / update settings: no modelled effect on time")
+    bf16_on, fp16_on = states.get(bf16_key), states.get("fp16")
+    flag = m.inputs.precision
+    if flag is not None:
+        for section in (bf16_key, "fp16"):
+            if m.get((section, "enabled")) is not _MISSING:
+                m.mapped((section, "enabled"), "training.precision", flag, f"--precision {flag} decides")
+        m.flag("--precision", "training.precision", flag, "set on the command line")
+        out.training["precision"] = flag
+        return
+    if bf16_on and fp16_on:
+        m.error(("fp16", "enabled"), "bf16 and fp16 are both enabled; DeepSpeed rejects this (runtime/config.py)")
+        return
+    if bf16_on:
+        m.mapped((bf16_key, "enabled"), "training.precision", "bf16")
+        out.training["precision"] = "bf16"
+    elif fp16_on:
+        m.mapped(("fp16", "enabled"), "training.precision", "fp16")
+        out.training["precision"] = "fp16"
+    else:
+        auto = [s for s in (bf16_key, "fp16") if m.is_auto((s, "enabled"))]
+        detail = (f"{' and '.join(s + '.enabled' for s in auto)} is \"auto\" (the HF Trainer fills it from "
+                  "--bf16 / --fp16, default off)" if auto else "neither bf16.enabled nor fp16.enabled is true")
+        m.error((auto[0], "enabled") if auto else (bf16_key,),
+                f"{detail}: DeepSpeed would train in fp32, which sosim does not model; "
+                "pass --precision bf16|fp16")
+
+
+def _read_batch(m: _Mapper, out: _Decided) -> None:
+    """train_batch_size = micro x accumulation x data-parallel ranks, as runtime/config.py derives it."""
+    inp = m.inputs
+
+    def read(key: str) -> int | str | None:
+        path = (key,)
+        if m.get(path) is _MISSING:
+            return None
+        if m.is_auto(path):
+            return "auto"
+        value = m.number(path, integer=True, lo=1)
+        return int(value) if value is not None else "bad"
+
+    tbs, mb, gas = read("train_batch_size"), read("train_micro_batch_size_per_gpu"), read("gradient_accumulation_steps")
+    if "bad" in (tbs, mb, gas):
+        return
+    sp_val = m.get(("sequence_parallel_size",))
+    sp = 1
+    if sp_val is not _MISSING:
+        n = m.number(("sequence_parallel_size",), integer=True, lo=1)
+        if n is None:
+            return
+        sp = int(n)
+        m.mapped(("sequence_parallel_size",), "cluster.sequence_parallel", sp,
+                 "Ulysses sequence parallelism: DeepSpeed divides the world size by it (runtime/config.py)")
+    out.cluster["sequence_parallel"] = sp
+
+    # Micro-batch: flag, else the file, else derived (below); "auto" needs the flag.
+    if inp.micro_batch is not None:
+        if isinstance(mb, int) and mb != inp.micro_batch:
+            m.mapped(("train_micro_batch_size_per_gpu",), "training.micro_batch", inp.micro_batch,
+                     f"--micro-batch {inp.micro_batch} replaces the file's {mb}")
+        elif mb is not None:
+            m.mapped(("train_micro_batch_size_per_gpu",), "training.micro_batch", inp.micro_batch,
+                     f"set by --micro-batch {inp.micro_batch}")
+        else:
+            m.flag("--micro-batch", "training.micro_batch", inp.micro_batch, "set on the command line")
+        mb = inp.micro_batch
+    elif mb == "auto":
+        m.error(("train_micro_batch_size_per_gpu",), "\"auto\" (the HF Trainer fills it from "
+                "--per_device_train_batch_size): pass --micro-batch N")
+        return
+    elif isinstance(mb, int):
+        m.mapped(("train_micro_batch_size_per_gpu",), "training.micro_batch", mb)
+    if inp.grad_accum is not None:
+        if gas is not None:
+            m.mapped(("gradient_accumulation_steps",), "training.grad_accum", inp.grad_accum,
+                     f"set by --grad-accum {inp.grad_accum}")
+        else:
+            m.flag("--grad-accum", "training.grad_accum", inp.grad_accum, "set on the command line")
+        gas = inp.grad_accum
+    elif gas == "auto":
+        gas = 1
+        m.mapped(("gradient_accumulation_steps",), "training.grad_accum", 1,
+                 "\"auto\": the HF Trainer's --gradient_accumulation_steps default (1); pass --grad-accum N")
+    elif isinstance(gas, int):
+        m.mapped(("gradient_accumulation_steps",), "training.grad_accum", gas)
+    if tbs == "auto":
+        m.ignored(("train_batch_size",), "\"auto\": the HF Trainer computes it as micro-batch x accumulation x "
+                  "world size")
+        tbs = None
+
+    # GPUs: flag, else implied by train_batch_size when micro-batch and accumulation are known, else 1.
+    gpus = inp.gpus
+    if gpus is not None:
+        m.flag("--gpus", "cluster.gpus", gpus, "set on the command line")
+    elif isinstance(tbs, int) and isinstance(mb, int) and isinstance(gas, int):
+        world, rest = divmod(tbs, mb * gas)
+        if rest or world < 1:
+            m.error(("train_batch_size",), f"{tbs} is not micro-batch {mb} x accumulation {gas} x a whole number "
+                    "of data-parallel ranks (DeepSpeed's _batch_assertion would fail)")
+            return
+        gpus = world * sp
+        m.mapped(("train_batch_size",), "cluster.gpus", gpus,
+                 f"{tbs} / (micro-batch {mb} x accumulation {gas}) = {world} data-parallel ranks"
+                 + (f" x sequence_parallel {sp}" if sp > 1 else "") + "; pass --gpus to state it")
+    else:
+        gpus = sp
+        m.notes.append(Note("defaulted", "--gpus", "command line", None, "cluster.gpus", gpus,
+                            m._after_set("cluster.gpus", "not given and not implied by train_batch_size: one "
+                                         "data-parallel rank")))
+    if gpus % sp:
+        m.error(("sequence_parallel_size",), f"{sp} does not divide the {gpus} GPUs")
+        return
+    dp = gpus // sp
+    m.dp = dp
+    out.cluster["gpus"] = gpus
+
+    # DeepSpeed's _set_batch_related_parameters with world_size = data-parallel ranks.
+    if isinstance(tbs, int) and isinstance(mb, int) and isinstance(gas, int):
+        if tbs != mb * gas * dp:
+            m.error(("train_batch_size",), f"{tbs} != micro-batch {mb} x accumulation {gas} x {dp} data-parallel "
+                    "ranks; DeepSpeed rejects this (runtime/config.py _batch_assertion)")
+            return
+        if ("train_batch_size",) not in m.handled:
+            m.mapped(("train_batch_size",), "", tbs, f"consistent: {mb} x {gas} x {dp} data-parallel ranks")
+    elif isinstance(tbs, int) and isinstance(mb, int):
+        gas, rest = divmod(tbs, mb * dp)
+        if rest or gas < 1:
+            m.error(("train_batch_size",), f"{tbs} is not micro-batch {mb} x {dp} ranks x a whole accumulation")
+            return
+        m.mapped(("train_batch_size",), "training.grad_accum", gas,
+                 f"DeepSpeed derives accumulation = {tbs} / ({mb} x {dp} ranks)")
+    elif isinstance(tbs, int) and isinstance(gas, int):
+        mb, rest = divmod(tbs, gas * dp)
+        if rest or mb < 1:
+            m.error(("train_batch_size",), f"{tbs} is not accumulation {gas} x {dp} ranks x a whole micro-batch")
+            return
+        m.mapped(("train_batch_size",), "training.micro_batch", mb,
+                 f"DeepSpeed derives micro-batch = {tbs} / ({gas} x {dp} ranks)")
+    elif isinstance(tbs, int):
+        mb, rest = divmod(tbs, dp)
+        if rest:
+            m.error(("train_batch_size",), f"{tbs} is not a multiple of the {dp} data-parallel ranks")
+            return
+        gas = 1
+        m.mapped(("train_batch_size",), "training.micro_batch", mb,
+                 f"DeepSpeed: accumulation 1, micro-batch = {tbs} / {dp} ranks")
+    elif mb is None:
+        m.error(("train_micro_batch_size_per_gpu",), "missing: DeepSpeed needs train_batch_size or "
+                "train_micro_batch_size_per_gpu (or pass --micro-batch N)")
+        return
+    if gas is None:
+        gas = DS_DEFAULTS["gradient_accumulation_steps"]
+        m.defaulted(("gradient_accumulation_steps",), "training.grad_accum", gas, "DeepSpeed default")
+    out.training["micro_batch"] = mb
+    out.training["grad_accum"] = gas
+
+
+def _read_clipping(m: _Mapper, out: _Decided) -> None:
+    path = ("gradient_clipping",)
+    if m.get(path) is _MISSING:
+        out.training["gradient_clipping"] = DS_DEFAULTS["gradient_clipping"]
+        m.defaulted(path, "training.gradient_clipping", 0.0, "DeepSpeed default: no clipping (runtime/constants.py)")
+    elif m.is_auto(path):
+        out.training["gradient_clipping"] = 1.0
+        m.mapped(path, "training.gradient_clipping", 1.0, "\"auto\": the HF Trainer's --max_grad_norm default (1.0)")
+    else:
+        value = m.number(path, integer=False, lo=0)
+        if value is not None:
+            out.training["gradient_clipping"] = float(value)
+            m.mapped(path, "training.gradient_clipping", float(value))
+
+
+def _read_ckpt(m: _Mapper, out: _Decided) -> None:
+    section = m.get(("activation_checkpointing",))
+    flag = m.inputs.activation_checkpointing
+    if isinstance(section, dict):
+        for key in section:
+            reason, affects = _ACT_CKPT_KEYS.get(key, ("not a DeepSpeed 0.19 activation-checkpointing key", False))
+            on = _enabled({"enabled": section[key]}) if isinstance(section[key], bool) else bool(section[key])
+            m.ignored(("activation_checkpointing", key), reason, affects_step=affects and on)
+        m.handled.add(("activation_checkpointing",))
+    elif section is not _MISSING:
+        m.error(("activation_checkpointing",), "expected an object")
+    if flag is not None:
+        out.training["activation_checkpointing"] = flag
+        m.flag("--activation-checkpointing", "training.activation_checkpointing", flag,
+               "set on the command line")
+        return
+    out.training["activation_checkpointing"] = True
+    why = ("the model code decides (HF: gradient_checkpointing_enable() / --gradient_checkpointing; "
+           "DeepSpeed: deepspeed.checkpointing.checkpoint)")
+    if section is not _MISSING:
+        why = "this section configures deepspeed.checkpointing, which the model code must call; " + why
+    m.notes.append(Note("defaulted", "--activation-checkpointing", "command line", None,
+                        "training.activation_checkpointing", True,
+                        m._after_set("training.activation_checkpointing",
+                                     f"{why}: sosim assumes on; pass --activation-checkpointing off otherwise")))
+
+
+def _read_zero(m: _Mapper, out: _Decided, model: dict[str, Any]) -> None:
+    z = ("zero_optimization",)
+    zero = m.get(z)
+    stage = 0
+    if zero is _MISSING or zero is None:
+        zero = {}
+        m.defaulted((*z, "stage"), "schedule.system", "gpu_only", "no zero_optimization: ZeRO disabled (stage 0)")
+    elif isinstance(zero, bool):
+        # runtime/zero/config.py read_zero_config_deprecated: true means stage 1.
+        stage = 1 if zero else 0
+        m.handled.add(z)
+        zero = {}
+    elif not isinstance(zero, dict):
+        m.error(z, "expected an object")
+        return
+    else:
+        m.handled.add(z)
+        if "stage" in zero:
+            if m.is_auto((*z, "stage")):
+                m.ignored((*z, "stage"), "\"auto\" is dropped by DeepSpeedConfigModel: stage 0")
+            else:
+                s = m.number((*z, "stage"), integer=True, lo=0, hi=3)
+                if s is None:
+                    return
+                stage = int(s)
+    for alias, name in ZERO_ALIASES.items():
+        if alias in zero and name in zero:
+            m.error((*z, alias), f"given twice, as {alias} and {name}")
+    dp = out.cluster.get("gpus", 1) // out.cluster.get("sequence_parallel", 1)
+
+    def zget(*keys: str) -> tuple[KeyPath, Any]:
+        for key in keys:
+            if key in zero:
+                return (*z, key), zero[key]
+        return (*z, keys[0]), _MISSING
+
+    # Offload devices, including the deprecated booleans (cpu_offload -> offload_optimizer cpu, ...).
+    def device(section: str, deprecated: str) -> tuple[str, dict[str, Any]]:
+        sec: Any = zero.get(section, _MISSING)
+        if sec is None:
+            m.handled.add((*z, section))
+            sec = _MISSING
+        if sec is not _MISSING and not isinstance(sec, dict):
+            m.error((*z, section), "expected an object like {\"device\": \"cpu\"}")
+            return "none", {}
+        if deprecated in zero:
+            on = m.boolean((*z, deprecated))
+            if sec is not _MISSING:
+                m.error((*z, deprecated), f"deprecated; cannot be given together with {section} (DeepSpeed "
+                        "asserts this in config_utils.py)")
+            elif on:
+                m.mapped((*z, deprecated), f"{section}.device", "cpu", f"deprecated spelling of "
+                         f"{section}: {{device: cpu}}")
+                return "cpu", {}
+            else:
+                m.mapped((*z, deprecated), f"{section}.device", "none", "deprecated; false means no offload")
+        if not isinstance(sec, dict):
+            return "none", {}
+        m.handled.add((*z, section))
+        dev_path = (*z, section, "device")
+        dev = sec.get("device", "none")
+        if m.is_auto(dev_path):
+            dev = "none"
+        if dev not in ("none", "cpu", "nvme"):
+            m.error(dev_path, f"expected \"none\", \"cpu\" or \"nvme\", got {json.dumps(dev)}")
+            return "none", sec
+        m.handled.add(dev_path)
+        if dev == "nvme":
+            m.error(dev_path, "\"nvme\": sosim models no NVMe tier (no NVMe bandwidth in the hardware profiles); "
+                    "use \"cpu\" to predict CPU offload")
+        return dev, sec
+
+    opt_dev, opt = device("offload_optimizer", "cpu_offload")
+    param_dev, param = device("offload_param", "cpu_offload_param")
+    if m.problems:
+        return
+
+    def pin(sec: dict[str, Any], section: str) -> bool:
+        path = (*z, section, "pin_memory")
+        if "pin_memory" in sec and not m.is_auto(path):
+            return bool(m.boolean(path))
+        if "cpu_offload_use_pin_memory" in zero:
+            return bool(m.boolean((*z, "cpu_offload_use_pin_memory")))
+        return True
+
+    # Which system.
+    sched = out.schedule
+    system_path = (*z, "stage")
+    super_path = (*z, "offload_optimizer", "super_offload")
+    is_super = False
+    if "super_offload" in opt and not m.is_auto(super_path):
+        is_super = bool(m.boolean(super_path))
+    if opt_dev == "cpu" and stage == 0:
+        m.error((*z, "offload_optimizer"), "optimizer offload needs ZeRO stage 1, 2 or 3 (stage is 0)")
+        return
+    if param_dev == "cpu" and opt_dev != "cpu" and stage == 3:
+        m.error((*z, "offload_param"), "parameter offload without optimizer offload is not modelled by sosim "
+                "(add offload_optimizer: {device: cpu})")
+        return
+    if opt_dev == "cpu" and stage in (1, 2):
+        system = "zero_offload"
+        why = (f"stage {stage} + offload_optimizer cpu: ZeRO-Offload"
+               + (" (stage 1 does not partition gradients across ranks; sosim's zero_offload is stage 2)"
+                  if stage == 1 and dp > 1 else ""))
+    elif opt_dev == "cpu" and is_super:
+        system = "superoffload"
+        why = "stage 3 + offload_optimizer.super_offload: SuperOffloadOptimizer_Stage3 (engine.py)"
+    elif opt_dev == "cpu" and param_dev == "cpu":
+        system = "zero_infinity"
+        why = "stage 3 + offload_optimizer cpu + offload_param cpu: ZeRO-Infinity (parameters streamed from CPU)"
+    elif opt_dev == "cpu":
+        system = "zero3_offload"
+        why = "stage 3 + offload_optimizer cpu: ZeRO-3 offload"
+    else:
+        system = "gpu_only"
+        why = f"stage {stage} without offload: everything in HBM"
+    sched["system"] = system
+    if system != "gpu_only":
+        sched["implementation"] = "deepspeed"
+        why += "; implementation deepspeed (DeepSpeed 0.19's code path)"
+    if system_path[-1] in zero:
+        m.mapped(system_path, "schedule.system", system, why)
+    elif zero:
+        m.defaulted(system_path, "schedule.system", system, "DeepSpeed default stage 0; " + why)
+    for section, dev in (("offload_optimizer", opt_dev), ("offload_param", param_dev)):
+        if "device" in (opt if section == "offload_optimizer" else param):
+            used = system != "gpu_only" and not (section == "offload_param" and stage < 3)
+            if used or dev == "none":
+                m.mapped((*z, section, "device"), "schedule.system", system)
+    if "super_offload" in opt and stage == 3 and opt_dev == "cpu":
+        m.mapped(super_path, "schedule.system", system)
+    if param_dev == "cpu" and stage < 3:
+        m.ignored((*z, "offload_param"), "read only at stage 3 (engine.py); no effect here")
+    if stage < 3 and is_super:
+        m.ignored(super_path, "read only at stage 3 (engine.py _configure_zero_optimizer); no effect here",
+                  affects_step=False)
+
+    # gpu_only: model state per parameter with ZeRO partitioning across the data-parallel ranks.
+    if system == "gpu_only":
+        per_stage = {0: 16.0, 1: 4.0 + 12.0 / dp, 2: 2.0 + 14.0 / dp, 3: 16.0 / dp}
+        sched["state_bytes_per_param"] = per_stage[stage]
+        m.notes.append(Note("mapped", "zero_optimization.stage", m.where(system_path), stage,
+                            "schedule.state_bytes_per_param", per_stage[stage],
+                            f"stage {stage} on {dp} data-parallel ranks: bf16 params and grads plus fp32 master, m, "
+                            "v (16 B/param), partitioned as ZeRO does"
+                            + ("; gpu_only models DDP all-reduce, not stage-3 parameter all-gathers" if stage == 3
+                               and dp > 1 else "")))
+        for key in ("overlap_comm", "reduce_bucket_size", "sub_group_size"):
+            if key in zero:
+                m.ignored((*z, key), "gpu_only models DDP's overlapped 25 MB all-reduce buckets"
+                          if key != "sub_group_size" else "used by offloaded ZeRO-3 optimizers only")
+        for section, sec in (("offload_optimizer", opt), ("offload_param", param)):
+            for key in sec:
+                if (*z, section, key) not in m.handled:
+                    m.ignored((*z, section, key), "no offload: no effect")
+        if m.get(("optimizer",)) is not _MISSING:
+            m.ignored(("optimizer",), "gpu_only times a fused GPU Adam step")
+        if m.get(("zero_force_ds_cpu_optimizer",)) is not _MISSING:
+            m.ignored(("zero_force_ds_cpu_optimizer",), "no CPU optimizer without offload")
+    else:
+        _read_offload_knobs(m, out, zero, opt, param, param_dev, stage, system, pin, zget, model, dp)
+    _ignore_rest_of_zero(m, zero, stage, dp, model, sched)
+
+
+def _read_offload_knobs(m: _Mapper, out: _Decided, zero: dict[str, Any], opt: dict[str, Any],
+                        param: dict[str, Any], param_dev: str, stage: int, system: str,
+                        pin: Callable[[dict[str, Any], str], bool],
+                        zget: Callable[..., tuple[KeyPath, Any]], model: dict[str, Any], dp: int) -> None:
+    z = ("zero_optimization",)
+    sched = out.schedule
+    hidden = int(model["hidden"])
+
+    # pin_memory: one knob in sosim. ZeRO-Infinity moves parameters too: pageable if either side is.
+    opt_pin = pin(opt, "offload_optimizer")
+    pin_value = opt_pin
+    reason = "" if "pin_memory" in opt else "DeepSpeed default (pinned)"
+    if system == "zero_infinity":
+        param_pin = pin(param, "offload_param")
+        pin_value = opt_pin and param_pin
+        if opt_pin != param_pin:
+            reason = "optimizer and parameter offload differ; sosim has one pin_memory knob: pageable wins"
+        if "pin_memory" in param:
+            m.mapped((*z, "offload_param", "pin_memory"), "schedule.pin_memory", pin_value, reason)
+    if "pin_memory" in opt:
+        m.mapped((*z, "offload_optimizer", "pin_memory"), "schedule.pin_memory", pin_value, reason)
+    elif "cpu_offload_use_pin_memory" in zero:
+        m.mapped((*z, "cpu_offload_use_pin_memory"), "schedule.pin_memory", pin_value, "deprecated spelling")
+    else:
+        m.defaulted((*z, "offload_optimizer", "pin_memory"), "schedule.pin_memory", pin_value, reason)
+    sched["pin_memory"] = pin_value
+
+    # overlap_comm: DeepSpeed's default depends on the stage (runtime/zero/config.py overlap_comm_valid).
+    path, value = zget("overlap_comm")
+    default_overlap = stage == 3
+    if value is _MISSING or m.is_auto(path):
+        sched["overlap_comm"] = default_overlap
+        m.defaulted(path, "schedule.overlap_comm", default_overlap,
+                    f"DeepSpeed default for stage {stage} (true only at stage 3)")
+    else:
+        b = m.boolean(path)
+        if b is not None:
+            sched["overlap_comm"] = b
+            m.mapped(path, "schedule.overlap_comm", b)
+
+    # reduce_bucket_size (elements) -> bucket_mb (MB of bf16 gradients).
+    path, value = zget("reduce_bucket_size")
+    if value is _MISSING:
+        n = DS_DEFAULTS["reduce_bucket_size"]
+        m.defaulted(path, "schedule.bucket_mb", n * BF16_BYTES_PER_ELEMENT / 1e6, f"DeepSpeed default {n:.0e} elements")
+    elif m.is_auto(path):
+        n = hidden * hidden
+        m.mapped(path, "schedule.bucket_mb", n * BF16_BYTES_PER_ELEMENT / 1e6,
+                 f"\"auto\": the HF Trainer sets hidden_size^2 = {n} elements")
+    else:
+        v = m.number(path, integer=True, lo=0, lo_open=True)
+        if v is None:
+            return
+        n = int(v)
+        note = "" if system == "zero_offload" else (
+            "kept for the 'ideal' variant; sosim's stage-3 DeepSpeed paths move gradients per sub-group")
+        m.mapped(path, "schedule.bucket_mb", n * BF16_BYTES_PER_ELEMENT / 1e6,
+                 f"{n} elements x 2 B; {note}".rstrip("; "))
+    sched["bucket_mb"] = n * BF16_BYTES_PER_ELEMENT / 1e6
+
+    # The optimizer that runs on the CPU.
+    _read_optimizer(m, sched, system)
+
+    # Stage-3 knobs.
+    path, value = zget("sub_group_size")
+    if stage == 3:
+        if value is _MISSING or m.is_auto(path):
+            n = DS_DEFAULTS["sub_group_size"]
+            m.defaulted(path, "schedule.sub_group_elements", float(n), f"DeepSpeed default {n:.0e} elements")
+        else:
+            v = m.number(path, integer=True, lo=0, lo_open=True)
+            if v is None:
+                return
+            n = int(v)
+            m.mapped(path, "schedule.sub_group_elements", float(n))
+        sched["sub_group_elements"] = float(n)
+    elif value is not _MISSING:
+        m.ignored(path, "used by ZeRO stage 3 only")
+
+    path, value = zget("prefetch_bucket_size", "stage3_prefetch_bucket_size")
+    layer_params = tm.layer_params(ModelSpec.model_validate(model))
+    if system == "zero_infinity":
+        if value is _MISSING:
+            n = DS_DEFAULTS["prefetch_bucket_size"]
+            how = f"DeepSpeed default {n:.0e} elements"
+        elif m.is_auto(path):
+            n = int(0.9 * hidden * hidden)
+            how = f"\"auto\": the HF Trainer sets 0.9 x hidden_size^2 = {n} elements"
+        else:
+            v = m.number(path, integer=True, lo=0)
+            if v is None:
+                return
+            n = int(v)
+            how = ""
+        layers = prefetch_layers_for(n, layer_params)
+        how = (how + "; " if how else "") + f"{n} elements / {layer_params} per layer -> {layers} layer(s) ahead"
+        if value is _MISSING:
+            m.defaulted(path, "schedule.prefetch_layers", layers, how)
+        else:
+            m.mapped(path, "schedule.prefetch_layers", layers, how)
+        sched["prefetch_layers"] = layers
+    elif value is not _MISSING:
+        extra = " (\"auto\": 0.9 x hidden_size^2 in the HF Trainer)" if m.is_auto(path) else ""
+        m.ignored(path, "prefetch depth is modelled for zero_infinity (parameters streamed from CPU); "
+                  f"{system} gathers one unit ahead{extra}", affects_step=stage == 3 and dp > 1)
+
+    # Offload-optimizer knobs.
+    o = (*z, "offload_optimizer")
+    ratio_path, cores_path = (*o, "ratio"), (*o, "cpuadam_cores_perc")
+    ratio = 1.0
+    if "ratio" in opt and not m.is_auto(ratio_path):
+        r = m.number(ratio_path, integer=False, lo=0, hi=1)
+        if r is None:
+            return
+        ratio = float(r)
+    if system == "superoffload":
+        sched["gpu_optimizer_fraction"] = round(1.0 - ratio, 12)
+        if "ratio" in opt:
+            m.mapped(ratio_path, "schedule.gpu_optimizer_fraction", sched["gpu_optimizer_fraction"],
+                     "1 - ratio: the share of sub-groups whose optimizer stays on the GPU")
+        else:
+            m.defaulted(ratio_path, "schedule.gpu_optimizer_fraction", 0.0, "DeepSpeed default ratio 1.0")
+        cores = DS_DEFAULTS["cpuadam_cores_perc"]
+        if "cpuadam_cores_perc" in opt and not m.is_auto(cores_path):
+            c = m.number(cores_path, integer=False, lo=0, lo_open=True, hi=1)
+            if c is None:
+                return
+            cores = float(c)
+            m.mapped(cores_path, "schedule.cpu_adam_core_fraction", cores,
+                     "the SuperOffload worker's share of the cores (superoffload_utils.py)")
+        else:
+            m.defaulted(cores_path, "schedule.cpu_adam_core_fraction", cores, "DeepSpeed default 0.8")
+        sched["cpu_adam_core_fraction"] = cores
+        placement = "flow" if param_dev == "cpu" else "stationary"
+        sched["weight_placement"] = placement
+        # The DeepSpeed path casts on the CPU and speculates whenever clipping is off; both follow from the
+        # implementation (superoffload_stage3.py), so they are written as such.
+        sched["cast"] = "cpu"
+        sched["speculation"] = True
+        reason = ("offload_param cpu: bf16 weights stream from CPU memory" if placement == "flow"
+                  else "no offload_param: bf16 weights stay in HBM")
+        m.notes.append(Note("defaulted", "zero_optimization.offload_param", m.loc.origin, None,
+                            "schedule.weight_placement", placement, reason))
+    else:
+        sched["cpu_adam_core_fraction"] = 1.0
+        m.notes.append(Note("defaulted", "zero_optimization.offload_optimizer.cpuadam_cores_perc", m.loc.origin,
+                            None, "schedule.cpu_adam_core_fraction", 1.0,
+                            "DeepSpeedCPUAdam runs on all the process's cores; cpuadam_cores_perc applies to "
+                            "super_offload only"))
+        if "ratio" in opt:
+            if ratio < 1.0 and stage < 3:
+                m.error(ratio_path, "partial offload (ratio < 1) needs stage 3; DeepSpeed asserts this "
+                        "(runtime/zero/config.py offload_ratio_check)")
+                return
+            m.ignored(ratio_path, "partial offload of a plain ZeRO-3 optimizer is not modelled; the prediction "
+                      "has every sub-group on the CPU" if ratio < 1.0 else "1.0: everything offloaded (the "
+                      "default)", affects_step=ratio < 1.0)
+        if "cpuadam_cores_perc" in opt:
+            m.ignored(cores_path, "read by the super_offload worker only (superoffload_utils.py)")
+    if system == "zero_offload":
+        sched["dpu"] = False
+    for section, sec in (("offload_optimizer", opt), ("offload_param", param)):
+        for key in sec:
+            if key in _OFFLOAD_NVME_ONLY and (*z, section, key) not in m.handled:
+                m.ignored((*z, section, key), "NVMe offload only; no effect with device cpu")
+
+
+def prefetch_layers_for(prefetch_elements: int, layer_params: int) -> int:
+    """Layers DeepSpeed fetches ahead for a prefetch bucket of ``prefetch_elements``.
+
+    DeepSpeed's PartitionedParameterCoordinator keeps issuing parameter fetches while the elements in flight
+    are under the bucket size, so the last fetch crosses it: a bucket covers ceil(elements / layer) layers.
+    """
+    if prefetch_elements <= 0:
+        return 0
+    return max(1, math.ceil(prefetch_elements / layer_params))
+
+
+def _read_optimizer(m: _Mapper, sched: dict[str, Any], system: str) -> None:
+    opt = m.get(("optimizer",))
+    force = m.get(("zero_force_ds_cpu_optimizer",))
+    forced = True
+    if force is not _MISSING:
+        forced = bool(m.boolean(("zero_force_ds_cpu_optimizer",)))
+    if system == "superoffload":
+        sched["cpu_adam"] = "cpu_adam"
+        reason = "the SuperOffload worker always runs DeepSpeedCPUAdam (superoffload_utils.py)"
+        if isinstance(opt, dict) and "type" in opt:
+            m.mapped(("optimizer", "type"), "schedule.cpu_adam", "cpu_adam", reason)
+        else:
+            m.defaulted(("optimizer",), "schedule.cpu_adam", "cpu_adam", reason)
+        if force is not _MISSING:
+            m.ignored(("zero_force_ds_cpu_optimizer",), reason)
+        if isinstance(opt, dict):
+            m.handled.add(("optimizer",))
+            if isinstance(opt.get("params"), dict) and "torch_adam" in opt["params"]:
+                m.ignored(("optimizer", "params", "torch_adam"), reason)
+            _ignore_optimizer_rest(m, opt)
+        return
+    if opt is _MISSING:
+        impl = "cpu_adam" if forced else "torch"
+        m.defaulted(("optimizer",), "schedule.cpu_adam", impl,
+                    "no optimizer section: the client passes one (the HF Trainer: torch AdamW); with offload "
+                    "DeepSpeed requires a DeepSpeedCPUAdam unless zero_force_ds_cpu_optimizer is false (engine.py)")
+        sched["cpu_adam"] = impl
+        if force is not _MISSING:
+            m.mapped(("zero_force_ds_cpu_optimizer",), "schedule.cpu_adam", impl)
+        return
+    if force is not _MISSING:
+        m.ignored(("zero_force_ds_cpu_optimizer",), "applies to client optimizers; the config names one")
+    if not isinstance(opt, dict):
+        m.error(("optimizer",), "expected an object like {\"type\": \"AdamW\"}")
+        return
+    kind = opt.get("type")
+    torch_adam = False
+    params = opt.get("params")
+    if isinstance(params, dict) and "torch_adam" in params:
+        torch_adam = bool(m.boolean(("optimizer", "params", "torch_adam")))
+    if isinstance(kind, str) and kind.lower() in _ADAM_TYPES:
+        impl = "torch" if torch_adam else "cpu_adam"
+        m.mapped(("optimizer", "type"), "schedule.cpu_adam", impl,
+                 "torch_adam: torch's Adam on CPU tensors" if torch_adam else
+                 "offload selects DeepSpeedCPUAdam (engine.py get_optimizer_configuration)")
+        if torch_adam:
+            m.mapped(("optimizer", "params", "torch_adam"), "schedule.cpu_adam", impl)
+    else:
+        impl = "cpu_adam"
+        m.ignored(("optimizer", "type"), f"sosim times Adam/AdamW on the CPU; {kind!r} would take a different "
+                  "time (the prediction uses DeepSpeedCPUAdam)", affects_step=True)
+    sched["cpu_adam"] = impl
+    m.handled.add(("optimizer",))
+    _ignore_optimizer_rest(m, opt)
+
+
+def _ignore_optimizer_rest(m: _Mapper, opt: dict[str, Any]) -> None:
+    for key in opt:
+        if key not in ("type", "params"):
+            m.ignored(("optimizer", key), "optimizer setting; no modelled effect on time")
+    params = opt.get("params")
+    if isinstance(params, dict):
+        rest = [k for k in params if k != "torch_adam"]
+        if rest:
+            m.handled.update(("optimizer", "params", k) for k in rest)
+            m.notes.append(Note("ignored", "optimizer.params", m.where(("optimizer", "params")),
+                                {k: params[k] for k in rest},
+                                reason="hyperparameters (learning rate, betas, ...): no effect on the step time"))
+
+
+def _ignore_rest_of_zero(m: _Mapper, zero: dict[str, Any], stage: int, dp: int, model: dict[str, Any],
+                         sched: dict[str, Any]) -> None:
+    z = ("zero_optimization",)
+    for key in zero:
+        path = (*z, key)
+        if path in m.handled or key in ("offload_optimizer", "offload_param"):
+            continue
+        name = ZERO_ALIASES.get(key, key)
+        if name in _ZERO_IGNORED:
+            reason, when = _ZERO_IGNORED[name]
+            value = zero[key]
+            active = value not in (False, None, 0, 1, "auto") if name == "zero_hpz_partition_size" else \
+                value not in (False, None, "auto")
+            affects = (when is True) or (when == "dp" and dp > 1) or (when == "stage3" and stage == 3)
+            if name in ("zero_quantized_weights", "zero_quantized_gradients", "zero_quantized_nontrainable_weights",
+                        "zero_hpz_partition_size", "zenflow", "enable_sanity_checks", "legacy_stage1"):
+                affects = affects and active
+                if active and dp == 1 and when == "dp":
+                    reason += "; with one data-parallel rank there is nothing to quantize or split"
+            if name == "max_live_parameters" and sched.get("system") in ("zero3_offload", "zero_infinity",
+                                                                           "superoffload"):
+                _check_max_live(m, path, value, model, sched)
+                continue
+            if value == "auto" and name == "param_persistence_threshold":
+                reason = f"\"auto\": the HF Trainer sets 10 x hidden_size = {10 * int(model['hidden'])}; " + reason
+            m.ignored(path, reason, affects_step=affects)
+        elif key in DS_KEYS["zero_optimization"] or key in DS_KEYS_ONE_VERSION["zero_optimization"]:
+            m.ignored(path, "known to DeepSpeed; no modelled effect")  # pragma: no cover - table covers all
+
+
+def _check_max_live(m: _Mapper, path: KeyPath, value: Any, model: dict[str, Any], sched: dict[str, Any]) -> None:
+    v = m.number(path, integer=True, lo=0) if value != "auto" else DS_DEFAULTS["max_live_parameters"]
+    if v is None:
+        return
+    layer = tm.layer_params(ModelSpec.model_validate(model))
+    working = (1 + int(sched.get("prefetch_layers", 1))) * layer
+    if v < working:
+        m.ignored(path, f"{int(v)} is below sosim's working set of {working} gathered parameters (the layer in use "
+                  "and the prefetched one): DeepSpeed would release and re-fetch earlier; not modelled",
+                  affects_step=True)
+    else:
+        m.ignored(path, f"a cap above sosim's working set ({working} parameters): it does not bind")
+
+
+def _unknown_keys(m: _Mapper) -> None:
+    """Keys DeepSpeed's pydantic sections would reject, and top-level keys sosim has no entry for."""
+    data = m.loc.data
+    for section, known in DS_KEYS.items():
+        path = tuple(section.split("."))
+        node = m.get(path)
+        if section == "bf16" and node is _MISSING:
+            path, node = ("bfloat16",), m.get(("bfloat16",))
+        if not isinstance(node, dict):
+            continue
+        allowed = known | DS_KEYS_ONE_VERSION.get(section, frozenset())
+        for key in node:
+            if key not in allowed:
+                near = difflib.get_close_matches(key, sorted(allowed), n=1)
+                hint = f" (did you mean '{near[0]}'?)" if near else ""
+                m.error((*path, key), f"unknown key{hint}: DeepSpeed 0.19 rejects it ({section} forbids extra keys; "
+                        f"{SCHEMA_SOURCE.split(': ')[0]})")
+            elif (*path, key) not in m.handled and section.startswith("zero_optimization.") and key != "device":
+                m.ignored((*path, key), "no effect for this system")
+    for key in data:
+        if key in _TOP_MAPPED:
+            if (key,) not in m.handled and not any(h[:1] == (key,) for h in m.handled):
+                m.ignored((key,), "no effect for this configuration")
+            continue
+        if key in _TOP_IGNORED:
+            reason, when = _TOP_IGNORED[key]
+            value = data[key]
+            dp = m.dp  # collective-only keys matter only with data parallelism
+            affects = (when is True or (when == "enabled" and _enabled(value)) or (when == "true" and value is True)
+                       or (when == "dp" and dp > 1) or (when == "sp" and m.get(("sequence_parallel_size",)) not in
+                                                         (_MISSING, 1)))
+            m.ignored((key,), reason, affects_step=affects)
+        else:
+            m.ignored((key,), "not a DeepSpeed 0.19 top-level key in sosim's table (DeepSpeed ignores unknown "
+                      "top-level keys too)")
+
+
+def map_ds_config(ds: Located, model: HfModel, inputs: RunInputs, name: str = "") -> DsMapping:
+    """A parsed DeepSpeed config + a model -> scenario dict and report. Raises ConfigError listing every problem."""
+    if not isinstance(ds.data, dict):
+        raise ConfigError([f"{ds.origin}:1: a DeepSpeed config must be a JSON object"])
+    m = _Mapper(ds, inputs)
+    out = _Decided()
+    _read_precision(m, out)
+    _read_batch(m, out)
+    _read_clipping(m, out)
+    _read_ckpt(m, out)
+    if not m.problems:
+        _read_zero(m, out, model.model)
+    if not m.problems:
+        _unknown_keys(m)
+    if m.problems:
+        raise ConfigError(m.problems)
+
+    seq = inputs.seq_len
+    model_notes = list(model.notes)
+    if seq is None:
+        seq = DEFAULT_SEQ_LEN
+        model_notes.append(Note("defaulted", "--seq", "command line", None, "training.seq_len", seq,
+                                "no --seq given: sosim's stated default (the measured runs' sequence)"))
+    else:
+        model_notes.append(Note("mapped", "--seq", "command line", seq, "training.seq_len", seq))
+    if model.max_positions is not None and seq > model.max_positions:
+        model_notes.append(Note("ignored", "max_position_embeddings", model.origin, model.max_positions,
+                                reason=f"--seq {seq} is longer than the model's context window; the prediction is "
+                                "for the sequence given"))
+    if model.sliding_window is not None and seq > model.sliding_window:
+        model_notes.append(Note("ignored", "sliding_window", model.origin, model.sliding_window,
+                                reason=f"attention is modelled over all {seq} tokens; a {model.sliding_window}-token "
+                                "window does less work", affects_step=True))
+    training = {"seq_len": seq, **out.training}
+    stem = Path(ds.origin).name.removesuffix(".json").removesuffix(".ds_config")
+    scenario = {
+        "name": name or f"{stem}+{model.model['name']}",
+        "description": f"from DeepSpeed config {ds.origin} and model config {model.origin}",
+        "hardware": inputs.hardware,
+        "model": dict(model.model),
+        "training": training,
+        "schedule": out.schedule,
+        "cluster": out.cluster,
+    }
+    return DsMapping(scenario=scenario, notes=m.notes, model_notes=model_notes, ds_origin=ds.origin,
+                     model_origin=model.origin)
+
+
+def load_ds_mapping(ds_path: str | Path, model_path: str | Path, inputs: RunInputs, name: str = "") -> DsMapping:
+    """Read both files (local, no network) and map them; every problem of the DeepSpeed file at once."""
+    model = load_hf_model(model_path)
+    return map_ds_config(read_json(ds_path), model, inputs, name)
+
+
+# --------------------------------------------------------------------------------------------------------
+# Scenario -> DeepSpeed JSON
+# --------------------------------------------------------------------------------------------------------
+_DELETE = object()
+
+
+@dataclass
+class EmitResult:
+    """A DeepSpeed config for a scenario, and what it cannot express (one line each, naming the scenario key)."""
+
+    config: dict[str, Any]
+    not_expressible: list[str]
+
+    def report(self, path: str | None = None) -> dict[str, Any]:
+        return {"path": path, "not_expressible": self.not_expressible}
+
+
+def _core_settings(sc: Scenario, base: Mapping[str, Any]) -> tuple[dict[KeyPath, Any], list[str]]:
+    """Key path -> value (or _DELETE) for every DeepSpeed key the scenario decides, and what it cannot say."""
+    t, s, c = sc.training, sc.schedule, sc.cluster
+    dp = c.dp
+    notes: list[str] = []
+    out: dict[KeyPath, Any] = {
+        ("train_micro_batch_size_per_gpu",): t.micro_batch,
+        ("gradient_accumulation_steps",): t.grad_accum,
+        ("train_batch_size",): t.micro_batch * t.grad_accum * dp,
+        ("gradient_clipping",): t.gradient_clipping,
+    }
+    if c.sequence_parallel > 1 or "sequence_parallel_size" in base:
+        out[("sequence_parallel_size",)] = c.sequence_parallel
+    bf16_key = "bfloat16" if "bfloat16" in base and "bf16" not in base else "bf16"
+    on, off = (bf16_key, "fp16") if t.precision == "bf16" else ("fp16", bf16_key)
+    out[(on, "enabled")] = True
+    if isinstance(base.get(off), dict):
+        out[(off, "enabled")] = False
+    z = ("zero_optimization",)
+    o, p = (*z, "offload_optimizer"), (*z, "offload_param")
+    zero_base = base.get("zero_optimization") if isinstance(base.get("zero_optimization"), dict) else {}
+    assert isinstance(zero_base, dict)
+    system = s.system
+    # Keys of the base that would contradict the scenario are removed; the new spellings are written.
+    for key in ("cpu_offload", "cpu_offload_param", "cpu_offload_use_pin_memory", "prefetch_bucket_size",
+                "stage3_prefetch_bucket_size"):
+        out[(*z, key)] = _DELETE
+    if system == "gpu_only":
+        out[o] = _DELETE
+    if system not in ("zero_infinity", "superoffload") or (system == "superoffload" and not _superoffload_flow(sc)):
+        out[p] = _DELETE
+    if system == "gpu_only":
+        state = s.state_bytes_per_param  # type: ignore[union-attr]
+        per_stage = {0: 16.0, 1: 4.0 + 12.0 / dp, 2: 2.0 + 14.0 / dp, 3: 16.0 / dp}
+        base_stage = zero_base.get("stage")
+        stages = [k for k, v in per_stage.items() if math.isclose(v, state, rel_tol=1e-9)]
+        if base_stage in stages:
+            stage = int(base_stage)
+        elif stages:
+            stage = stages[0]
+        else:
+            stage = 0
+            notes.append(f"schedule.state_bytes_per_param: {state:g} B/param matches no ZeRO stage on {dp} "
+                         "data-parallel ranks (0: 16, 1: 4+12/dp, 2: 2+14/dp, 3: 16/dp); written as stage 0")
+        out[(*z, "stage")] = stage
+    else:
+        impl = s.implementation  # type: ignore[union-attr]
+        if impl == "ideal":
+            notes.append("schedule.implementation: ideal is the paper's schedule; DeepSpeed runs its own code path "
+                         "(predict it with --set schedule.implementation=deepspeed)")
+        out[(*z, "stage")] = 2 if system == "zero_offload" and zero_base.get("stage") != 1 else (
+            1 if system == "zero_offload" else 3)
+        out[(*o, "device")] = "cpu"
+        out[(*o, "pin_memory")] = s.pin_memory  # type: ignore[union-attr]
+        out[(*z, "overlap_comm")] = s.overlap_comm  # type: ignore[union-attr]
+        out[(*z, "reduce_bucket_size")] = round(s.bucket_mb * 1e6 / BF16_BYTES_PER_ELEMENT)  # type: ignore[union-attr]
+        if system != "zero_offload":
+            out[(*z, "sub_group_size")] = round(s.sub_group_elements)  # type: ignore[union-attr]
+        cpu_adam = s.cpu_adam  # type: ignore[union-attr]
+        cores = s.cpu_adam_core_fraction  # type: ignore[union-attr]
+        if system == "superoffload":
+            out[(*o, "super_offload")] = True
+            out[(*o, "ratio")] = round(1.0 - s.gpu_optimizer_fraction, 12)  # type: ignore[union-attr]
+            out[(*o, "cpuadam_cores_perc")] = cores
+            if _superoffload_flow(sc):
+                out[(*p, "device")] = "cpu"
+                out[(*p, "pin_memory")] = s.pin_memory  # type: ignore[union-attr]
+            if impl == "ideal":
+                if s.cast == "gpu":  # type: ignore[union-attr]
+                    notes.append("schedule.cast: gpu (fp32 over the link, cast on the GPU) is the paper's; "
+                                 "DeepSpeed casts on the CPU")
+                notes.append(f"schedule.bucket_mb: {s.bucket_mb:g} MB transfer buckets are the paper's; DeepSpeed's "  # type: ignore[union-attr]
+                             "SuperOffload moves gradients per sub-group (sub_group_size)")
+            if not s.speculation and t.gradient_clipping == 0:  # type: ignore[union-attr]
+                notes.append("schedule.speculation: false has no DeepSpeed switch (its SuperOffload speculates "
+                             "whenever gradient_clipping is 0)")
+            if cpu_adam != "cpu_adam":
+                notes.append(f"schedule.cpu_adam: {cpu_adam}: DeepSpeed's SuperOffload worker always runs "
+                             "DeepSpeedCPUAdam")
+        else:
+            out[(*o, "super_offload")] = _DELETE
+            out[(*o, "ratio")] = _DELETE
+            out[(*o, "cpuadam_cores_perc")] = _DELETE
+            if system == "zero_infinity":
+                out[(*p, "device")] = "cpu"
+                out[(*p, "pin_memory")] = s.pin_memory  # type: ignore[union-attr]
+                layer = tm.layer_params(sc.model)
+                out[(*z, "stage3_prefetch_bucket_size")] = int(s.prefetch_layers * layer)  # type: ignore[union-attr]
+            if cores != 1.0:
+                notes.append(f"schedule.cpu_adam_core_fraction: {cores:g}: DeepSpeedCPUAdam uses all the process's "
+                             "cores outside super_offload (limit them with OMP_NUM_THREADS / taskset instead)")
+            if cpu_adam == "grace_adam":
+                notes.append("schedule.cpu_adam: grace_adam is not in DeepSpeed 0.19; DeepSpeed runs DeepSpeedCPUAdam")
+            if system == "zero_offload" and s.dpu:  # type: ignore[union-attr]
+                notes.append("schedule.dpu: delayed parameter update has no DeepSpeed 0.19 config key")
+        # The optimizer: Adam(W) on the CPU, DeepSpeed's or torch's (optimizer.params.torch_adam).
+        base_opt = base.get("optimizer") if isinstance(base.get("optimizer"), dict) else None
+        if base_opt is None or str(base_opt.get("type", "")).lower() not in _ADAM_TYPES:
+            out[("optimizer",)] = {"type": "AdamW"}
+            if base_opt is not None:
+                notes.append(f"optimizer.type: {base_opt.get('type')!r} replaced by AdamW (sosim times Adam)")
+        torch_adam = cpu_adam == "torch" and system != "superoffload"
+        out[("optimizer", "params", "torch_adam")] = True if torch_adam else _DELETE
+    if system == "gpu_only" and not isinstance(base.get("optimizer"), dict):
+        out[("optimizer",)] = {"type": "AdamW"}
+    notes.append("training.activation_checkpointing: "
+                 + ("on: enable it in the model code (HF: model.gradient_checkpointing_enable() or "
+                    "--gradient_checkpointing)" if t.activation_checkpointing else
+                    "off: make sure the model code does not checkpoint")
+                 + "; a DeepSpeed config cannot switch it")
+    if t.loss_chunk_tokens is not None:
+        notes.append(f"training.loss_chunk_tokens: {t.loss_chunk_tokens} (chunked loss) lives in the model code")
+    if t.clip_rate > 0:
+        notes.append(f"training.clip_rate: {t.clip_rate:g} describes the run (how often the norm exceeds the "
+                     "threshold), not a setting")
+    notes.append(f"cluster.gpus: launch on {c.gpus} GPU(s) (deepspeed --num_gpus {c.gpus}); train_batch_size "
+                 f"assumes {dp} data-parallel rank(s)")
+    notes.append(f"hardware: {sc.hardware.name} is not part of a DeepSpeed config")
+    return out, notes
+
+
+def _superoffload_flow(sc: Scenario) -> bool:
+    from sosim.schedules import superoffload  # the placement rule lives with the schedule
+
+    return bool(superoffload.strategy(sc).weight_flow)
+
+
+def _set(config: dict[str, Any], path: KeyPath, value: Any) -> None:
+    node: dict[Any, Any] = config
+    for key in path[:-1]:
+        if not isinstance(node.get(key), dict):
+            if value is _DELETE:
+                return
+            node[key] = {}
+        node = node[key]
+    if value is _DELETE:
+        node.pop(path[-1], None)
+    else:
+        node[path[-1]] = copy.deepcopy(value)
+
+
+def _get(config: Mapping[str, Any], path: KeyPath) -> Any:
+    node: Any = config
+    for key in path:
+        if not isinstance(node, Mapping) or key not in node:
+            return _MISSING
+        node = node[key]
+    return node
+
+
+def ds_config_from_scenario(sc: Scenario, base: Mapping[str, Any] | None = None) -> EmitResult:
+    """A DeepSpeed 0.19 config for ``sc``; keys of ``base`` the scenario does not decide are kept.
+
+    Where ``base`` spells a decided key differently but equivalently (``"auto"`` that resolves to the same
+    value, 5e7 vs 92e6 prefetch elements that both mean one layer ahead), the base's spelling is kept: a
+    key is replaced only when the scenario read from the result would change.
+    """
+    base_dict: dict[str, Any] = copy.deepcopy(dict(base)) if base is not None else {}
+    settings, notes = _core_settings(sc, base_dict)
+    config = copy.deepcopy(base_dict)
+    for path, value in settings.items():
+        _set(config, path, value)
+    # Empty offload sections left behind by deletions are removed.
+    zero = config.get("zero_optimization")
+    if isinstance(zero, dict):
+        for key in ("offload_optimizer", "offload_param"):
+            if zero.get(key) == {}:
+                zero.pop(key)
+        params = _get(config, ("optimizer", "params"))
+        if params == {} and base_dict.get("optimizer", {}).get("params") is None:
+            config["optimizer"].pop("params", None)
+    if base is not None:
+        config = _keep_base_spellings(sc, base_dict, config, settings)
+    return EmitResult(config=config, not_expressible=notes)
+
+
+def _scenario_core(ds: dict[str, Any], sc: Scenario) -> dict[str, Any] | None:
+    """The scenario sections a DeepSpeed dict maps to, in the context of ``sc`` (None if it does not map)."""
+    inputs = RunInputs(hardware=sc.hardware.name, gpus=sc.cluster.gpus, seq_len=sc.training.seq_len,
+                       micro_batch=sc.training.micro_batch, grad_accum=sc.training.grad_accum,
+                       precision=None, activation_checkpointing=sc.training.activation_checkpointing)
+    model = HfModel(model=sc.model.model_dump(), origin="<scenario>")
+    try:
+        mapped = map_ds_config(Located(data=ds, origin="<emitted>"), model, inputs)
+    except ConfigError:
+        return None
+    s = mapped.scenario
+    return {"training": s["training"], "schedule": s["schedule"], "cluster": s["cluster"]}
+
+
+def _keep_base_spellings(sc: Scenario, base: dict[str, Any], config: dict[str, Any],
+                         settings: dict[KeyPath, Any]) -> dict[str, Any]:
+    target = _scenario_core(config, sc)
+    if target is None:
+        return config
+    for path in settings:
+        base_value = _get(base, path)
+        current = _get(config, path)
+        if current == base_value or (base_value is _MISSING and current is _MISSING):
+            continue
+        trial = copy.deepcopy(config)
+        # Absent from the base: leave it absent when DeepSpeed's default already gives the scenario's value.
+        _set(trial, path, _DELETE if base_value is _MISSING else base_value)
+        if _scenario_core(trial, sc) == target:
+            config = trial
+    return config
+
+
+def write_ds_config(result: EmitResult, path: str | Path) -> None:
+    Path(path).write_text(json.dumps(result.config, indent=2) + "\n")
+
+
+# --------------------------------------------------------------------------------------------------------
+# Command line (``sosim run``): arguments, and the two hooks cmd_run calls
+# --------------------------------------------------------------------------------------------------------
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    g = parser.add_argument_group("your own DeepSpeed config (instead of a scenario file)")
+    g.add_argument("--ds-config", metavar="DS.json", help="a DeepSpeed config (JSON) to predict")
+    g.add_argument("--model", metavar="CONFIG.json", help="Hugging Face config.json (or its folder) of the model")
+    g.add_argument("--hardware", metavar="PROFILE", help="hardware profile name or path (see sosim profiles)")
+    g.add_argument("--gpus", type=_positive_int, help="GPUs (default: implied by train_batch_size, else 1)")
+    g.add_argument("--seq", type=_positive_int, help=f"training sequence length (default {DEFAULT_SEQ_LEN})")
+    g.add_argument("--micro-batch", type=_positive_int, help="micro-batch per GPU (needed when the config says auto)")
+    g.add_argument("--grad-accum", type=_positive_int, help="gradient accumulation steps")
+    g.add_argument("--precision", choices=["bf16", "fp16"], help="when the config leaves it to the HF Trainer")
+    g.add_argument("--activation-checkpointing", choices=["on", "off"],
+                   help="whether the model code checkpoints activations (default on)")
+    parser.add_argument("--emit-ds-config", metavar="OUT.json",
+                        help="write the scenario as a DeepSpeed config (with --ds-config: its other keys kept)")
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
+    return value
+
+
+_DS_ONLY = ("model", "hardware", "gpus", "seq", "micro_batch", "grad_accum", "precision", "activation_checkpointing")
+
+
+def _inputs_from_args(args: argparse.Namespace) -> RunInputs:
+    ckpt = getattr(args, "activation_checkpointing", None)
+    return RunInputs(
+        hardware=args.hardware, gpus=args.gpus, seq_len=args.seq, micro_batch=args.micro_batch,
+        grad_accum=args.grad_accum, precision=args.precision,
+        activation_checkpointing=None if ckpt is None else ckpt == "on",
+        overrides=tuple(getattr(args, "overrides", []) or []),
+    )
+
+
+def mapping_from_args(args: argparse.Namespace) -> DsMapping:
+    """``--ds-config`` + ``--model`` + ``--hardware`` (+ flags) -> mapping; usage mistakes are ConfigErrors."""
+    missing = [f"--{n}" for n in ("model", "hardware") if not getattr(args, n, None)]
+    if missing:
+        raise ConfigError([f"--ds-config needs {' and '.join(missing)}"])
+    return load_ds_mapping(args.ds_config, args.model, _inputs_from_args(args))
+
+
+def scenario_from_args(args: argparse.Namespace) -> dict[str, Any]:
+    """The scenario dict (YAML-level keys, hardware by name) that ``--ds-config ...`` describes."""
+    return mapping_from_args(args).scenario
+
+
+def scenario_for_run(args: argparse.Namespace) -> tuple[Scenario, DsMapping | None]:
+    """What ``sosim run`` simulates: the scenario file, or the DeepSpeed config + model; --set applies last."""
+    from sosim.loader import load_scenario
+
+    ds = getattr(args, "ds_config", None)
+    scenario_file = getattr(args, "scenario", None)
+    if ds is None:
+        used = [f"--{n.replace('_', '-')}" for n in _DS_ONLY if getattr(args, n, None) is not None]
+        if used:
+            raise ConfigError([f"{', '.join(used)}: only with --ds-config"])
+        if scenario_file is None:
+            raise ConfigError(["give a scenario file, or --ds-config DS.json --model CONFIG.json --hardware PROFILE"])
+        return load_scenario(scenario_file, args.overrides), None
+    if scenario_file is not None:
+        raise ConfigError([f"{scenario_file}: give either a scenario file or --ds-config, not both"])
+    mapping = mapping_from_args(args)
+    try:
+        sc = load_scenario(mapping.scenario, args.overrides)
+    except ConfigError as exc:
+        where = f"{mapping.ds_origin} (+ {mapping.model_origin})"
+        raise ConfigError([p.replace("<dict>:1", where, 1) for p in exc.problems]) from None
+    return sc, mapping
+
+
+def finish_run(args: argparse.Namespace, sc: Scenario, mapping: DsMapping | None) -> dict[str, Any]:
+    """After the run: the mapping report (stderr for tables) and ``--emit-ds-config``; returns JSON extras."""
+    import sys
+
+    extra: dict[str, Any] = {}
+    as_json = getattr(args, "format", "table") == "json"
+    if mapping is not None:
+        if as_json:
+            extra["ds_config_mapping"] = mapping.report()
+        else:
+            print(mapping.format(), file=sys.stderr)
+    out = getattr(args, "emit_ds_config", None)
+    if out:
+        base = read_json(mapping.ds_origin).data if mapping is not None else None
+        result = ds_config_from_scenario(sc, base)
+        try:
+            write_ds_config(result, out)
+        except OSError as exc:
+            raise ConfigError([f"--emit-ds-config {out}: cannot write: {exc.strerror or exc}"]) from None
+        if as_json:
+            extra["ds_config_emitted"] = result.report(str(out))
+        else:
+            lines = [f"sosim: wrote DeepSpeed config {out}; not expressible in it:"]
+            lines += [f"  {n}" for n in result.not_expressible]
+            print("\n".join(lines), file=sys.stderr)
+    return extra
+
+
+def emitted_zero_keys(config: Mapping[str, Any]) -> set[str]:
+    """Dotted names of every key under zero_optimization (for checks against :data:`DS_KEYS`)."""
+    keys: set[str] = set()
+    zero = config.get("zero_optimization", {})
+    for key, value in zero.items():
+        keys.add(f"zero_optimization.{key}")
+        if isinstance(value, dict):
+            keys.update(f"zero_optimization.{key}.{k}" for k in value)
+    return keys
+
+
+__all__: Sequence[str] = (
+    "DS_KEYS", "DS_KEYS_ONE_VERSION", "SCHEMA_SOURCE", "DsMapping", "EmitResult", "RunInputs", "add_arguments",
+    "ds_config_from_scenario", "finish_run", "load_ds_mapping", "map_ds_config", "mapping_from_args",
+    "prefetch_layers_for", "scenario_for_run", "scenario_from_args", "write_ds_config",
+)
