@@ -44,6 +44,8 @@ def simulate(sc: Scenario) -> Result:
     metrics = compute_metrics(sc, plan, start, end, usage, fit)
     prov = provenance(sc, costs, module.choices(sc))
     prov.update({k: str(v) for k, v in machine.describe().items()})
+    # The FLOP convention behind model_tflops / mfu (sosim/model.py): long-sequence anchors hinge on it.
+    prov["attention_flops"] = "causal (half the s x s matrix; x2 for Megatron/paper-style full counting)"
     prov.update({f"contention_{k}_s": f"{v:.6g}" for k, v in run.stretch_s.items()})
     return Result(sc, metrics, plan, start, end, usage, prov)
 

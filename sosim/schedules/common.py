@@ -45,11 +45,16 @@ def gpu_pass_op(
     """One unit's forward or backward on the GPU stream, preceded by its Ulysses all-to-all if any.
 
     The all-to-all of Q/K/V (and of the attention output) sits on the critical path: attention cannot
-    start before every rank holds its heads for the whole sequence, so the compute op depends on it.
+    start before every rank holds its heads for the whole sequence, so the compute op depends on it; and it
+    exchanges this layer's activations, which the previous op on the GPU stream produces, so it cannot run
+    ahead of it (it is inside the layer: projection, all-to-all, attention, all-to-all, output projection).
     """
     phase = Phase.FORWARD if kind == "fwd" else Phase.BACKWARD
     deps = tuple(deps)
     if u.a2a_s > 0:
+        producer = next((op.id for op in reversed(plan.ops) if op.resource == GPU), None)
+        if producer is not None:
+            deps = (*deps, producer)
         deps = (plan.add(NET, f"all_to_all_{kind}:{u.name}", u.a2a_s, deps, layer=u.index, iteration=iteration,
                          category=COMM, phase=phase, n_bytes=u.a2a_bytes),)
     flops = u.fwd_flops if phase is Phase.FORWARD else u.bwd_flops
@@ -60,6 +65,14 @@ def gpu_pass_op(
 def tokens_per_gpu(sc: Scenario) -> int:
     """Tokens of one micro-batch on one GPU; Ulysses sequence parallelism splits the sequence."""
     return sc.training.micro_batch * sc.training.seq_len // sc.cluster.sequence_parallel
+
+
+def zero_group(sc: Scenario) -> int:
+    """Ranks a ZeRO partition is spread over: data x sequence parallel. With Ulysses every sequence rank
+    computes gradients of all parameters on its slice of the sequence, so DeepSpeed reduces and partitions
+    over the combined sequence-data-parallel group (deepspeed/sequence/layer.py, groups'
+    _get_sequence_data_parallel_group)."""
+    return sc.cluster.dp * sc.cluster.sequence_parallel
 
 
 def global_tokens_per_step(sc: Scenario) -> int:
@@ -101,14 +114,15 @@ def ulysses_all_to_all_bytes(sc: Scenario) -> float:
 def ulysses_all_to_all_s(sc: Scenario, costs: CostModel) -> float:
     """DeepSpeed-Ulysses: per layer and pass, all-to-all of q, k, v before attention and of the output after.
 
-    Each rank exchanges 4 * (N/P) * h elements (bf16) per pass, N = sequence tokens of the micro-batch;
-    (P-1)/P of them leave the GPU. Modelled as one collective at the reduce-scatter rate of the fabric.
+    Each rank holds 4 * (N/P) * h elements (bf16) per pass, N = sequence tokens of the micro-batch, and sends
+    (P-1)/P of them (DeepSpeed-Ulysses blog: per-link volume 4Nh/P): one all-to-all over that buffer, on the
+    machine's topology (its cross-node share goes through the NICs, sosim/collectives.py).
     """
     sp = sc.cluster.sequence_parallel
     if sp <= 1:
         return 0.0
     n_bytes = 4.0 * tokens_per_gpu(sc) * sc.model.hidden * 2.0
-    return costs.reduce_scatter_s(n_bytes * sp, sp)  # reduce_scatter_s moves (P-1)/P of its argument
+    return costs.collective_s("all_to_all", n_bytes, sp)
 
 
 def forward_pass(

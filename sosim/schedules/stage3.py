@@ -48,6 +48,7 @@ from sosim.schedules.common import (
     duplex,
     gpu_pass_op,
     make_buckets,
+    zero_group,
 )
 from sosim.units import BF16_BYTES, FP32_BYTES, MB
 
@@ -147,7 +148,7 @@ def _layout(sc: Scenario, costs: CostModel, st: Stage3Strategy) -> _Layout:
 def memory_usage(sc: Scenario, st: Stage3Strategy) -> MemoryUsage:
     m, t = sc.model, sc.training
     p = tm.total_params(m)
-    dp = sc.cluster.dp
+    dp = zero_group(sc)
     gpu_frac = st.gpu_optimizer_fraction
     layer_bytes = tm.layer_params(m) * BF16_BYTES
     tokens = t.micro_batch * t.seq_len // sc.cluster.sequence_parallel
@@ -176,7 +177,7 @@ def memory_usage(sc: Scenario, st: Stage3Strategy) -> MemoryUsage:
 def build_plan(sc: Scenario, costs: CostModel, st: Stage3Strategy) -> Plan:
     lay = _layout(sc, costs, st)
     plan = Plan(duplex_factors=duplex(costs))
-    dp = sc.cluster.dp
+    dp = zero_group(sc)
     t = sc.training
     cores = cores_for_adam(sc, st.cpu_adam_core_fraction)
     # With a dedicated Adam worker (core fraction < 1) the training process casts on the remaining cores,

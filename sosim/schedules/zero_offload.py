@@ -34,6 +34,7 @@ from sosim.schedules.common import (
     forward_pass,
     gpu_pass_op,
     make_buckets,
+    zero_group,
 )
 from sosim.units import BF16_BYTES, FP32_BYTES, MB
 
@@ -51,7 +52,7 @@ def _sched(sc: Scenario) -> ZeroOffloadSchedule:
 def memory_usage(sc: Scenario) -> MemoryUsage:
     s = _sched(sc)
     p = tm.total_params(sc.model)
-    part = p / sc.cluster.dp  # ZeRO-2 partitions gradients and optimizer state across data-parallel ranks
+    part = p / zero_group(sc)  # ZeRO-2 partitions gradients and optimizer state across data-parallel ranks
     bucket = s.bucket_mb * MB
     gpu = {
         "bf16_params": BF16_BYTES * p,
@@ -73,7 +74,7 @@ def build_plan(sc: Scenario, costs: CostModel) -> Plan:
     deepspeed = s.implementation == "deepspeed"
     plan = Plan(duplex_factors=duplex(costs))
     units = build_units(sc, costs)
-    dp = sc.cluster.dp
+    dp = zero_group(sc)
     p_total = sum(u.params for u in units)
     buckets = make_buckets(units, s.bucket_mb * MB / BF16_BYTES)
     cores = cores_for_adam(sc, s.cpu_adam_core_fraction)
