@@ -47,8 +47,9 @@ REQUIRED_COLUMNS: tuple[str, ...] = (
 # Numeric columns checked when present (the harness's schema minus its text columns); empty cells mean
 # "not applicable" except for median_s.
 # Columns later harness versions append at the end (DeepSpeed stage-3 sections: optimizer sub-groups of a
-# step, GPUs of a collective); accepted and parsed whenever present, whether or not COLUMNS lists them yet.
-OPTIONAL_NUMERIC_COLUMNS: tuple[str, ...] = ("subgroups", "gpus")
+# step, GPUs of a collective, layers of a timed stack); accepted and parsed whenever present, whether or
+# not COLUMNS lists them yet.
+OPTIONAL_NUMERIC_COLUMNS: tuple[str, ...] = ("gpus", "subgroups", "layers")
 NUMERIC_COLUMNS: tuple[str, ...] = tuple(c for c in COLUMNS if c not in TEXT_COLUMNS) + tuple(
     c for c in OPTIONAL_NUMERIC_COLUMNS if c not in COLUMNS
 )
@@ -399,11 +400,11 @@ class CalibrationTable:
     def disk_time_s(
         self, n_bytes: float, write: bool, block_bytes: float = 2**20, queue_depth: int | None = None
     ) -> float | None:
-        """Direct I/O of ``n_bytes`` at ``block_bytes`` per request (op ``disk``: bytes = block size, threads =
-        queue depth; each row's time is one block's transfer at that depth).
+        """Direct I/O of ``n_bytes`` in ``block_bytes`` requests (op ``disk``: bytes = block size, threads =
+        queue depth; each row's time is one block's share of a whole pass, i.e. amortised over the depth).
 
-        Throughput = queue depth x block / time, interpolated over log block size at the queue depth
-        asked (None: the deepest measured); the transfer takes n_bytes / throughput.
+        Throughput = block / time, interpolated over log block size at the queue depth asked (None: the
+        deepest measured); flat above the largest block, None below the smallest.
         """
         _check_non_negative(n_bytes=n_bytes, block_bytes=block_bytes)
         if n_bytes == 0:
@@ -418,11 +419,8 @@ class CalibrationTable:
         rows = _match(cols, threads=depth) & np.isfinite(cols["bytes"])
         if not rows.any():
             return None
-        rate = depth * cols["bytes"] / cols["median_s"]
-        per_block = _time_from_rate(float(block_bytes), cols["bytes"], rate, (rows,))
-        if per_block is None:
-            return None
-        return n_bytes / (block_bytes / per_block)
+        per_block = _time_from_rate(float(block_bytes), cols["bytes"], cols["bytes"] / cols["median_s"], (rows,))
+        return None if per_block is None else n_bytes / block_bytes * per_block
 
 
 # ---- reading -------------------------------------------------------------------------------------------

@@ -517,6 +517,15 @@ class Scenario(_Strict):
                 f"cluster.gpus_per_node: {per_node} is more than the {self.hardware.gpus_per_node} GPUs of a "
                 f"'{self.hardware.name}' node"
             )
+        used = per_node or min(self.cluster.gpus, self.hardware.gpus_per_node)
+        if self.cluster.gpus % used:
+            raise ValueError(f"cluster.gpus: {self.cluster.gpus} GPUs do not fill nodes of {used} evenly")
+        node = self.hardware.node
+        if self.cluster.gpus > used and node is not None and node.nics is None:
+            raise ValueError(
+                f"cluster.gpus: {self.cluster.gpus} GPUs span {self.cluster.gpus // used} nodes of "
+                f"'{self.hardware.name}', whose profile has no 'node.nics' to join them"
+            )
         if self.cluster.sequence_parallel > 1 and self.model.heads % self.cluster.sequence_parallel:
             raise ValueError("cluster.sequence_parallel must divide model.heads (Ulysses splits heads)")
         return self

@@ -88,7 +88,6 @@ def contention_for(sc: Scenario, m: Machine, plan: Plan, simulated_ranks: int) -
     hw = m.profile
     link = hw.link
     rate = {"h2d": link.h2d_GBps * 1e9, "d2h": link.d2h_GBps * 1e9}
-    latency = link.latency_us * 1e-6
     node = hw.node
     dram_Bps = node.dram_GBps * 1e9 if node is not None and node.dram_GBps is not None else 0.0
     fraction = float(getattr(sc.schedule, "cpu_adam_core_fraction", 1.0))
@@ -108,8 +107,9 @@ def contention_for(sc: Scenario, m: Machine, plan: Plan, simulated_ranks: int) -
             continue
         if kind in _COPY:
             direction = _COPY[kind]
-            moving_s = op.duration_s - latency
-            bps = op.n_bytes / moving_s if op.n_bytes > 0 and moving_s > 0 else rate[direction]
+            # Its average rate over its whole duration (latency included): the rate the engine scales, so
+            # a copy's time under a fair share is its bytes over that share whatever its nominal speed.
+            bps = op.n_bytes / op.duration_s if op.n_bytes > 0 else rate[direction]
             route = m.route(rank, "host", "hbm") if direction == "h2d" else m.route(rank, "hbm", "host")
             uses[op.id] = tuple((index[name], bps) for name in route if name in index)
         elif kind in _CPU:
@@ -120,4 +120,12 @@ def contention_for(sc: Scenario, m: Machine, plan: Plan, simulated_ranks: int) -
                 demand.append((index[f"dram{socket}"], dram_Bps * min(1.0, t / saturation)))
             if demand:
                 uses[op.id] = tuple(demand)
-    return Contention(tuple(s.name for s in shared), tuple(s.capacity for s in shared), uses)
+    capacity = tuple(s.capacity for s in shared)
+    # An op alone runs at its planned duration (the cost model's, measured or analytic): where its estimated
+    # demand exceeds a capacity on its own (a measured copy slightly faster than the profile's nominal rate, or
+    # a what-if direction above the link's bidirectional total), its demands are scaled down to fit.
+    for op_id, ks in uses.items():
+        scale = min(1.0, *(capacity[k] / d for k, d in ks if d > 0))
+        if scale < 1.0:
+            uses[op_id] = tuple((k, d * scale) for k, d in ks)
+    return Contention(tuple(s.name for s in shared), capacity, uses)

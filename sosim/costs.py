@@ -335,4 +335,5 @@ class AnalyticCostModel:
 
     @property
     def provenance(self) -> dict[str, str]:
-        return {"cost_model": "analytic", "profile": self.hw.name}
+        return {"cost_model": "analytic", "profile": self.hw.name,
+                "costs_analytic": "all (the profile names no calibration table)"}

@@ -6,11 +6,13 @@ list in order (a process per op is ~5x slower); cross-resource dependencies are 
 *Shared* resources (a link direction and its bidirectional total, a PCIe uplink, a socket's DRAM bandwidth,
 a NIC, an NVMe volume) are not walked by anyone: they are capacities that the ops running at the same time
 draw on. A :class:`Contention` says which ops draw on which shared resource and how much per second at full
-speed. While ops compete, each runs at a *rate* r <= 1 of its full speed, chosen by progressive filling:
-all competing ops slow by the same factor until a resource is exactly full, the ops on it are frozen at
-that rate, and the rest continue (max-min fairness on the fraction of full speed: every user of a saturated
-resource is slowed by the same factor, like the processor sharing a DMA engine or a memory controller does
-between streams). Rates are recomputed whenever an op starts or ends, so an op's duration depends on what
+speed. While ops compete, each runs at a *rate* r <= 1 of its full speed, chosen by progressive filling
+(max-min fairness): every op's throughput, in the unit of its first listed resource (bytes/s, or threads),
+rises together with the others'; an op reaching full speed stops there; the first resource to fill freezes
+its remaining users at an equal share; the rest continue. Every user of a saturated resource that could use
+more gets the same bytes per second, as the round-robin arbitration of a DMA engine, a PCIe switch or a
+memory controller gives it. Rates are recomputed whenever an op starts or ends, so an op's duration depends
+on what
 overlaps it, not on a factor fixed up front. An op's time beyond its full-speed duration is attributed to
 the resource that limited it (:attr:`EngineRun.stretch_s`).
 
@@ -215,38 +217,48 @@ class _Fluid:
 def _progressive_filling(
     jobs: Mapping[int, _Job], capacity: Sequence[float]
 ) -> tuple[dict[int, float], dict[int, int]]:
-    """Rates (fraction of full speed) and limiting resource of each job.
+    """Rates (fraction of full speed) and limiting resource of each job: max-min fair in each op's own unit.
 
-    All unfrozen jobs rise together; the first resource to fill freezes its users at that level; repeat.
-    A job frozen by nothing runs at full speed (rate 1, limit -1).
+    Each op's throughput is measured in the unit of its first listed resource (bytes/s for a copy or a
+    memory-bound CPU kernel, threads for a kernel that only needs cores). All unfrozen ops' throughputs
+    rise together; an op that reaches its full speed is frozen at rate 1; the first resource to fill
+    freezes its remaining users; repeat. On a saturated resource every op still rising gets the same
+    throughput (a fair share in bytes/s, not in fraction of speed): an op that asks for more than its share
+    is held to it and does not take a slower neighbour's bytes.
     """
     rates: dict[int, float] = {}
     limits: dict[int, int] = {}
-    left = {}
+    left: dict[int, float] = {}
     users: dict[int, list[tuple[int, float]]] = {}
+    unit: dict[int, float] = {}
     for op_id, job in jobs.items():
+        unit[op_id] = job.uses[0][1]
         for k, demand in job.uses:
             users.setdefault(k, []).append((op_id, demand))
             left[k] = capacity[k]
     unfrozen = set(jobs)
+
+    def freeze(j: int, rate: float, limit: int) -> None:
+        rates[j] = rate
+        limits[j] = limit
+        unfrozen.discard(j)
+        for k, demand in jobs[j].uses:
+            left[k] -= rate * demand
+
     while unfrozen:
-        best_level, best_k = math.inf, -1
+        # Throughput at which each resource fills if every unfrozen op runs at that throughput.
+        fill, fill_k = math.inf, -1
         for k, us in users.items():
-            demand = sum(d for j, d in us if j in unfrozen)
-            if demand > 0:
-                level = max(left[k], 0.0) / demand
-                if level < best_level:
-                    best_level, best_k = level, k
-        if best_level >= 1.0 or best_k < 0:
-            break
-        frozen = [j for j, _ in users[best_k] if j in unfrozen]
-        for j in frozen:
-            rates[j] = best_level
-            limits[j] = best_k
-            unfrozen.discard(j)
-            for k, demand in jobs[j].uses:
-                left[k] -= best_level * demand
-    for j in unfrozen:
-        rates[j] = 1.0
-        limits[j] = -1
+            slope = sum(d / unit[j] for j, d in us if j in unfrozen)
+            if slope > 0:
+                level = max(left[k], 0.0) / slope
+                if level < fill:
+                    fill, fill_k = level, k
+        full = min(unit[j] for j in unfrozen)
+        if full <= fill:
+            for j in [j for j in unfrozen if unit[j] <= full]:
+                freeze(j, 1.0, -1)
+            continue
+        for j in [j for j, _ in users[fill_k] if j in unfrozen]:
+            freeze(j, max(fill / unit[j], 1e-12), fill_k)
     return rates, limits

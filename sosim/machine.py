@@ -91,8 +91,10 @@ class Machine:
         gpu_socket = node.gpu_socket or [g * sockets // node.gpus for g in range(node.gpus)]
         # The run uses the node's first per_node GPUs (CUDA_VISIBLE_DEVICES order).
         rank_socket = tuple(gpu_socket[g] for g in range(per_node))
-        # DeepSpeed's launcher with --bind_cores_to_rank: physical cores // local ranks (numa.get_numactl_cmd).
-        threads = sc.cluster.cpu_threads_per_rank or max(1, cores * sockets // per_node)
+        # DeepSpeed's launcher with --bind_cores_to_rank: physical cores // local ranks (numa.get_numactl_cmd);
+        # with fewer ranks than sockets a rank still stays on its own socket (numactl binds it to that NUMA
+        # domain), so it gets at most one socket's cores unless the scenario says otherwise.
+        threads = sc.cluster.cpu_threads_per_rank or max(1, min(cores, cores * sockets // per_node))
         uplink_of = {g: i for i, up in enumerate(node.uplinks) for g in up.gpus}
         rank_uplink = tuple(uplink_of.get(g, -1) for g in range(per_node))
         if node.nics is None:

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from sosim import costs as c
@@ -15,7 +17,7 @@ from sosim.units import GB
 from tests.test_calibration_table import HEADER as BASE_HEADER
 
 # The harness's new sections append these columns at the end of the schema.
-HEADER = BASE_HEADER + ",subgroups,gpus"
+HEADER = ",".join([*BASE_HEADER.split(","), *(c for c in ("subgroups", "gpus") if c not in BASE_HEADER.split(","))])
 MIB = 2**20
 LLAMA = {"hidden": 2048, "heads": 16, "kv_heads": 4, "head_dim": 128, "ffn": 5632}
 
@@ -57,7 +59,8 @@ ROWS = [
     # NCCL all-reduce on 2 GPUs: 50 GB/s at 1 MiB, 100 GB/s at 64 MiB.
     row("nccl", "all_reduce", MIB / 50e9, bytes=MIB, gpus=2),
     row("nccl", "all_reduce", 64 * MIB / 100e9, bytes=64 * MIB, gpus=2),
-    # Disk: 1 MiB blocks at queue depth 8 in 4 ms each = 8 MiB / 4 ms; 128 KiB blocks at depth 8 in 1 ms.
+    # Disk (time per block, amortised over the queue depth): 1 MiB blocks at depth 8 in 4 ms each; 128 KiB
+    # blocks in 1 ms.
     row("disk", "read_direct", 4e-3, bytes=MIB, threads=8),
     row("disk", "read_direct", 1e-3, bytes=MIB // 8, threads=8),
     row("disk", "write_direct", 8e-3, bytes=MIB, threads=8),
@@ -123,9 +126,13 @@ def test_collective_and_disk(table: CalibrationTable) -> None:
     assert table.collective_time_s("all_reduce", 8 * MIB, 4) is None  # GPU count not measured
     assert table.collective_time_s("all_gather", 8 * MIB, 2) is None  # kind not measured
     assert table.collective_time_s("all_reduce", 8 * MIB, 1) == 0.0
-    # Read: 8 x 1 MiB per 4 ms = 2.097 GB/s; 1 GiB takes 1024 / 8 * 4 ms.
-    assert table.disk_time_s(2**30, write=False) == pytest.approx(1024 / 8 * 4e-3, rel=1e-12)
-    assert table.disk_time_s(2**30, write=True) == pytest.approx(1024 / 8 * 8e-3, rel=1e-12)
+    # Read: 1 MiB per 4 ms; 1 GiB takes 1024 x 4 ms.
+    assert table.disk_time_s(2**30, write=False) == pytest.approx(1024 * 4e-3, rel=1e-12)
+    assert table.disk_time_s(2**30, write=True) == pytest.approx(1024 * 8e-3, rel=1e-12)
+    # 512 KiB blocks: the rate halfway (in log size) between 128 KiB (128 KiB / 1 ms) and 1 MiB (1 MiB / 4 ms).
+    log_sizes = [math.log(MIB // 8), math.log(MIB)]
+    rate = float(np.interp(math.log(MIB / 2), log_sizes, [MIB // 8 / 1e-3, MIB / 4e-3]))
+    assert table.disk_time_s(2**30, write=False, block_bytes=MIB / 2) == pytest.approx(2**30 / rate, rel=1e-12)
     assert table.disk_time_s(2**30, write=False, queue_depth=32) is None
 
 
@@ -189,5 +196,5 @@ def test_table_model_prefers_measurements(analytic: AnalyticCostModel, table: Ca
     assert t.ds_step_fixed_s(1e8, 4, "zero3_offload") == pytest.approx(0.103)
     assert t.ds_step_fixed_s(1e8, 4, "superoffload") == analytic.ds_step_fixed_s(1e8, 4, "superoffload")
     assert t.so_worker_roundtrip_s(1e7, with_copies=True) == pytest.approx(300e-6 + 2e-2)
-    assert t.disk_s(2**30, write=False) == pytest.approx(1024 / 8 * 4e-3)
+    assert t.disk_s(2**30, write=False) == pytest.approx(1024 * 4e-3)
     assert t.collective_s("all_reduce", 8 * MIB, 2) == pytest.approx(8 * MIB / 75e9)

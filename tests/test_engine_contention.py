@@ -68,16 +68,16 @@ def test_progressive_filling_frees_what_the_bottleneck_leaves() -> None:
     assert end.tolist() == pytest.approx([2.0, 2.0, 1.0], rel=1e-12)
 
 
-def test_dram_shared_by_adam_and_a_copy_slows_both_by_the_same_factor() -> None:
+def test_dram_shared_by_adam_and_a_copy_gives_equal_bytes_per_second() -> None:
     """A socket's DRAM (100 GB/s) shared by CPU Adam (100 GB/s alone, 1 s) and a 50 GB/s DMA (0.5 s): together
-    they ask 150, so both run at 2/3: the DMA ends at 0.75 s; Adam has done 0.5 s of work by then and does the
-    rest alone: 1.25 s."""
+    they ask 150. Fair shares in bytes: 50 GB/s each, which is all the DMA asks (full speed, ends at 0.5 s);
+    Adam runs at half speed meanwhile (0.25 s of its work done) and the remaining 0.75 s alone: 1.25 s."""
     plan = Plan()
     plan.add(CPU_OPT, "adam", 1.0, phase=F)
     plan.add(D2H, "dma", 0.5, phase=F)
     c = Contention(("dram0",), (100 * GB,), {0: ((0, 100 * GB),), 1: ((0, 50 * GB),)})
     _start, end = run_plan(plan, c)
-    assert end.tolist() == pytest.approx([1.25, 0.75], rel=1e-12)
+    assert end.tolist() == pytest.approx([1.25, 0.5], rel=1e-12)
 
 
 def test_a_resource_that_cannot_be_oversubscribed_is_dropped() -> None:
@@ -158,3 +158,4 @@ def test_more_capacity_never_delays_independent_transfers(ops: list[tuple[float,
     _s, slow = run_plan(plan, Contention(("link",), (cap,), uses))
     _s, fast = run_plan(plan, Contention(("link",), (cap * factor,), uses))
     assert np.all(fast <= slow + 1e-9)
+
