@@ -49,7 +49,7 @@ def test_h200x2_meanings() -> None:
     limited = _machine("h200x2-pcie-gen5-x86", "cluster.gpus=2", "hardware.cpu.cores=8")
     assert limited.threads_per_rank == 4
     # Two hosts of one GPU each need a network; the lent machine has none to offer.
-    with pytest.raises(ConfigError, match="no 'node.nics'"):
+    with pytest.raises(ConfigError, match=r"no 'node\.nics'"):
         _machine("h200x2-pcie-gen5-x86", "cluster.gpus=2", "cluster.gpus_per_node=1")
     hosts = _machine("gh200x4-alps", "cluster.gpus=2", "cluster.gpus_per_node=1")
     assert (hosts.nodes, hosts.local_ranks, hosts.threads_per_rank) == (2, 1, 72)
