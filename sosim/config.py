@@ -60,7 +60,9 @@ class _Sourced(_Strict):
             # Nested sections carry their own sources.
             if isinstance(value, BaseModel) or (isinstance(value, list) and value and isinstance(value[0], BaseModel)):
                 continue
-            numeric = isinstance(value, (int, float, list, dict)) and not isinstance(value, bool)
+            # An empty list or mapping states nothing (a dumped and re-read profile carries its defaults).
+            numeric = isinstance(value, (int, float, list, dict)) and not isinstance(value, bool) and value != []
+            numeric = numeric and value != {}
             if numeric and value is not None and not self.sources.get(name):
                 missing.append(name)
         if missing:
