@@ -117,7 +117,10 @@ def contention_for(sc: Scenario, m: Machine, plan: Plan, simulated_ranks: int) -
             demand = [(index["cores"], t)] if "cores" in index else []
             socket = m.rank_socket[rank] if not m.legacy else rank
             if dram_Bps > 0 and f"dram{socket}" in index:
-                demand.append((index[f"dram{socket}"], dram_Bps * min(1.0, t / saturation)))
+                # Its memory traffic per second: the op's bytes over its duration when the plan says (CPU Adam
+                # moves 28 B/param), else a memory-bound kernel's share of the socket by its threads.
+                bps = op.n_bytes / op.duration_s if op.n_bytes > 0 else dram_Bps * min(1.0, t / saturation)
+                demand.insert(0, (index[f"dram{socket}"], bps))
             if demand:
                 uses[op.id] = tuple(demand)
     capacity = tuple(s.capacity for s in shared)
