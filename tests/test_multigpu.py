@@ -34,7 +34,7 @@ def _busy_s(r: Result) -> float:
     return float(np.diff(bounds)[active].sum())
 
 
-@pytest.mark.parametrize("path", MULTI + [X2.with_name("gh200_zero3_offload_4b.yaml")], ids=lambda p: p.stem)
+@pytest.mark.parametrize("path", [*MULTI, X2.with_name("gh200_zero3_offload_4b.yaml")], ids=lambda p: p.stem)
 def test_no_busy_resource_lands_in_idle(path: Path) -> None:
     r = simulate(load_scenario(path))
     m = r.metrics
