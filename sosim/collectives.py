@@ -30,7 +30,7 @@ from typing import Literal
 
 from sosim.config import Curve
 from sosim.costs import interp_log_x
-from sosim.machine import Machine
+from sosim.machine import Machine, nvme_s
 from sosim.units import MIB
 
 CollectiveKind = Literal["all_reduce", "reduce_scatter", "all_gather", "all_to_all"]
@@ -151,6 +151,13 @@ class TopologyCosts:
     def reduce_scatter_s(self, n_bytes: float, ranks: int) -> float:
         # Also what the schedules use for all-gathers (the same bytes cross each link).
         return self.collective_s("reduce_scatter", n_bytes, ranks)
+
+    def disk_s(self, n_bytes: float, write: bool) -> float:
+        """The node's NVMe volume, at DeepSpeed's default aio settings (sosim/machine.py nvme_s)."""
+        node = self._machine.profile.node
+        if node is None or node.nvme is None:
+            return float(self._inner.disk_s(n_bytes, write))  # type: ignore[attr-defined]
+        return nvme_s(self._machine, n_bytes, write)
 
     @property
     def provenance(self) -> dict[str, str]:

@@ -266,3 +266,42 @@ class Machine:
             "cpu_threads_per_rank": self.threads_per_rank,
             "host_model": "private host per GPU (legacy profile)" if self.legacy else "shared node",
         }
+
+
+# --- the NVMe tier ---------------------------------------------------------------------------------------------
+# DeepSpeed's aio defaults (deepspeed/runtime/swap_tensor/aio_config.py): 1 MiB blocks, queue depth 8, one
+# thread per operation (intra_op_parallelism).
+AIO_BLOCK_BYTES = 1 << 20
+AIO_QUEUE_DEPTH = 8
+AIO_THREADS = 1
+
+
+def nvme_throughput_Bps(m: Machine, write: bool, block_bytes: float = AIO_BLOCK_BYTES,
+                        queue_depth: int = AIO_QUEUE_DEPTH, threads: int = AIO_THREADS) -> float:
+    """Sustained rate of one rank's direct I/O stream on the node's NVMe volume.
+
+    Little's law: with ``queue_depth x threads`` blocks in flight, each taking the drive latency plus its
+    transfer at one drive's share of the volume's rate, the stream moves at most that many blocks per block
+    time; it never exceeds the volume's measured aggregate (RAID-0 of ``drives``). Small blocks or a shallow
+    queue leave drives idle: that is why DeepSpeed's aio ``block_size``, ``queue_depth`` and
+    ``intra_op_parallelism`` matter.
+    """
+    node = m.profile.node
+    if node is None or node.nvme is None:
+        raise ValueError(f"profile '{m.profile.name}' has no NVMe volume (node.nvme)")
+    nv = node.nvme
+    aggregate = (nv.write_GBps if write else nv.read_GBps) * GB
+    per_drive = aggregate / nv.drives
+    block_s = us_to_s(nv.latency_us) + block_bytes / per_drive
+    in_flight = max(1, queue_depth) * max(1, threads)
+    return min(aggregate, in_flight * block_bytes / block_s)
+
+
+def nvme_s(m: Machine, n_bytes: float, write: bool, block_bytes: float = AIO_BLOCK_BYTES,
+           queue_depth: int = AIO_QUEUE_DEPTH, threads: int = AIO_THREADS) -> float:
+    """Seconds to read or write ``n_bytes`` on the node's NVMe volume, one rank alone on it."""
+    if n_bytes <= 0:
+        return 0.0
+    node = m.profile.node
+    assert node is not None and node.nvme is not None
+    return us_to_s(node.nvme.latency_us) + n_bytes / nvme_throughput_Bps(m, write, block_bytes, queue_depth, threads)

@@ -181,3 +181,19 @@ def test_node_plan_simulates_one_rank_when_ranks_share_nothing() -> None:
     plan = SCHEDULES[sc.schedule.system].build_plan(sc, make_cost_model(sc))
     node, _, ranks = node_plan(sc, m, plan)
     assert len(node.ops) == len(plan.ops) and ranks == 1
+
+
+def test_nvme_throughput_follows_littles_law() -> None:
+    """HGX volume: 8 drives, 48 GB/s read, 100 us per I/O. A 1 MiB block on one drive (6 GB/s) takes
+    100 us + 174.8 us; 8 in flight move 8 MiB per 274.8 us = 30.5 GB/s, below the volume's 48: DeepSpeed's
+    default queue depth leaves drives idle. Depth 32 saturates the volume."""
+    from sosim.machine import nvme_s, nvme_throughput_Bps
+
+    m = _machine("hgx-h100x8-x86", "cluster.gpus=8")
+    block = 1 << 20
+    block_s = 100e-6 + block / 6e9
+    assert nvme_throughput_Bps(m, write=False) == pytest.approx(8 * block / block_s, rel=1e-12)
+    assert nvme_throughput_Bps(m, write=False, queue_depth=32) == pytest.approx(48e9, rel=1e-12)
+    assert nvme_s(m, 1e9, write=True) == pytest.approx(100e-6 + 1e9 / min(26e9, 8 * block / (100e-6 + block / 3.25e9)))
+    with pytest.raises(ValueError, match="no NVMe"):
+        nvme_throughput_Bps(_machine("gh200x4-alps"), write=False)
