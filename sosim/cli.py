@@ -1,21 +1,141 @@
-"""Command line: ``sosim run|profiles|maxsize|compare|sweep|ablation|validate|calibrate``.
+"""Command line: ``sosim run|examples|profiles|maxsize|compare|sweep|ablation|validate|calibrate``.
 
-``main(argv) -> int`` never raises for user mistakes: they are printed to stderr, one problem per line,
-with a non-zero exit status. ``--format json`` prints exactly one JSON object on stdout.
+``main(argv) -> int`` never raises for user mistakes: they are printed to stderr, one problem per line
+(``file:line: key.path: message``), with exit status 2. ``--format json`` prints exactly one JSON object on
+stdout.
+
+Adding a subcommand: write ``register_cli(subparsers)`` in its module (the parser's ``func`` is called with
+the parsed arguments and returns the exit status) and list the module in ``SUBCOMMAND_MODULES``; options
+every command shares (``--profiles``) are added to all of them by :func:`build_parser`.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
+import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from pathlib import Path
 from typing import Any
 
-from sosim.errors import SosimError
-from sosim.output import format_value, print_json
+from sosim.errors import ConfigError, SosimError
+from sosim.output import (
+    check_finite_result,
+    check_output_path,
+    format_value,
+    plot_suffixes,
+    print_json,
+    write_output,
+)
 
 EXIT_USAGE = 2
+EXIT_INTERRUPTED = 130
+EXIT_INTERNAL = 70  # EX_SOFTWARE: a bug in sosim, not the input
+DEBUG_ENV = "SOSIM_DEBUG"  # set to 1 to see the traceback of an internal error
+
+# Subcommands that live beside the code they drive; each module defines register_cli(subparsers).
+SUBCOMMAND_MODULES: tuple[str, ...] = ("sosim.compare", "sosim.sweep", "sosim.ablation", "sosim.validate")
+
+MFU_DEFINITION = ("model FLOPs per step (6 x parameters x tokens + 12 x layers x hidden x seq_len x tokens, "
+                  "no recomputation) / step time / (GPUs x peak dense bf16 FLOP/s)")
+
+
+# -------------------------------------------------------------------------------------------- helpers
+
+
+def _add_scenario_args(p: argparse.ArgumentParser, optional: bool = False) -> None:
+    p.add_argument("scenario", nargs="?" if optional else None,
+                   help="scenario YAML file, or a shipped example's name (sosim examples)")
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY.PATH=VALUE",
+                   help="override a scenario (or hardware.*) value; repeatable")
+    p.add_argument("--format", choices=["table", "json"], default="table")
+
+
+def _print_notes(notes: Sequence[str]) -> None:
+    for note in notes:
+        print(f"sosim: note: {note}", file=sys.stderr)
+
+
+# --------------------------------------------------------------------------------------------- output
+
+
+def _gib(x: float) -> str:
+    return f"{x:,.1f}"
+
+
+def usable_memory_gib(sc: Any) -> tuple[float, float]:
+    """(GPU, CPU) memory the training process may use: capacity minus the profile's reserve (as check_fit)."""
+    hw = sc.hardware
+    return hw.gpu.hbm_gib - hw.gpu.reserved_gib, hw.cpu.mem_gib - hw.cpu.reserved_gib
+
+
+def provenance_lines(sc: Any, provenance: dict[str, Any]) -> list[tuple[str, str]]:
+    """What produced the numbers: system, implementation, profile, calibration (and the rest of provenance)."""
+    impl = getattr(sc.schedule, "implementation", None)
+    rows = [("system", str(sc.schedule.system)),
+            ("implementation", str(impl) if impl is not None else "(one implementation)"),
+            ("profile", f"{sc.hardware.name}: {sc.hardware.description}" if sc.hardware.description
+             else sc.hardware.name)]
+    cal = sc.hardware.calibration
+    if cal is None:
+        rows.append(("calibration", "none (analytic cost model from the profile's numbers)"))
+    else:
+        sha = provenance.get("calibration_sha256")
+        rows.append(("calibration", f"{cal}" + (f" (sha256 {str(sha)[:12]})" if sha else "")))
+    shown = {"profile", "calibration", "calibration_sha256"}
+    rows += [(str(k), format_value(v)) for k, v in provenance.items() if k not in shown]
+    return rows
+
+
+def run_table(sc: Any, metrics: dict[str, Any], provenance: dict[str, Any]) -> str:
+    """The ``sosim run`` table: verdict first, then what produced it, speed, memory, where the time goes."""
+    from sosim.result import BREAKDOWN_KEYS
+
+    lines: list[str] = [f"# {sc.name}: {metrics['params_b']:.2f}B parameters, {sc.cluster.gpus} GPU(s)"]
+    if not metrics["feasible"]:
+        lines += [f"INFEASIBLE: {metrics['reason']}",
+                  "  (this configuration does not fit: the timings below are what it would take if it did)"]
+    else:
+        lines.append("feasible: fits in GPU and CPU memory")
+    gpu_usable, cpu_usable = usable_memory_gib(sc)
+    step = metrics["step_time_s"]
+    sections: list[tuple[str, list[tuple[str, str]]]] = [
+        ("provenance", provenance_lines(sc, provenance)),
+        ("speed", [
+            ("step time", f"{format_value(step)} s"),
+            ("tokens/s", f"{metrics['tokens_per_s']:,.0f}"),
+            ("samples/s", format_value(metrics["samples_per_s"])),
+            ("model TFLOPS / GPU", format_value(metrics["model_tflops"])),
+            ("hardware TFLOPS / GPU", format_value(metrics["hardware_tflops"]) + "  (with recomputation)"),
+            ("MFU", f"{metrics['mfu']:.1%} of {sc.hardware.gpu.peak_bf16_tflops:g} TFLOPS peak bf16 x "
+                    f"{sc.cluster.gpus} GPU(s) (defined below)"),
+            ("GPU busy", f"{metrics['gpu_busy_frac']:.1%} of the step"),
+        ]),
+        ("memory per GPU (used / usable)", [
+            ("GPU", f"{_gib(metrics['gpu_mem_peak_gib'])} / {_gib(gpu_usable)} GiB"
+                    + ("" if metrics["gpu_mem_peak_gib"] <= gpu_usable else "  OVER")),
+            ("CPU", f"{_gib(metrics['cpu_mem_peak_gib'])} / {_gib(cpu_usable)} GiB"
+                    + ("" if metrics["cpu_mem_peak_gib"] <= cpu_usable else "  OVER")),
+        ]),
+        ("where the step time goes (s; sums to the step time)", [
+            (k, f"{format_value(metrics[k])}" + (f"  ({metrics[k] / step:.0%})" if step > 0 else ""))
+            for k in BREAKDOWN_KEYS if k in metrics]),
+        ("traffic", [("CPU-GPU link", f"{format_value(metrics.get('link_gb_per_step', 0.0))} GB per step")]),
+    ]
+    shown = {"step_time_s", "tokens_per_s", "samples_per_s", "model_tflops", "hardware_tflops", "mfu",
+             "gpu_busy_frac", "gpu_mem_peak_gib", "cpu_mem_peak_gib", "params_b", "link_gb_per_step", "feasible",
+             "reason", *BREAKDOWN_KEYS}
+    extra = [(k, format_value(v)) for k, v in metrics.items() if k not in shown]
+    if extra:
+        sections.append(("other metrics", extra))
+    width = max(len(k) for _, rows in sections for k, _ in rows)
+    for title, rows in sections:
+        lines += ["", title]
+        lines += [f"  {k:<{width}}  {v}" for k, v in rows]
+    lines += ["", f"MFU = {MFU_DEFINITION}"]
+    return "\n".join(lines)
 
 
 def _metrics_table(metrics: dict[str, Any]) -> str:
@@ -23,60 +143,88 @@ def _metrics_table(metrics: dict[str, Any]) -> str:
     return "\n".join(f"{k:<{width}}  {format_value(v)}" for k, v in metrics.items() if k != "reason" or v)
 
 
-def _add_scenario_args(p: argparse.ArgumentParser, optional: bool = False) -> None:
-    p.add_argument("scenario", nargs="?" if optional else None, help="scenario YAML file")
-    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY.PATH=VALUE",
-                   help="override a scenario (or hardware.*) value; repeatable")
-    p.add_argument("--format", choices=["table", "json"], default="table")
+# -------------------------------------------------------------------------------------------- commands
 
 
 def cmd_run(args: argparse.Namespace) -> int:
     from sosim import dsconfig, simulate
 
+    trace = check_output_path(args.trace, "--trace") if args.trace is not None else None
+    plot = check_output_path(args.plot, "--plot", plot_suffixes()) if args.plot is not None else None
     sc, ds_mapping = dsconfig.scenario_for_run(args)  # a scenario file, or --ds-config + --model
     result = simulate(sc)
+    check_finite_result(sc.name, result.metrics)
     ds_extra = dsconfig.finish_run(args, sc, ds_mapping)  # mapping report, --emit-ds-config
-    if args.trace:
+    if trace is not None:
         from sosim.trace import write_trace
 
-        write_trace(result, args.trace)
-    if args.plot:
+        write_output(trace, "--trace", lambda p: write_trace(result, p))
+    if plot is not None:
         from sosim.plot import plot_result
 
-        plot_result(result, args.plot)
+        write_output(plot, "--plot", lambda p: plot_result(result, p))
     if args.format == "json":
-        print_json({"scenario": sc.name, "system": sc.schedule.system, **result.metrics,
-                     "provenance": result.provenance, **ds_extra})
+        gpu_usable, cpu_usable = usable_memory_gib(sc)
+        print_json({"scenario": sc.name, "system": sc.schedule.system,
+                    "implementation": getattr(sc.schedule, "implementation", None), "profile": sc.hardware.name,
+                    "calibration": sc.hardware.calibration, **result.metrics,
+                    "gpu_mem_usable_gib": gpu_usable, "cpu_mem_usable_gib": cpu_usable,
+                    "provenance": result.provenance, **ds_extra})
     else:
-        print(f"# {sc.name}: {sc.schedule.system} on {sc.hardware.name}, {result.metrics['params_b']:.2f}B params")
-        print(_metrics_table(result.metrics))
-        if not result.metrics["feasible"]:
-            print(f"\nINFEASIBLE: {result.metrics['reason']}")
+        print(run_table(sc, result.metrics, result.provenance))
+    return 0
+
+
+def cmd_examples(args: argparse.Namespace) -> int:
+    from sosim.loader import read_yaml
+    from sosim.resources import example_scenarios
+
+    rows = []
+    for name, path in example_scenarios().items():
+        try:
+            data = read_yaml(path).data
+            desc = str(data.get("description", "")) if isinstance(data, dict) else ""
+        except SosimError as exc:
+            desc = f"ERROR {exc}"
+        rows.append({"name": name, "path": str(path), "description": " ".join(desc.split())})
+    if args.format == "json":
+        print_json({"examples": rows})
+    else:
+        width = max((len(r["name"]) for r in rows), default=0)
+        for r in rows:
+            print(f"{r['name']:<{width}}  {r['description'][:100]}")
+        print("\nrun one with: sosim run NAME  (sweeps: sosim sweep sweeps/NAME)")
     return 0
 
 
 def cmd_profiles(args: argparse.Namespace) -> int:
-    from sosim.loader import available_profiles, load_profile
+    from sosim.loader import load_profile, profile_files
 
     rows = []
-    for name, path in available_profiles().items():
+    for name, files in profile_files().items():
+        used = files[0]
+        row: dict[str, Any] = {"name": name, "path": str(used.path), "origin": used.origin,
+                               "shadows": [str(f.path) for f in files[1:]]}
         try:
-            prof = load_profile(path)
+            prof = load_profile(used.path)
         except SosimError as exc:
-            rows.append({"name": name, "path": str(path), "error": str(exc)})
+            rows.append({**row, "error": str(exc)})
             continue
-        rows.append({"name": name, "path": str(path), "gpu": prof.gpu.name, "cpu": prof.cpu.name,
+        rows.append({**row, "gpu": prof.gpu.name, "cpu": prof.cpu.name,
                      "link": f"{prof.link.kind} {prof.link.h2d_GBps:g}/{prof.link.d2h_GBps:g} GB/s",
-                     "calibrated": prof.calibration is not None, "description": prof.description})
+                     "calibrated": prof.calibration is not None, "calibration": prof.calibration,
+                     "description": prof.description})
     if args.format == "json":
         print_json({"profiles": rows})
     else:
         for r in rows:
+            where = "" if r["origin"] == "shipped" else f"  [{r['origin']}: {r['path']}]"
+            shadow = f"  (shadows {', '.join(r['shadows'])})" if r["shadows"] else ""
             if "error" in r:
-                print(f"{r['name']:<22} ERROR {r['error']}")
+                print(f"{r['name']:<22} ERROR {r['error']}{where}")
             else:
                 cal = " [calibrated]" if r["calibrated"] else ""
-                print(f"{r['name']:<22} {r['gpu']} | {r['cpu']} | {r['link']}{cal}")
+                print(f"{r['name']:<22} {r['gpu']} | {r['cpu']} | {r['link']}{cal}{where}{shadow}")
     return 0
 
 
@@ -84,9 +232,12 @@ def cmd_maxsize(args: argparse.Namespace) -> int:
     from sosim import load_scenario, simulate
     from sosim.maxsize import find_max_size
 
-    sc = load_scenario(args.scenario, args.overrides)
+    notes: list[str] = []
+    sc = load_scenario(args.scenario, args.overrides, notes=notes)
+    _print_notes(notes)
     found = find_max_size(sc, args.grow)
     result = simulate(found.scenario)
+    check_finite_result(sc.name, result.metrics)
     m = found.model
     out = {
         "scenario": sc.name, "system": sc.schedule.system, "hardware": sc.hardware.name, "grow": args.grow,
@@ -111,20 +262,24 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     return calibrate_main(args.rest)
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="sosim", description=__doc__.splitlines()[0])
-    sub = parser.add_subparsers(dest="command", required=True)
+# --------------------------------------------------------------------------------------------- parser
 
+
+def _register_builtin(sub: Any) -> None:
     p = sub.add_parser("run", help="simulate one scenario")
     _add_scenario_args(p, optional=True)
     from sosim.dsconfig import add_arguments as add_ds_arguments
 
     add_ds_arguments(p)
     p.add_argument("--trace", metavar="OUT.json", help="write a Chrome/Perfetto trace")
-    p.add_argument("--plot", metavar="OUT.png", help="write a timeline + breakdown figure")
+    p.add_argument("--plot", metavar="OUT.png", help="write a timeline + breakdown figure (.png, .svg, .pdf...)")
     p.set_defaults(func=cmd_run)
 
-    p = sub.add_parser("profiles", help="list hardware profiles")
+    p = sub.add_parser("examples", help="list the shipped example scenarios and sweeps")
+    p.add_argument("--format", choices=["table", "json"], default="table")
+    p.set_defaults(func=cmd_examples)
+
+    p = sub.add_parser("profiles", help="list hardware profiles (--profiles folders, $SOSIM_PROFILES, shipped)")
     p.add_argument("--format", choices=["table", "json"], default="table")
     p.set_defaults(func=cmd_profiles)
 
@@ -139,7 +294,19 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("rest", nargs=argparse.REMAINDER)
     p.set_defaults(func=cmd_calibrate)
 
-    for module_name in _SUBCOMMAND_MODULES:
+
+def _add_common_options(p: argparse.ArgumentParser, default: Any) -> None:
+    p.add_argument("--profiles", metavar="DIR", action="append", default=default,
+                   help="folder of hardware profiles searched by name before $SOSIM_PROFILES and the shipped "
+                        "ones; repeatable")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="sosim", description=(__doc__ or "sosim").splitlines()[0])
+    _add_common_options(parser, [])
+    sub = parser.add_subparsers(dest="command", required=True)
+    _register_builtin(sub)
+    for module_name in SUBCOMMAND_MODULES:
         try:
             module = importlib.import_module(module_name)
         except ModuleNotFoundError as exc:
@@ -147,28 +314,81 @@ def build_parser() -> argparse.ArgumentParser:
                 raise
             continue
         module.register_cli(sub)
+    for name, p in sub.choices.items():
+        if name != "calibrate":
+            # SUPPRESS: a sub-command without the option keeps what was given before the sub-command.
+            _add_common_options(p, argparse.SUPPRESS)
     return parser
 
 
-# Subcommands that live beside the code they drive; each module defines register_cli(subparsers).
-_SUBCOMMAND_MODULES = ("sosim.compare", "sosim.sweep", "sosim.ablation", "sosim.validate")
+@contextlib.contextmanager
+def _profile_folders(dirs: Sequence[str]) -> Iterator[None]:
+    """``--profiles`` for the duration of one command: prepended to $SOSIM_PROFILES, which every loader
+    call (and every local sweep worker, started inside this block) reads."""
+    from sosim.loader import PROFILES_ENV
+
+    if not dirs:
+        yield
+        return
+    for d in dirs:
+        if not Path(d).is_dir():
+            raise SosimError(f"--profiles {d}: not a folder")
+    old = os.environ.get(PROFILES_ENV)
+    os.environ[PROFILES_ENV] = os.pathsep.join([*(str(Path(d).resolve()) for d in dirs), *([old] if old else [])])
+    try:
+        yield
+    finally:
+        if old is None:
+            os.environ.pop(PROFILES_ENV, None)
+        else:
+            os.environ[PROFILES_ENV] = old
+
+
+def report_error(exc: SosimError) -> None:
+    """Problems in files are printed as they are (``file:line: key: message``); others after ``sosim:``."""
+    lines = exc.problems if isinstance(exc, ConfigError) else str(exc).splitlines()
+    for line in lines:
+        print(line if isinstance(exc, ConfigError) else f"sosim: {line}", file=sys.stderr)
+
+
+def _robust_streams() -> None:
+    # A name or path with bytes that are not valid in the terminal's encoding must not crash the output.
+    for stream in (sys.stdout, sys.stderr):
+        reconfigure = getattr(stream, "reconfigure", None)
+        if reconfigure is not None:
+            with contextlib.suppress(Exception):
+                reconfigure(errors="backslashreplace")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args_list = list(sys.argv[1:] if argv is None else argv)
+    _robust_streams()
     if args_list[:1] == ["calibrate"]:
         # argparse's REMAINDER drops '--options' inside a sub-parser: hand the rest over untouched.
         return cmd_calibrate(argparse.Namespace(rest=args_list[1:]))
     parser = build_parser()
     args = parser.parse_args(args_list)
     try:
-        return int(args.func(args))
+        with _profile_folders(args.profiles):
+            return int(args.func(args))
     except SosimError as exc:
-        for line in str(exc).splitlines():
-            print(f"sosim: {line}" if not line.startswith(("/", ".")) else line, file=sys.stderr)
+        report_error(exc)
         return EXIT_USAGE
+    except KeyboardInterrupt:
+        print("sosim: interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
     except BrokenPipeError:
+        # The reader went away (sosim ... | head): not an error. Point stdout at devnull so the interpreter's
+        # final flush does not complain either.
+        with contextlib.suppress(OSError):
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
+    except Exception as exc:  # a bug, not the input: one line, the traceback only on request
+        if os.environ.get(DEBUG_ENV):
+            raise
+        print(f"sosim: internal error: {type(exc).__name__}: {exc} (a bug in sosim; rerun with {DEBUG_ENV}=1 "
+              "for the traceback and please report it)", file=sys.stderr)
+        return EXIT_INTERNAL
 
 
 if __name__ == "__main__":

@@ -11,9 +11,18 @@ mapping (spec sheet, paper, calibration file): a profile without provenance is r
 from __future__ import annotations
 
 import itertools
-from typing import Annotated, Literal
+from collections.abc import Mapping
+from typing import Annotated, ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SerializeAsAny,
+    ValidatorFunctionWrapHandler,
+    WrapValidator,
+    model_validator,
+)
 
 PosFloat = Annotated[float, Field(gt=0)]
 NonNegFloat = Annotated[float, Field(ge=0)]
@@ -349,112 +358,50 @@ class TrainingSpec(_Strict):
     iterations: Annotated[int, Field(ge=3, le=50)] = 3
 
 
-class _OffloadKnobs(_Strict):
-    """Knobs shared by every schedule that runs the optimizer on the CPU."""
-
-    cpu_adam: AdamImpl = "cpu_adam"
-    cpu_adam_core_fraction: Fraction = 1.0
-    pin_memory: bool = True
-    overlap_comm: bool = True
+Implementation = Literal["ideal", "deepspeed"]
 
 
-class GpuOnlySchedule(_Strict):
-    """Plain data parallel training with everything in HBM (PyTorch DDP / ZeRO-0)."""
+def _validate_schedule(value: object, handler: ValidatorFunctionWrapHandler) -> object:
+    """Validate ``schedule:`` as the knobs model of the system it names (see sosim/schedules/registry.py).
 
-    system: Literal["gpu_only"]
-    # Bytes of model state per parameter: bf16 params+grads (4) + fp32 master, m, v (12) = 16.
-    state_bytes_per_param: PosFloat = 16.0
+    The registry is imported here, at validation time, so that system modules (knobs beside their recipes)
+    can import this module without a cycle.
+    """
+    del handler
+    from sosim.schedules.registry import validate_knobs
 
-
-class ZeroOffloadSchedule(_OffloadKnobs):
-    """ZeRO-Offload (ATC'21): ZeRO-2 with the optimizer and its fp32 state on the CPU."""
-
-    system: Literal["zero_offload"]
-    implementation: Literal["ideal", "deepspeed"] = "ideal"
-    dpu: bool = False  # delayed parameter update: step i's CPU Adam overlaps step i+1's fwd/bwd
-    # Gradient bucket size; DeepSpeed's reduce_bucket_size default is 5e8 elements = 1000 MB of bf16.
-    bucket_mb: PosFloat = 1000.0
+    return validate_knobs(value)
 
 
-class _Stage3Knobs(_OffloadKnobs):
-    """ZeRO stage 3 knobs, named once for the paper's ('ideal') and DeepSpeed's implementation.
+class ScheduleKnobs(_Strict):
+    """Base of every system's knobs (each system module defines its subclass with a ``system`` literal)."""
 
-    Defaults depend on ``implementation``: DeepSpeed's own defaults for ``deepspeed``, the SuperOffload
-    paper's artifact settings for ``ideal`` (filled in before validation, see ``_IMPL_DEFAULTS``).
+    system: str
+
+
+class OffloadKnobs(ScheduleKnobs):
+    """Knobs shared by every system that runs the optimizer on the CPU; defaults follow ``implementation``.
+
+    A subclass lists its typed per-implementation defaults in ``DEFAULTS`` (implementation -> a pydantic
+    model holding the defaults); a knob the scenario does not set takes the default of the scenario's
+    implementation, whether the knobs are built from YAML, through ``Scenario`` or directly (one source).
     """
 
-    implementation: Literal["ideal", "deepspeed"] = "ideal"
-    # Optimizer sub-group size in elements (DeepSpeed's sub_group_size).
-    sub_group_elements: PosFloat = 1e9
-    # Gradient reduce bucket (DeepSpeed reduce_bucket_size, 5e8 elements = 1000 MB of bf16).
-    bucket_mb: PosFloat = 1000.0
+    implementation: Implementation = "deepspeed"
+    cpu_adam: AdamImpl = "cpu_adam"
+    pin_memory: bool = True
+    DEFAULTS: ClassVar[Mapping[str, BaseModel]] = {}
 
-
-class Zero3OffloadSchedule(_Stage3Knobs):
-    """ZeRO stage 3 with the optimizer (fp32 master + Adam moments) offloaded to the CPU."""
-
-    system: Literal["zero3_offload"]
-
-
-class ZeroInfinitySchedule(_Stage3Knobs):
-    """ZeRO-3 with optimizer and bf16 parameters offloaded; parameters are streamed in per layer."""
-
-    system: Literal["zero_infinity"]
-    # Layers of parameters fetched ahead of use (DeepSpeed prefetch_bucket_size, expressed in layers).
-    prefetch_layers: Annotated[int, Field(ge=0)] = 1
-
-
-class SuperOffloadSchedule(_Stage3Knobs):
-    """SuperOffload (ASPLOS'26): every technique is a knob; defaults follow ``implementation``."""
-
-    system: Literal["superoffload"]
-    weight_placement: Literal["stationary", "flow", "auto"] = "auto"
-    # Fraction of optimizer state kept in HBM and updated on the GPU (the n' tail buckets) = 1 - DeepSpeed ratio.
-    gpu_optimizer_fraction: UnitInterval = 0.1
-    cast: Literal["gpu", "cpu"] = "gpu"
-    speculation: bool = True
-
-
-# Defaults that differ between the paper's schedule and DeepSpeed 0.18-0.19 (REFERENCE.md §2-3).
-_IMPL_DEFAULTS: dict[str, dict[str, dict[str, object]]] = {
-    # DeepSpeed's overlap_comm defaults to False for stages 1-2 (runtime/zero/config.py).
-    "zero_offload": {"ideal": {"overlap_comm": True}, "deepspeed": {"overlap_comm": False}},
-    "zero3_offload": {
-        "ideal": {"sub_group_elements": 6e8, "cpu_adam": "cpu_adam"},
-        "deepspeed": {"sub_group_elements": 1e9, "cpu_adam": "cpu_adam"},
-    },
-    "zero_infinity": {
-        "ideal": {"sub_group_elements": 6e8, "cpu_adam": "cpu_adam"},
-        "deepspeed": {"sub_group_elements": 1e9, "cpu_adam": "cpu_adam"},
-    },
-    "superoffload": {
-        # Paper artifact: sub_group_size 6e8, ratio 0.9, GraceAdam, 64 MB buckets, casts on the GPU.
-        "ideal": {"sub_group_elements": 6e8, "cpu_adam": "grace_adam", "bucket_mb": 64.0,
-                  "gpu_optimizer_fraction": 0.1, "cast": "gpu", "cpu_adam_core_fraction": 1.0},
-        # DeepSpeed: sub_group_size 1e9, ratio 1.0, cpuadam_cores_perc 0.8, DeepSpeed CPU-Adam,
-        # parameter refresh cast on the CPU.
-        "deepspeed": {"sub_group_elements": 1e9, "cpu_adam": "cpu_adam", "bucket_mb": 1000.0,
-                      "gpu_optimizer_fraction": 0.0, "cast": "cpu", "cpu_adam_core_fraction": 0.8},
-    },
-}
-
-
-def _fill_impl_defaults(data: object) -> object:
-    if not isinstance(data, dict):
-        return data
-    per_impl = _IMPL_DEFAULTS.get(str(data.get("system")))
-    if per_impl is None:
-        return data
-    impl = data.get("implementation", "ideal")
-    defaults = per_impl.get(str(impl), {})
-    return {**defaults, **data}
-
-
-ScheduleSpec = Annotated[
-    GpuOnlySchedule | ZeroOffloadSchedule | Zero3OffloadSchedule | ZeroInfinitySchedule | SuperOffloadSchedule,
-    Field(discriminator="system"),
-]
-SCHEDULE_SYSTEMS = ("gpu_only", "zero_offload", "zero3_offload", "zero_infinity", "superoffload")
+    @model_validator(mode="before")
+    @classmethod
+    def _implementation_defaults(cls, data: object) -> object:
+        if not isinstance(data, dict):
+            return data
+        impl = data.get("implementation", cls.model_fields["implementation"].default)
+        defaults = cls.DEFAULTS.get(str(impl))
+        if defaults is None:
+            return data
+        return {**defaults.model_dump(), **data}
 
 
 class ClusterSpec(_Strict):
@@ -489,20 +436,14 @@ class Scenario(_Strict):
     hardware: HardwareProfile
     model: ModelSpec
     training: TrainingSpec
-    schedule: ScheduleSpec
+    # Validated as the knobs model of the named system; serialised with its own fields.
+    schedule: Annotated[SerializeAsAny[ScheduleKnobs], WrapValidator(_validate_schedule)]
     cluster: ClusterSpec = ClusterSpec()
-
-    @model_validator(mode="before")
-    @classmethod
-    def _schedule_defaults(cls, data: object) -> object:
-        if isinstance(data, dict) and isinstance(data.get("schedule"), dict):
-            data = {**data, "schedule": _fill_impl_defaults(data["schedule"])}
-        return data
 
     @model_validator(mode="after")
     def _combinations(self) -> Scenario:
         sched = self.schedule
-        if isinstance(sched, _OffloadKnobs) and sched.cpu_adam not in self.hardware.cpu.adam_s_by_gparams:
+        if isinstance(sched, OffloadKnobs) and sched.cpu_adam not in self.hardware.cpu.adam_s_by_gparams:
             known = ", ".join(sorted(self.hardware.cpu.adam_s_by_gparams))
             raise ValueError(
                 f"schedule.cpu_adam: '{sched.cpu_adam}' has no timing in profile '{self.hardware.name}' "

@@ -27,7 +27,7 @@ from sosim.machine import Machine
 from sosim.plan import Plan, Resource, ResourceKind
 
 _COPY = {ResourceKind.H2D: "h2d", ResourceKind.D2H: "d2h"}
-_CPU = frozenset({ResourceKind.CPU_OPT, ResourceKind.CPU_CAST})
+_CPU = frozenset({ResourceKind.CPU_OPT, ResourceKind.CPU_MAIN})
 _COLLECTIVE = frozenset({ResourceKind.NET})
 
 
@@ -95,8 +95,8 @@ def contention_for(sc: Scenario, m: Machine, plan: Plan, simulated_ranks: int) -
     # The optimizer worker's threads and the training process's (they split the rank's threads when the
     # worker is given a fraction of them; otherwise they take turns on all of them).
     split = {ResourceKind.CPU_OPT: max(1.0, threads * fraction),
-             ResourceKind.CPU_CAST: max(1.0, threads * (1 - fraction))} \
-        if fraction < 1 else {ResourceKind.CPU_OPT: threads, ResourceKind.CPU_CAST: threads}
+             ResourceKind.CPU_MAIN: max(1.0, threads * (1 - fraction))} \
+        if fraction < 1 else {ResourceKind.CPU_OPT: threads, ResourceKind.CPU_MAIN: threads}
     saturation = float(hw.cpu.adam_saturation_cores)
     uses: dict[int, tuple[tuple[int, float], ...]] = {}
     for op in plan.ops:

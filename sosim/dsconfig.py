@@ -166,6 +166,23 @@ _ZERO_IGNORED: dict[str, tuple[str, bool | str]] = {
                           "the CPU unscale pass", False),
     "parameter_alignment": ("16-byte padding of stage 1/2 flat buffers (0.19.8): memory only", False),
 }
+# Value types of the ZeRO fields (the pydantic annotations): checked even for ignored keys, since DeepSpeed
+# rejects a bad value whether or not it matters for speed. "int": a whole number >= 0; "bool": true/false.
+_ZERO_TYPES: dict[str, str] = {
+    **dict.fromkeys(("reduce_bucket_size", "allgather_bucket_size", "sub_group_size", "prefetch_bucket_size",
+                     "param_persistence_threshold", "model_persistence_threshold", "max_live_parameters",
+                     "max_reuse_distance", "zero_hpz_partition_size", "module_granularity_threshold"), "int"),
+    **dict.fromkeys(("contiguous_gradients", "reduce_scatter", "use_multi_rank_bucket_allreduce",
+                     "allgather_partitions", "overlap_comm", "load_from_fp32_weights", "elastic_checkpoint",
+                     "cpu_offload", "cpu_offload_param", "cpu_offload_use_pin_memory",
+                     "gather_16bit_weights_on_model_save", "stage3_gather_fp16_weights_on_model_save",
+                     "use_all_reduce_for_fetch_params", "allgather_sequential", "ignore_unused_parameters",
+                     "legacy_stage1", "round_robin_gradients", "zero_quantized_weights",
+                     "zero_quantized_nontrainable_weights", "zero_quantized_gradients", "memory_efficient_linear",
+                     "pipeline_loading_checkpoint", "override_module_apply", "log_trace_cache_warnings",
+                     "enable_sanity_checks", "save_muon_momentum_buffer_in_memory", "compute_grad_norm",
+                     "parameter_alignment", "mics_hierarchical_params_gather"), "bool"),
+}
 _OFFLOAD_NVME_ONLY = ("nvme_path", "buffer_count", "buffer_size", "max_in_cpu", "pipeline_read", "pipeline_write",
                       "fast_init")
 # Top-level keys sosim does not map, and why. "enabled": changes the step only when the section is enabled.
@@ -528,8 +545,7 @@ def _read_batch(m: _Mapper, out: _Decided) -> None:
     elif isinstance(gas, int):
         m.mapped(("gradient_accumulation_steps",), "training.grad_accum", gas)
     if tbs == "auto":
-        m.ignored(("train_batch_size",), "\"auto\": the HF Trainer computes it as micro-batch x accumulation x "
-                  "world size")
+        m.ignored(("train_batch_size",), "the HF Trainer computes it as micro-batch x accumulation x world size")
         tbs = None
 
     # GPUs: flag, else implied by train_batch_size when micro-batch and accumulation are known, else 1.
@@ -669,6 +685,17 @@ def _read_zero(m: _Mapper, out: _Decided, model: dict[str, Any]) -> None:
     for alias, name in ZERO_ALIASES.items():
         if alias in zero and name in zero:
             m.error((*z, alias), f"given twice, as {alias} and {name}")
+    # Value types first, for every field (DeepSpeed rejects a bad value whether or not it matters for speed).
+    for key, value in zero.items():
+        kind = _ZERO_TYPES.get(ZERO_ALIASES.get(key, key))
+        if kind is not None and value != "auto":
+            if kind == "bool":
+                m.boolean((*z, key))
+            else:
+                m.number((*z, key), integer=True, lo=0)
+            m.handled.discard((*z, key))  # checked, not yet accounted for in the report
+    if m.problems:
+        return
     dp = out.cluster.get("gpus", 1) // out.cluster.get("sequence_parallel", 1)
 
     def zget(*keys: str) -> tuple[KeyPath, Any]:
@@ -1149,7 +1176,7 @@ def map_ds_config(ds: Located, model: HfModel, inputs: RunInputs, name: str = ""
     if not m.problems:
         _unknown_keys(m)
     if m.problems:
-        raise ConfigError(m.problems)
+        raise ConfigError(list(dict.fromkeys(m.problems)))
 
     seq = inputs.seq_len
     model_notes = list(model.notes)
@@ -1329,7 +1356,8 @@ def _core_settings(sc: Scenario, base: Mapping[str, Any]) -> tuple[dict[KeyPath,
 def _superoffload_flow(sc: Scenario) -> bool:
     from sosim.schedules import superoffload  # the placement rule lives with the schedule
 
-    return bool(superoffload.strategy(sc).weight_flow)
+    assert isinstance(sc.schedule, superoffload.SuperOffloadKnobs)
+    return superoffload.placement(sc, sc.schedule)[0]
 
 
 def _set(config: dict[str, Any], path: KeyPath, value: Any) -> None:
@@ -1383,9 +1411,10 @@ def ds_config_from_scenario(sc: Scenario, base: Mapping[str, Any] | None = None)
 
 def _scenario_core(ds: dict[str, Any], sc: Scenario) -> dict[str, Any] | None:
     """The scenario sections a DeepSpeed dict maps to, in the context of ``sc`` (None if it does not map)."""
+    # Only what a DeepSpeed config cannot say comes from the scenario; batch and precision must come from
+    # the dict itself, so that "auto" is kept only where the Trainer's default resolves to the same value.
     inputs = RunInputs(hardware=sc.hardware.name, gpus=sc.cluster.gpus, seq_len=sc.training.seq_len,
-                       micro_batch=sc.training.micro_batch, grad_accum=sc.training.grad_accum,
-                       precision=None, activation_checkpointing=sc.training.activation_checkpointing)
+                       activation_checkpointing=sc.training.activation_checkpointing)
     model = HfModel(model=sc.model.model_dump(), origin="<scenario>")
     try:
         mapped = map_ds_config(Located(data=ds, origin="<emitted>"), model, inputs)

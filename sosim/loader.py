@@ -3,30 +3,51 @@
 Every problem is reported as ``file:line: key.path: message``, all problems of a file at once, so that a
 user fixes a scenario in one pass. Line numbers come from PyYAML's node marks, kept in a side table keyed
 by the key path; pydantic's error locations are mapped back through it.
+
+Input that could hurt is refused before it is used: files are read up to a size limit and must be UTF-8;
+a first pass over the YAML events rejects duplicate keys, recursive aliases, alias expansion past a node
+budget (the "billion laughs") and nesting past a depth limit; after validation every number must be finite
+and the plan the scenario asks for must be small enough to simulate in about ten seconds.
 """
 
 from __future__ import annotations
 
 import copy
+import math
 import os
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import yaml
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 
-from sosim.config import SCHEDULE_SYSTEMS, HardwareProfile, Scenario
+from sosim.config import HardwareProfile, Scenario
 from sosim.errors import ConfigError
+from sosim.resources import find_example, shipped_profiles_dir
+from sosim.schedules.registry import SYSTEM_NAMES
 
 KeyPath = tuple[str | int, ...]
 # libyaml's loader when PyYAML was built with it (several times faster), else the pure-Python one.
 _Loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 
-# Profiles ship beside the package in the repository (the layout the user asked for); SOSIM_PROFILE_PATH
-# (os.pathsep-separated folders) adds more.
-_REPO_PROFILES = Path(__file__).resolve().parent.parent / "hardware_profiles"
+# A scenario or profile is a few KB and a sweep file with explicit points perhaps a few MB: anything larger
+# is not one of them (and /dev/zero must not be read to exhaustion).
+MAX_YAML_BYTES = 16 * 1024 * 1024
+# Scenarios nest about six levels deep (hardware.gpu.gemm_efficiency[i][j]); libyaml's composer recurses in
+# C and crashes the interpreter on deep nesting, so depth is checked on the event stream first.
+MAX_YAML_DEPTH = 64
+# Values after alias expansion: a 300-byte alias bomb expands to billions; real files have thousands.
+MAX_YAML_NODES = 1_000_000
+# Layers x micro-batches x iterations the event simulation walks. A pass is 10-30 ops and the engine runs
+# ~100,000 ops/s on one core (scripts/bench_sim.py), so this bound is roughly ten seconds of simulation.
+MAX_LAYER_PASSES = 100_000
+
+# User profile folders (os.pathsep-separated) searched before the shipped ones. SOSIM_PROFILE_PATH is the
+# older name, still read.
+PROFILES_ENV = "SOSIM_PROFILES"
+_LEGACY_PROFILES_ENV = "SOSIM_PROFILE_PATH"
 
 
 @dataclass
@@ -41,33 +62,143 @@ class Located:
     overridden: dict[KeyPath, str] = field(default_factory=dict)
 
     def where(self, path: KeyPath) -> str:
-        """Best location for a key path: the override that set it, or the nearest line in the file."""
+        """Best location for a key path: the override that set it (or a section above it), else the nearest
+        line in the file."""
+        for i in range(len(path), -1, -1):
+            if path[:i] in self.overridden:
+                return f"--set {self.overridden[path[:i]]}"
         for i in range(len(path), -1, -1):
             prefix = path[:i]
-            if prefix in self.overridden:
-                return f"--set {self.overridden[prefix]}"
             if prefix in self.lines:
                 origin, line = self.lines[prefix]
                 return f"{origin}:{line}"
         return f"{self.origin}:1"
 
 
-def _index_lines(node: yaml.Node, path: KeyPath, origin: str, lines: dict[KeyPath, tuple[str, int]]) -> None:
-    lines.setdefault(path, (origin, node.start_mark.line + 1))
-    if isinstance(node, yaml.MappingNode):
-        for key_node, value_node in node.value:
-            key = key_node.value
-            lines[(*path, key)] = (origin, key_node.start_mark.line + 1)
-            _index_lines(value_node, (*path, key), origin, lines)
-    elif isinstance(node, yaml.SequenceNode):
-        for i, item in enumerate(node.value):
-            _index_lines(item, (*path, i), origin, lines)
+def dotted(path: KeyPath) -> str:
+    return ".".join(str(p) for p in path) or "(top level)"
 
 
-def parse_yaml(text: str, origin: str) -> Located:
-    """Parse YAML text keeping line numbers; syntax errors become a ConfigError with the line."""
+class _YamlSyntaxError(ConfigError):
+    """Text that is not YAML (an override value that is not YAML is taken as a plain string instead)."""
+
+
+# ----------------------------------------------------------------------------------------- safe YAML
+
+
+@dataclass(slots=True)
+class _Frame:
+    """An open mapping or sequence while scanning the event stream."""
+
+    path: KeyPath
+    anchor: str | None
+    is_map: bool
+    size: int = 1  # values inside, aliases expanded
+    children: int = 0  # mappings: keys and values alternate, so an even count means a key comes next
+    key: str | None = None  # mappings: the key whose value comes next (None: a complex key)
+    keys: dict[str, str] = field(default_factory=dict)  # key -> where it first occurs ("line 3")
+
+
+def _at(origin: str, line: int) -> str:
+    return origin if origin.startswith("--set ") else f"{origin}:{line}"
+
+
+def _check_events(text: str, origin: str, prefix: KeyPath = ()) -> None:
+    """One pass over the YAML events before anything is built from them.
+
+    Rejects duplicate keys (PyYAML silently keeps the last), recursive aliases, alias expansion past
+    MAX_YAML_NODES and nesting past MAX_YAML_DEPTH. Duplicate keys are all reported; the others stop the scan.
+    """
+    problems: list[str] = []
+    stack: list[_Frame] = []
+    sizes: dict[str, int] = {}  # anchor -> values inside it, aliases expanded
+    open_anchors: set[str] = set()
+    expanded = 0
+    cap = MAX_YAML_NODES + 1
+
+    def done(n: int) -> None:
+        if stack:
+            top = stack[-1]
+            top.size = min(top.size + n, cap)
+            top.children += 1
+
     try:
-        # One parse: compose the node tree (it carries the line marks), then construct Python data from it.
+        for ev in yaml.parse(text, Loader=_Loader):
+            if isinstance(ev, (yaml.StreamStartEvent, yaml.StreamEndEvent, yaml.DocumentStartEvent,
+                               yaml.DocumentEndEvent)):
+                continue
+            line = ev.start_mark.line + 1 if ev.start_mark is not None else 1
+            if isinstance(ev, (yaml.MappingEndEvent, yaml.SequenceEndEvent)):
+                closed = stack.pop()
+                if closed.anchor is not None:
+                    sizes[closed.anchor] = closed.size
+                    open_anchors.discard(closed.anchor)
+                done(closed.size)
+                continue
+            parent = stack[-1] if stack else None
+            is_key = parent is not None and parent.is_map and parent.children % 2 == 0
+            if parent is None:
+                path = prefix
+            elif parent.is_map:
+                path = parent.path if is_key else (*parent.path, parent.key if parent.key is not None else "?")
+            else:
+                path = (*parent.path, parent.children)
+            anchor = getattr(ev, "anchor", None)
+            if isinstance(ev, yaml.AliasEvent):
+                if anchor in open_anchors:
+                    raise ConfigError([f"{_at(origin, line)}: {dotted(path)}: recursive alias *{anchor} "
+                                       "(a value that contains itself)"])
+                n = sizes.get(str(anchor), 1)  # an undefined alias is the composer's error, reported later
+                expanded += n
+                if is_key and parent is not None:
+                    parent.key = None
+                done(n)
+            elif isinstance(ev, yaml.ScalarEvent):
+                expanded += 1
+                if anchor is not None:
+                    sizes[anchor] = 1
+                if is_key and parent is not None:
+                    key = str(ev.value)
+                    first = parent.keys.get(key)
+                    col = ev.start_mark.column + 1 if ev.start_mark is not None else 1
+                    if first is not None and key != "<<":  # '<<' merge keys may repeat
+                        if first.startswith(f"line {line},"):  # both in one flow mapping: say which column
+                            first = first.replace(f"line {line}, ", "")
+                        else:
+                            first = first.split(",")[0]
+                        problems.append(f"{_at(origin, line)}: {dotted((*parent.path, key))}: duplicate key "
+                                        f"(first at {first}); each key may appear once")
+                    else:
+                        parent.keys[key] = f"line {line}, column {col}"
+                    parent.key = key
+                done(1)
+            else:  # a mapping or sequence starts
+                expanded += 1
+                if is_key and parent is not None:
+                    parent.key = None
+                if len(stack) >= MAX_YAML_DEPTH:
+                    raise ConfigError([f"{_at(origin, line)}: {dotted(path)}: nested more than {MAX_YAML_DEPTH} "
+                                       "levels deep"])
+                if anchor is not None:
+                    open_anchors.add(anchor)
+                stack.append(_Frame(path, anchor, isinstance(ev, yaml.MappingStartEvent)))
+            if expanded > MAX_YAML_NODES:
+                raise ConfigError([f"{_at(origin, line)}: {dotted(path)}: the document expands to more than "
+                                   f"{MAX_YAML_NODES:,} values (aliases included); refusing to build it"])
+    except yaml.MarkedYAMLError as exc:
+        mark = exc.problem_mark
+        line = mark.line + 1 if mark is not None else 1
+        raise _YamlSyntaxError([f"{_at(origin, line)}: YAML syntax error: {exc.problem}"]) from None
+    except yaml.YAMLError as exc:  # reader errors (control characters): no line mark
+        raise _YamlSyntaxError([f"{_at(origin, 1)}: YAML error: {exc}"]) from None
+    if problems:
+        raise ConfigError(problems)
+
+
+def _compose(text: str, origin: str, prefix: KeyPath = ()) -> tuple[yaml.Node | None, Any]:
+    """Checked text -> (node tree with line marks, Python data), in one parse after the event check."""
+    _check_events(text, origin, prefix)
+    try:
         loader = _Loader(text)
         try:
             node = loader.get_single_node()
@@ -77,40 +208,116 @@ def parse_yaml(text: str, origin: str) -> Located:
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark
         line = mark.line + 1 if mark is not None else 1
-        raise ConfigError([f"{origin}:{line}: YAML syntax error: {exc.problem}"]) from None
+        raise _YamlSyntaxError([f"{_at(origin, line)}: YAML syntax error: {exc.problem}"]) from None
     except yaml.YAMLError as exc:
-        raise ConfigError([f"{origin}:1: YAML error: {exc}"]) from None
+        raise _YamlSyntaxError([f"{_at(origin, 1)}: YAML error: {exc}"]) from None
+    return node, data
+
+
+def _index_lines(node: yaml.Node, path: KeyPath, origin: str, lines: dict[KeyPath, tuple[str, int]]) -> None:
+    # Depth and alias expansion are bounded by _check_events, so this recursion is bounded too.
+    lines.setdefault(path, (origin, node.start_mark.line + 1))
+    if isinstance(node, yaml.MappingNode):
+        for key_node, value_node in node.value:
+            if not isinstance(key_node, yaml.ScalarNode):
+                continue
+            key = key_node.value
+            key_path = (*path, key)
+            lines[key_path] = (origin, key_node.start_mark.line + 1)
+            _index_lines(value_node, key_path, origin, lines)
+    elif isinstance(node, yaml.SequenceNode):
+        for i, item in enumerate(node.value):
+            _index_lines(item, (*path, i), origin, lines)
+
+
+def parse_yaml(text: str, origin: str) -> Located:
+    """Parse YAML text keeping line numbers; every problem becomes a ConfigError with its line."""
+    node, data = _compose(text, origin)
     lines: dict[KeyPath, tuple[str, int]] = {}
     if node is not None:
         _index_lines(node, (), origin, lines)
     return Located(data=data if data is not None else {}, origin=origin, lines=lines)
 
 
-def read_yaml(path: str | Path) -> Located:
+def decode_text(raw: bytes, origin: str) -> str:
+    """UTF-8 (with or without a byte-order mark), or a message naming the line of the first bad byte."""
+    try:
+        return raw.decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        line = raw.count(b"\n", 0, exc.start) + 1
+        raise ConfigError([f"{origin}:{line}: not UTF-8 text (byte 0x{raw[exc.start]:02x}); save the file as "
+                           "UTF-8 (for example: iconv -f latin1 -t utf-8)"]) from None
+
+
+def read_text(path: str | Path, what: str = "file") -> str:
+    """A text file of at most MAX_YAML_BYTES, decoded as UTF-8; problems become a ConfigError."""
     p = Path(path)
     try:
-        text = p.read_text()
+        with p.open("rb") as fh:
+            raw = fh.read(MAX_YAML_BYTES + 1)
     except OSError as exc:
-        raise ConfigError([f"{p}: cannot read file: {exc.strerror or exc}"]) from None
-    return parse_yaml(text, str(p))
+        raise ConfigError([f"{p}: cannot read {what}: {exc.strerror or exc}"]) from None
+    if len(raw) > MAX_YAML_BYTES:
+        raise ConfigError([f"{p}: larger than {MAX_YAML_BYTES // 2**20} MiB: not a scenario, profile or sweep "
+                           "file"])
+    return decode_text(raw, str(p))
 
 
-def profile_dirs() -> list[Path]:
-    extra = [Path(d) for d in os.environ.get("SOSIM_PROFILE_PATH", "").split(os.pathsep) if d]
-    return [*extra, _REPO_PROFILES]
+def read_yaml(path: str | Path) -> Located:
+    return parse_yaml(read_text(path), str(Path(path)))
 
 
-def available_profiles() -> dict[str, Path]:
-    """Profile name -> file, first folder wins (so SOSIM_PROFILE_PATH can shadow a shipped profile)."""
-    found: dict[str, Path] = {}
-    for folder in profile_dirs():
-        if folder.is_dir():
-            for f in sorted(folder.glob("*.yaml")):
-                found.setdefault(f.stem, f)
+# ------------------------------------------------------------------------------------------- profiles
+
+
+@dataclass(frozen=True)
+class ProfileFile:
+    name: str
+    path: Path
+    origin: str  # "--profiles", "SOSIM_PROFILES" or "shipped"
+
+
+def profile_dirs(user_dirs: Sequence[str | Path] = ()) -> list[tuple[Path, str]]:
+    """Folders searched for profiles by name, in order: ``--profiles``, $SOSIM_PROFILES, the shipped ones."""
+    env = [d for var in (PROFILES_ENV, _LEGACY_PROFILES_ENV) for d in os.environ.get(var, "").split(os.pathsep) if d]
+    return [*((Path(d), "--profiles") for d in user_dirs), *((Path(d), PROFILES_ENV) for d in env),
+            (shipped_profiles_dir(), "shipped")]
+
+
+def profile_files(user_dirs: Sequence[str | Path] = ()) -> dict[str, list[ProfileFile]]:
+    """Profile name -> every file of that name, in search order (the first one is used)."""
+    found: dict[str, list[ProfileFile]] = {}
+    seen: set[Path] = set()
+    for folder, origin in profile_dirs(user_dirs):
+        if not folder.is_dir():
+            continue
+        for f in sorted(folder.glob("*.yaml")):
+            real = f.resolve()
+            if real in seen:  # the same folder named twice
+                continue
+            seen.add(real)
+            found.setdefault(f.stem, []).append(ProfileFile(f.stem, f, origin))
     return found
 
 
-def resolve_profile_path(ref: str, relative_to: Path | None) -> Path:
+def available_profiles(user_dirs: Sequence[str | Path] = ()) -> dict[str, Path]:
+    """Profile name -> the file used for it (user folders shadow the shipped profiles)."""
+    return {name: files[0].path for name, files in profile_files(user_dirs).items()}
+
+
+def _shadow_note(name: str, files: Sequence[ProfileFile]) -> str:
+    used, others = files[0], files[1:]
+    also = "; ".join(f"{f.path} ({f.origin})" for f in others)
+    return f"hardware profile '{name}': using {used.path} ({used.origin}), which shadows {also}"
+
+
+def resolve_profile_path(ref: str, relative_to: Path | None, user_dirs: Sequence[str | Path] = (),
+                         notes: list[str] | None = None) -> Path:
+    """A profile file from a path (relative to ``relative_to`` or the working folder) or a name.
+
+    Raises KeyError for an unknown name. Where a name exists in several folders, the first is used and a
+    note saying which (and what it shadows) is appended to ``notes``.
+    """
     candidates = []
     if relative_to is not None:
         candidates.append(relative_to / ref)
@@ -118,10 +325,15 @@ def resolve_profile_path(ref: str, relative_to: Path | None) -> Path:
     for c in candidates:
         if c.suffix in (".yaml", ".yml") and c.is_file():
             return c
-    known = available_profiles()
-    if ref in known:
-        return known[ref]
-    raise KeyError(ref)
+    files = profile_files(user_dirs).get(ref)
+    if not files:
+        raise KeyError(ref)
+    if len(files) > 1 and notes is not None:
+        notes.append(_shadow_note(ref, files))
+    return files[0].path
+
+
+# ------------------------------------------------------------------------------------------ overrides
 
 
 def parse_override(text: str) -> tuple[KeyPath, Any]:
@@ -130,13 +342,13 @@ def parse_override(text: str) -> tuple[KeyPath, Any]:
         raise ConfigError([f"--set {text}: expected key.path=value"])
     key, _, raw = text.partition("=")
     parts = key.strip().split(".")
-    if not key.strip() or any(not p for p in parts):
+    if not key.strip() or any(not p.strip() for p in parts):
         raise ConfigError([f"--set {text}: empty key in '{key}'"])
+    path: KeyPath = tuple(int(p) if p.isdigit() else p.strip() for p in parts)
     try:
-        value = yaml.safe_load(raw) if raw.strip() else ""
-    except yaml.YAMLError:
-        value = raw
-    path: KeyPath = tuple(int(p) if p.isdigit() else p for p in parts)
+        value = _compose(raw, f"--set {text}", path)[1] if raw.strip() else ""
+    except _YamlSyntaxError:
+        value = raw  # not YAML: the text itself (a name with a colon, say)
     return path, value
 
 
@@ -150,13 +362,18 @@ def _set_path(data: dict[str, Any], path: KeyPath, value: Any, text: str) -> Non
         elif isinstance(node, list) and isinstance(key, int) and key < len(node):
             node = node[key]
         else:
-            where = ".".join(str(p) for p in path[: i + 1])
-            raise ConfigError([f"--set {text}: '{where}' is not a mapping"])
+            raise ConfigError([f"--set {text}: '{dotted(path[: i + 1])}' is not a mapping"])
     last = path[-1]
-    if (isinstance(node, list) and isinstance(last, int) and last < len(node)) or isinstance(node, dict):
+    if isinstance(node, dict):
         node[last] = value
-    else:
-        raise ConfigError([f"--set {text}: cannot set '{'.'.join(str(p) for p in path)}'"])
+        return
+    if isinstance(node, list) and isinstance(last, int) and last < len(node):
+        node[last] = value
+        return
+    raise ConfigError([f"--set {text}: cannot set '{dotted(path)}'"])
+
+
+# ---------------------------------------------------------------------------------------- validation
 
 
 def _format_validation(exc: ValidationError, loc: Located, prefix: KeyPath = ()) -> list[str]:
@@ -165,41 +382,92 @@ def _format_validation(exc: ValidationError, loc: Located, prefix: KeyPath = ())
         # Drop the discriminator tag pydantic inserts for tagged unions (e.g. 'zero_offload').
         raw_path = tuple(p for p in err["loc"] if not (isinstance(p, str) and "[" in p))
         path: KeyPath = (*prefix, *raw_path)
-        path = tuple(p for p in path if p not in SCHEDULE_SYSTEMS)
-        dotted = ".".join(str(p) for p in path) or "(top level)"
+        path = tuple(p for p in path if p not in SYSTEM_NAMES)
         msg = err["msg"]
         if err["type"] == "extra_forbidden":
             msg = "unknown key (check the spelling; see docs/scenarios.md)"
         elif msg.startswith("Value error, "):
             msg = msg[len("Value error, ") :]
-        problems.append(f"{loc.where(path)}: {dotted}: {msg}")
+        problems.append(f"{loc.where(path)}: {dotted(path)}: {msg}")
     return problems
 
 
+def _non_finite(value: Any, path: KeyPath) -> Iterator[tuple[KeyPath, float]]:
+    if isinstance(value, float):
+        if not math.isfinite(value):
+            yield path, value
+    elif isinstance(value, BaseModel):
+        for name in type(value).model_fields:
+            yield from _non_finite(getattr(value, name), (*path, name))
+    elif isinstance(value, (list, tuple)):
+        for i, item in enumerate(value):
+            yield from _non_finite(item, (*path, i))
+    elif isinstance(value, Mapping):
+        for k, item in value.items():
+            yield from _non_finite(item, (*path, k))
 
-def load_profile(ref: str | Path, relative_to: Path | None = None) -> HardwareProfile:
-    """Load a hardware profile by name (a file in hardware_profiles/) or path."""
-    located = _load_profile_located(str(ref), relative_to)
+
+def finite_problems(value: BaseModel, loc: Located, prefix: KeyPath = ()) -> list[str]:
+    """Every inf/NaN in a validated model (pydantic accepts them in float fields), with its location."""
+    return [f"{loc.where(p)}: {dotted(p)}: not a finite number ({v}); give a finite value"
+            for p, v in _non_finite(value, prefix)]
+
+
+def _work_problems(sc: Scenario, loc: Located) -> list[str]:
+    """Refuse a plan too large to simulate in reasonable time, naming the key that made it large."""
+    layers, accum, its = sc.model.layers, sc.training.grad_accum, sc.training.iterations
+    passes = layers * accum * its
+    if passes <= MAX_LAYER_PASSES:
+        return []
+    path: KeyPath = ("model", "layers") if layers >= accum else ("training", "grad_accum")
+    return [f"{loc.where(path)}: {dotted(path)}: {layers:,} layers x {accum:,} micro-batches (grad_accum) x "
+            f"{its} iterations = {passes:,} layer passes to simulate, more than the {MAX_LAYER_PASSES:,} this "
+            "tool runs (about ten seconds); use fewer layers, micro-batches or iterations"]
+
+
+# ------------------------------------------------------------------------------------------- loading
+
+
+def load_profile(ref: str | Path, relative_to: Path | None = None, *, profile_dirs: Sequence[str | Path] = (),
+                 notes: list[str] | None = None) -> HardwareProfile:
+    """Load a hardware profile by name (``--profiles`` folders, $SOSIM_PROFILES, then the shipped ones) or path."""
+    located = _load_profile_located(str(ref), relative_to, user_dirs=profile_dirs, notes=notes)
     try:
-        return HardwareProfile.model_validate(located.data)
+        profile = HardwareProfile.model_validate(located.data)
     except ValidationError as exc:
         raise ConfigError(_format_validation(exc, located)) from None
+    problems = finite_problems(profile, located)
+    if problems:
+        raise ConfigError(problems)
+    return profile
 
 
-def _load_profile_located(ref: str, relative_to: Path | None, where: str = "") -> Located:
+def _resolve_calibration(cal: str, profile_path: Path) -> Path:
+    """A table named relative to its profile file; a copy of a shipped profile elsewhere keeps its table."""
+    if Path(cal).is_absolute():
+        return Path(cal)
+    beside = (profile_path.parent / cal).resolve()
+    if beside.exists():
+        return beside
+    shipped = (shipped_profiles_dir() / cal).resolve()
+    return shipped if shipped.exists() else beside
+
+
+def _load_profile_located(ref: str, relative_to: Path | None, where: str = "",
+                          user_dirs: Sequence[str | Path] = (), notes: list[str] | None = None) -> Located:
     """``where`` prefixes an unknown-name message with the place that named the profile."""
     try:
-        path = resolve_profile_path(ref, relative_to)
+        path = resolve_profile_path(ref, relative_to, user_dirs, notes)
     except KeyError:
-        names = ", ".join(sorted(available_profiles())) or "(none found)"
-        raise ConfigError([f"{where}unknown hardware profile '{ref}'; available: {names}"]) from None
+        names = ", ".join(sorted(available_profiles(user_dirs))) or "(none found)"
+        raise ConfigError([f"{where}unknown hardware profile '{ref}'; available: {names} (more folders: "
+                           f"--profiles DIR or ${PROFILES_ENV})"]) from None
     located = read_yaml(path)
     if not isinstance(located.data, dict):
         raise ConfigError([f"{path}:1: a hardware profile must be a mapping"])
     cal = located.data.get("calibration")
     if isinstance(cal, str):
-        # Calibration tables are named relative to the profile file so profiles can move with their data.
-        resolved = Path(cal) if Path(cal).is_absolute() else (path.parent / cal).resolve()
+        resolved = _resolve_calibration(cal, path)
         located.data["calibration"] = str(resolved)
         _check_calibration(resolved, located.where(("calibration",)))
     return located
@@ -215,45 +483,80 @@ def _check_calibration(table: Path, where: str) -> None:
         raise ConfigError([f"{where}: calibration: {p}" for p in exc.problems]) from None
 
 
+def resolve_scenario_path(source: str | Path) -> Path:
+    """A scenario file, or a shipped example by name (``sosim examples`` lists them)."""
+    p = Path(source)
+    if p.exists():
+        return p
+    example = find_example(str(source))
+    return example if example is not None else p
+
+
 def load_scenario(
-    source: str | Path | Mapping[str, Any], overrides: Iterable[str] | None = None
+    source: str | Path | Mapping[str, Any],
+    overrides: Iterable[str] | None = None,
+    *,
+    profile_dirs: Sequence[str | Path] = (),
+    notes: list[str] | None = None,
 ) -> Scenario:
-    """Load and validate a scenario from a YAML path or a dict, applying ``key.path=value`` overrides.
+    """Load and validate a scenario from a YAML path (or a shipped example's name) or a dict, applying
+    ``key.path=value`` overrides.
 
     Overrides may reach into the hardware profile (``hardware.link.h2d_GBps=64``) after it is resolved.
+    ``profile_dirs`` are searched for profiles by name before $SOSIM_PROFILES and the shipped profiles;
+    notes about the resolution (a profile name found in several folders) are appended to ``notes``.
     """
     if isinstance(source, Mapping):
         located = Located(data=copy.deepcopy(dict(source)), origin="<dict>")
         base_dir: Path | None = None
     else:
-        located = read_yaml(source)
-        base_dir = Path(source).resolve().parent
+        path = resolve_scenario_path(source)
+        try:
+            located = read_yaml(path)
+        except ConfigError as exc:
+            if not Path(source).exists():  # nor a shipped example: say where to find those
+                raise ConfigError([f"{exc.problems[0]} (nor a shipped example: sosim examples lists them)",
+                                   *exc.problems[1:]]) from None
+            raise
+        base_dir = path.resolve().parent
     if not isinstance(located.data, dict):
         raise ConfigError([f"{located.origin}:1: a scenario must be a mapping of keys to values"])
     data = located.data
     parsed = [(parse_override(o), o) for o in (overrides or [])]
 
     # Overrides of 'hardware' itself pick another profile before it is resolved.
-    for (path, value), text in parsed:
-        if path == ("hardware",):
+    for (key_path, value), text in parsed:
+        if key_path == ("hardware",):
             data["hardware"] = value
-            located.overridden[path] = text
+            located.overridden[key_path] = text
     hw = data.get("hardware")
     if hw is None:
         raise ConfigError([f"{located.where(())}: hardware: missing (a profile name or path)"])
     if isinstance(hw, (str, Path)):
-        prof = _load_profile_located(str(hw), base_dir, where=f"{located.where(('hardware',))}: hardware: ")
+        prof = _load_profile_located(str(hw), base_dir, where=f"{located.where(('hardware',))}: hardware: ",
+                                     user_dirs=profile_dirs, notes=notes)
         data["hardware"] = prof.data
+        # A profile picked by --set hardware=NAME: problems inside it point at its file, not the override.
+        located.overridden.pop(("hardware",), None)
         # Errors inside the profile point at the profile file and its lines.
         for key, where in prof.lines.items():
-            located.lines[("hardware", *key)] = where
+            hw_key: KeyPath = ("hardware", *key)
+            located.lines[hw_key] = where
 
-    for (path, value), text in parsed:
-        if path == ("hardware",):
+    for (key_path, value), text in parsed:
+        if key_path == ("hardware",):
             continue
-        _set_path(data, path, value, text)
-        located.overridden[path] = text
+        if key_path == ("hardware", "calibration") and isinstance(value, str):
+            # A table named on the command line is relative to the working folder.
+            value = str(Path(value).resolve())
+            _check_calibration(Path(value), f"--set {text}")
+        _set_path(data, key_path, value, text)
+        located.overridden[key_path] = text
     try:
-        return Scenario.model_validate(data)
+        sc = Scenario.model_validate(data)
     except ValidationError as exc:
         raise ConfigError(_format_validation(exc, located)) from None
+    problems = finite_problems(sc, located) or _work_problems(sc, located)
+    if problems:
+        raise ConfigError(problems)
+    return sc

@@ -305,3 +305,17 @@ def nvme_s(m: Machine, n_bytes: float, write: bool, block_bytes: float = AIO_BLO
     node = m.profile.node
     assert node is not None and node.nvme is not None
     return us_to_s(node.nvme.latency_us) + n_bytes / nvme_throughput_Bps(m, write, block_bytes, queue_depth, threads)
+
+
+# --- what the schedules ask of the machine ----------------------------------------------------------------------
+def rank_threads(sc: Scenario) -> int:
+    """CPU threads of each rank (its OpenMP pool): see :attr:`Machine.threads_per_rank`."""
+    return Machine.from_scenario(sc).threads_per_rank
+
+
+def zero_group(sc: Scenario) -> int:
+    """Ranks a ZeRO partition is spread over: data x sequence parallel. With Ulysses every sequence rank
+    computes gradients of all parameters on its slice of the sequence, so DeepSpeed reduces and partitions
+    over the combined sequence-data-parallel group (deepspeed/utils/groups.py
+    ``_get_sequence_data_parallel_group``, used by the ZeRO optimizers when sequence parallelism is on)."""
+    return sc.cluster.dp * sc.cluster.sequence_parallel

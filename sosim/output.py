@@ -1,4 +1,4 @@
-"""Shared output helpers for the CLI commands: one JSON encoder and one number format.
+"""Shared output helpers for the CLI commands: one JSON encoder, one number format, output-file checks.
 
 Why a module: ``--format json`` must print strict JSON (no ``NaN``/``Infinity``, which ``json.dumps``
 writes by default) from dicts that hold numpy scalars, pandas NA and non-finite floats; every command
@@ -9,10 +9,14 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Mapping
+import os
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 import pandas as pd
+
+from sosim.errors import SosimError
 
 
 def json_safe(value: Any) -> Any:
@@ -42,3 +46,51 @@ def format_value(value: Any) -> str:
     if isinstance(value, float) and not isinstance(value, bool):
         return f"{value:.4g}"
     return str(value)
+
+
+def check_output_path(path: str, option: str, suffixes: Sequence[str] | None = None, *,
+                      folder_ok: bool = False) -> Path:
+    """Refuse an output path that cannot be written, before any work is done. ``folder_ok``: the output is a
+    folder (Parquet part files) and may exist already."""
+    out = Path(path)
+    if not path.strip():
+        raise SosimError(f"{option}: empty file name")
+    if out.is_dir() and not folder_ok:
+        raise SosimError(f"{option} {path}: is a folder; give a file name")
+    parent = out.parent
+    while not parent.exists() and parent != parent.parent:
+        parent = parent.parent
+    if not parent.is_dir():
+        raise SosimError(f"{option} {path}: {parent} is not a folder")
+    if not os.access(parent, os.W_OK):
+        raise SosimError(f"{option} {path}: cannot write in {parent}")
+    if suffixes is not None and out.suffix.lower().lstrip(".") not in suffixes:
+        raise SosimError(f"{option} {path}: unsupported file type '{out.suffix or '(none)'}'; use one of "
+                         + ", ".join(f".{s}" for s in sorted(suffixes)))
+    return out
+
+
+def plot_suffixes() -> list[str]:
+    """Figure formats matplotlib can write here (imports matplotlib: only call when a figure is asked for)."""
+    from matplotlib.backend_bases import FigureCanvasBase
+
+    return list(FigureCanvasBase.get_supported_filetypes())
+
+
+def write_output(path: Path, option: str, write: Callable[[Path], object]) -> None:
+    try:
+        write(path)
+    except OSError as exc:
+        raise SosimError(f"{option} {path}: cannot write: {exc.strerror or exc}") from None
+
+
+def non_finite_metrics(metrics: dict[str, Any]) -> list[str]:
+    return [k for k, v in metrics.items() if isinstance(v, float) and not math.isfinite(v)]
+
+
+def check_finite_result(name: str, metrics: dict[str, Any]) -> None:
+    """A result with inf/NaN metrics is not an answer: say so instead of printing it."""
+    bad = non_finite_metrics(metrics)
+    if bad:
+        raise SosimError(f"{name}: the simulation gave non-finite {', '.join(bad)}: some input is outside the "
+                         "range the model handles (an extreme bandwidth, FLOP rate, latency or size)")

@@ -41,7 +41,7 @@ class ResourceKind(StrEnum):
     H2D = "h2d"  # host -> device copy engine / link direction
     D2H = "d2h"  # device -> host
     CPU_OPT = "cpu_opt"  # CPU optimizer worker(s)
-    CPU_CAST = "cpu_cast"  # the training process's CPU work: casts, copies, bookkeeping
+    CPU_MAIN = "cpu_main"  # the training process: its host thread and the CPU work it starts (casts, copies)
     NET = "net"  # GPU-GPU collectives (NCCL stream)
 
 
@@ -91,7 +91,7 @@ GPU_CAST = Resource(ResourceKind.GPU_CAST)
 H2D = Resource(ResourceKind.H2D)
 D2H = Resource(ResourceKind.D2H)
 CPU_OPT = Resource(ResourceKind.CPU_OPT)
-CPU_CAST = Resource(ResourceKind.CPU_CAST)
+CPU_MAIN = Resource(ResourceKind.CPU_MAIN)
 NET = Resource(ResourceKind.NET)
 
 # Canonical order of resource kinds in traces and plots (GPU compute on top).

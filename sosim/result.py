@@ -19,14 +19,14 @@ from sosim import model as tm
 from sosim.config import Scenario
 from sosim.memory import Feasibility, MemoryUsage
 from sosim.plan import Category, Plan, ResourceKind
-from sosim.schedules.common import global_tokens_per_step
+from sosim.schedules.layout import global_tokens_per_step
 from sosim.units import GIB, TFLOP
 
 # GPU-idle time goes to the first of these whose resource is busy (the CPU side first: it is what the
 # GPU waits on in offload schedules). Matched on resource kinds, so every instance of a kind counts.
 # CPU work is attributed by category (a cast may run on the optimizer worker's cores when they are shared);
 # a CPU op of another category (framework bookkeeping, host syncs) counts as CPU cast/main-thread work.
-_CPU = frozenset({ResourceKind.CPU_OPT, ResourceKind.CPU_CAST})
+_CPU = frozenset({ResourceKind.CPU_OPT, ResourceKind.CPU_MAIN})
 EXPOSED_ORDER: tuple[tuple[str, frozenset[ResourceKind], frozenset[Category] | None], ...] = (
     ("exposed_cpu_optimizer_s", _CPU, frozenset({Category.OPTIMIZER})),
     ("exposed_cpu_cast_s", _CPU, None),

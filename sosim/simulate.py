@@ -13,7 +13,7 @@ from sosim.machine import Machine
 from sosim.memory import check_fit
 from sosim.result import Result, compute_metrics
 from sosim.schedules import SCHEDULES
-from sosim.schedules.common import tokens_per_gpu
+from sosim.schedules.layout import tokens_per_gpu
 
 
 def make_cost_model(sc: Scenario) -> CostModel:

@@ -22,11 +22,15 @@ row with ``feasible`` False.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import csv
 import hashlib
+import importlib.util
 import itertools
 import json
 import math
 import os
+import signal
 import sys
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import FIRST_COMPLETED, Executor, Future, wait
@@ -38,8 +42,8 @@ import pandas as pd
 
 from sosim.config import Scenario
 from sosim.errors import ConfigError, SosimError
-from sosim.loader import KeyPath, Located, read_yaml
-from sosim.output import print_json
+from sosim.loader import KeyPath, Located, dotted, read_yaml, resolve_scenario_path
+from sosim.output import check_output_path, non_finite_metrics, print_json
 
 Point = dict[str, Any]  # dotted key path -> value
 Row = dict[str, Any]
@@ -51,6 +55,11 @@ MAX_CHUNK = 250  # points per task: ~1.5 s of work, so per-task IPC (~ms) is noi
 ID_COLUMN = "point_id"
 ERROR_COLUMN = "error"
 TEXT_COLUMNS = ("scenario", "system", "reason", ERROR_COLUMN)
+# Points in one sweep. Points, their ids and overrides are held in memory (~2 KB each); a million is ~2 GB
+# and a day of simulation on a 16-core machine. Larger studies: several sweep files.
+MAX_SWEEP_POINTS = 1_000_000
+# Local processes per core: a simulation is CPU-bound pure Python, so more gains nothing.
+MAX_WORKERS_PER_CORE = 4
 
 
 # --------------------------------------------------------------------------------------------- points
@@ -80,6 +89,10 @@ def _metrics_row(sc: Scenario) -> Row:
     from sosim.simulate import simulate
 
     result = simulate(sc)
+    bad = non_finite_metrics(result.metrics)
+    if bad:  # not an answer: an error row, never a number that is not one
+        return {ERROR_COLUMN: f"the simulation gave non-finite {', '.join(bad)}: an input is outside the range "
+                              "the model handles"}
     return {"scenario": sc.name, "system": sc.schedule.system, **result.metrics, ERROR_COLUMN: None}
 
 
@@ -170,7 +183,53 @@ def _structure_problems(loc: Located) -> list[str]:
                     problems.append(f"{_where(loc, ('points', i))}: points[{i}]: must be a non-empty mapping")
     if fixed is not None and not isinstance(fixed, dict):
         problems.append(f"{_where(loc, ('set',))}: set: must be a mapping of key.path: value")
+    for path, key in _keys(data):
+        if not isinstance(key, str):
+            problems.append(f"{_where(loc, path)}: {dotted(path)}: a key must be a key.path string, not {key!r}")
+    for path, value in _leaves(data, ()):
+        if isinstance(value, float) and not math.isfinite(value):
+            problems.append(f"{_where(loc, path)}: {dotted(path)}: not a finite number ({value}); give a finite value")
+    if not problems:
+        problems += _size_problems(loc, data)
     return problems
+
+
+def _keys(data: Mapping[str, Any]) -> Iterator[tuple[KeyPath, Any]]:
+    """(location, key) of every override key in set/grid/points."""
+    for section in ("set", "grid"):
+        if isinstance(data.get(section), dict):
+            for key in data[section]:
+                yield (section, key), key
+    if isinstance(data.get("points"), list):
+        for i, p in enumerate(data["points"]):
+            if isinstance(p, dict):
+                for key in p:
+                    yield ("points", i, key), key
+
+
+def _leaves(value: Any, path: KeyPath) -> Iterator[tuple[KeyPath, Any]]:
+    if isinstance(value, dict):
+        for k, v in value.items():
+            yield from _leaves(v, (*path, k))
+    elif isinstance(value, list):
+        for i, v in enumerate(value):
+            yield from _leaves(v, (*path, i))
+    else:
+        yield path, value
+
+
+def _size_problems(loc: Located, data: Mapping[str, Any]) -> list[str]:
+    """The number of points, computed before any point is built."""
+    grid = data.get("grid") or {}
+    sizes = [len(v) for v in grid.values()]
+    listed = len(data.get("points") or [None])
+    total = math.prod(sizes) * listed
+    if total <= MAX_SWEEP_POINTS:
+        return []
+    shape = " x ".join(f"{n:,}" for n in ([*sizes, listed] if data.get("points") else sizes))
+    return [f"{_where(loc, ('grid',) if grid else ('points',))}: {'grid' if grid else 'points'}: {shape} = "
+            f"{total:,} points, more than the {MAX_SWEEP_POINTS:,} one sweep runs; split it into several sweep "
+            "files"]
 
 
 def _key_locations(loc: Located, data: dict[str, Any]) -> dict[str, str]:
@@ -255,14 +314,18 @@ def sweep_spec(base: str | Path | Scenario | Mapping[str, Any], points: Iterable
         data["hardware"] = load_scenario(base).hardware.model_dump(mode="json")
     else:
         data, _ = _base_data(Path(base))
-    pts = [dict(p) for p in points]
+    pts = []
+    for p in points:
+        pts.append(dict(p))
+        if len(pts) > MAX_SWEEP_POINTS:
+            raise SosimError(f"more than {MAX_SWEEP_POINTS:,} points in one sweep; split it into several")
     keys = list(dict.fromkeys(k for p in pts for k in p))
     return SweepSpec(path=None, base=data, fixed=dict(fixed or {}), points=pts, keys=keys)
 
 
 def load_sweep(path: str | Path) -> SweepSpec:
     """Read and validate a sweep file; every problem is reported (as file:line) before any point runs."""
-    sweep_path = Path(path)
+    sweep_path = resolve_scenario_path(path)  # a file, or a shipped example such as sweeps/NAME
     loc = read_yaml(sweep_path)
     problems = _structure_problems(loc)
     if problems:
@@ -448,9 +511,9 @@ def sweep(
         spec = sweep_spec(scenarios, points)  # type: ignore[arg-type]
     order = [point_id(spec.full_point(p)) for p in spec.points]
     by_id = {pid: p for pid, p in zip(order, spec.points)}
-    items = [(pid, spec.overrides(by_id[pid])) for pid in by_id]
+    point_items: list[tuple[str, list[str] | Scenario]] = [(pid, spec.overrides(by_id[pid])) for pid in by_id]
     collector = _Collector(by_id)
-    run_items(spec.base, items, collector, executor=executor, chunk_size=chunk_size, progress=progress)
+    run_items(spec.base, point_items, collector, executor=executor, chunk_size=chunk_size, progress=progress)
     frame = pd.DataFrame(collector.rows)
     if frame.empty:
         return frame
@@ -463,18 +526,43 @@ def sweep(
 # ---------------------------------------------------------------------------------- incremental output
 
 
+# Parquet part files being written or re-sorted: a leading '_' hides them from pyarrow's dataset reader.
+_PART_TMP = "_part.tmp"
+_SORTED_TMP = "_sorted.tmp"
+_SORTED_READY = "_sorted.ready"
+
+
+def check_out_path(out: str | Path) -> Path:
+    """The --out path: a .csv file or a .parquet folder that can be written (checked before any work)."""
+    path = Path(out)
+    if path.suffix not in (".csv", ".parquet"):
+        raise SosimError(f"--out {path}: use a .csv or .parquet name")
+    check_output_path(str(path), "--out", folder_ok=path.suffix == ".parquet")
+    if path.suffix == ".parquet":
+        if importlib.util.find_spec("pyarrow") is None:
+            raise SosimError(f"--out {path}: Parquet output needs pyarrow: pip install pyarrow (or use a .csv name)")
+        if path.exists() and not path.is_dir():
+            raise SosimError(f"--out {path}: exists and is not a folder of Parquet part files")
+    return path
+
+
 class _Output:
-    """Chunks appended to a CSV file or written as Parquet part files; both survive an interruption."""
+    """Chunks appended to a CSV file or written as Parquet part files; both survive an interruption.
+
+    Chunks arrive in completion order; :meth:`finish` rewrites the output in point order once every point
+    is in, so the same sweep always gives the same file.
+    """
 
     def __init__(self, path: Path, dtypes: Mapping[str, str], points: Mapping[str, Point], resume: bool) -> None:
+        check_out_path(path)
         self.path = path
         self.dtypes = dict(dtypes)
         self.points = points
         self.parquet = path.suffix == ".parquet"
-        if path.suffix not in (".csv", ".parquet"):
-            raise SosimError(f"--out {path}: use a .csv or .parquet name")
         if path.exists() and not resume:
             raise SosimError(f"--out {path} exists: pass --resume to continue that sweep, or remove it")
+        if self.parquet and path.is_dir():
+            self._recover_sorted()
         self.done: set[str] = self._read_done() if path.exists() else set()
         self.parts = len(list(path.glob("part-*.parquet"))) if self.parquet and path.is_dir() else 0
         self.rows_written = 0
@@ -482,13 +570,30 @@ class _Output:
         self.infeasible = 0
         self.best: Row | None = None
 
+    def _parts(self) -> list[Path]:
+        return sorted(self.path.glob("part-*.parquet"))
+
+    def _recover_sorted(self) -> None:
+        """Finish a re-sort that was interrupted after its (complete) sorted file was written."""
+        ready = self.path / _SORTED_READY
+        if ready.exists():
+            for part in self._parts():
+                part.unlink()
+            os.replace(ready, self.path / "part-00000.parquet")
+        (self.path / _SORTED_TMP).unlink(missing_ok=True)
+        (self.path / _PART_TMP).unlink(missing_ok=True)
+
     def _read_done(self) -> set[str]:
         if self.parquet:
             if not self.path.is_dir():
                 raise SosimError(f"--out {self.path}: expected the folder of part files of an earlier sweep")
-            if not any(self.path.glob("part-*.parquet")):
+            if not self._parts():
                 return set()
-            ids = pd.read_parquet(self.path, columns=[ID_COLUMN])[ID_COLUMN]
+            try:
+                ids = pd.read_parquet(self.path, columns=[ID_COLUMN])[ID_COLUMN]
+            except Exception as exc:  # pyarrow raises its own types for foreign or damaged files
+                raise SosimError(f"--out {self.path}: cannot read its part files ({type(exc).__name__}: {exc}); "
+                                 "use another --out") from None
             return set(ids.astype(str))
         # A crash in the middle of an append leaves a partial last line: cut it, its point reruns.
         with self.path.open("rb+") as fh:
@@ -499,16 +604,26 @@ class _Output:
             header = pd.read_csv(self.path, nrows=0).columns.tolist()
         except pd.errors.EmptyDataError:
             return set()
+        except (ValueError, UnicodeDecodeError, pd.errors.ParserError) as exc:
+            raise SosimError(f"--out {self.path}: not a CSV file of an earlier sweep ({exc}); use another --out") \
+                from None
         if header != list(self.dtypes):
             raise SosimError(f"--out {self.path}: its columns differ from this sweep's; use another --out")
         return set(pd.read_csv(self.path, usecols=[ID_COLUMN], dtype=str)[ID_COLUMN])
 
     def __call__(self, rows: list[Row]) -> None:
+        try:
+            self._write(rows)
+        except OSError as exc:
+            raise SosimError(f"--out {self.path}: cannot write: {exc.strerror or exc}; the chunks written so far "
+                             "are kept (rerun with --resume once the problem is fixed)") from None
+
+    def _write(self, rows: list[Row]) -> None:
         frame = rows_frame([{**self.points.get(r[ID_COLUMN], {}), **r} for r in rows], self.dtypes)
         if self.parquet:
             self.path.mkdir(parents=True, exist_ok=True)
             final = self.path / f"part-{self.parts:05d}.parquet"
-            tmp = final.with_suffix(".tmp")
+            tmp = self.path / _PART_TMP
             frame.to_parquet(tmp, index=False)
             os.replace(tmp, final)  # atomic: a part file is complete or absent
             self.parts += 1
@@ -526,9 +641,52 @@ class _Output:
             self.infeasible += int((frame["feasible"] == False).sum())  # noqa: E712 (nullable boolean)
             ok = frame[(frame["feasible"] == True) & frame[ERROR_COLUMN].isna()]  # noqa: E712
             if len(ok) and "tokens_per_s" in ok:
-                top = ok.loc[ok["tokens_per_s"].idxmax()]
+                top = ok.iloc[int(ok["tokens_per_s"].to_numpy().argmax())]
                 if self.best is None or top["tokens_per_s"] > self.best["tokens_per_s"]:
-                    self.best = top.to_dict()
+                    self.best = {str(k): v for k, v in top.to_dict().items()}
+
+    def finish(self, order: Sequence[str]) -> None:
+        """Rewrite the rows in point order (rows of points no longer in the sweep last), atomically."""
+        rank = {pid: i for i, pid in enumerate(order)}
+        try:
+            if self.parquet:
+                self._finish_parquet(rank)
+            elif self.path.exists():
+                self._finish_csv(rank)
+        except OSError as exc:
+            raise SosimError(f"--out {self.path}: cannot rewrite it in point order: {exc.strerror or exc} (every "
+                             "row is there, in completion order)") from None
+
+    def _finish_csv(self, rank: Mapping[str, int]) -> None:
+        # The csv module, not pandas: rows are copied as written (no float re-parsing) and quoted fields with
+        # line breaks (multi-line error messages) stay one record.
+        with self.path.open(newline="") as fh:
+            reader = csv.reader(fh)
+            header = next(reader, None)
+            records = list(reader)
+        if header is None:
+            return
+        position = {pid: i for i, pid in enumerate(r[0] for r in records)}
+        records.sort(key=lambda r: (rank.get(r[0], len(rank)), position[r[0]]))
+        tmp = self.path.with_name(self.path.name + ".sorting")
+        with tmp.open("w", newline="") as fh:
+            writer = csv.writer(fh, lineterminator="\n")
+            writer.writerow(header)
+            writer.writerows(records)
+        os.replace(tmp, self.path)
+
+    def _finish_parquet(self, rank: Mapping[str, int]) -> None:
+        parts = self._parts()
+        if not parts:
+            return
+        frame = pd.concat([pd.read_parquet(p) for p in parts], ignore_index=True)
+        order = frame[ID_COLUMN].astype(str).map(lambda pid: rank.get(pid, len(rank)))
+        frame = frame.iloc[order.argsort(kind="stable")].reset_index(drop=True)
+        tmp, ready = self.path / _SORTED_TMP, self.path / _SORTED_READY
+        frame.to_parquet(tmp, index=False)
+        os.replace(tmp, ready)  # complete: from here on, _recover_sorted can finish the job
+        self._recover_sorted()
+        self.parts = 1
 
 
 def run_sweep(
@@ -545,12 +703,14 @@ def run_sweep(
     ids = [point_id(p) for p in full]
     by_id = dict(zip(ids, spec.points))
     probe = spec.metric_keys or list(_simulate_point(spec.base, spec.overrides({})))
-    sample = dict.fromkeys(probe, 0.0)
+    sample: dict[str, Any] = dict.fromkeys(probe, 0.0)
     sample.update({"feasible": True, "reason": ""})
     dtypes = _column_dtypes(spec.keys, spec.points, [k for k in probe if k not in (ID_COLUMN, ERROR_COLUMN)], sample)
     output = _Output(Path(out), dtypes, by_id, resume)
-    items = [(pid, spec.overrides(p)) for pid, p in by_id.items() if pid not in output.done]
+    items: list[tuple[str, list[str] | Scenario]] = [
+        (pid, spec.overrides(p)) for pid, p in by_id.items() if pid not in output.done]
     run_items(spec.base, items, output, executor=executor, chunk_size=chunk_size, progress=progress)
+    output.finish(list(by_id))
     return {
         "out": str(out), "points": len(by_id), "skipped": len(by_id) - len(items), "ran": output.rows_written,
         "errors": output.errors, "infeasible": output.infeasible,
@@ -562,30 +722,84 @@ def run_sweep(
 # ------------------------------------------------------------------------------------------------ CLI
 
 
-def _make_executor(args: argparse.Namespace) -> tuple[Executor, Callable[[], None]]:
-    """The executor and how to shut it down: a local process pool, or a Dask cluster's executor."""
+def _ignore_sigint() -> None:
+    """Pool worker initializer: Ctrl-C reaches the whole process group; only the parent handles it (it stops
+    the workers), so the workers do not each print a KeyboardInterrupt traceback."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+def _check_scheduler(address: str) -> None:
+    """A Dask address: SCHEME://... with a scheme Dask speaks, or HOST:PORT (Dask assumes tcp)."""
+    scheme, sep, rest = address.partition("://")
+    if sep:
+        ok = scheme in ("tcp", "tls", "ws", "wss", "inproc", "ucx") and bool(rest.strip("/"))
+    else:
+        host, colon, port = address.rpartition(":")
+        ok = bool(colon and host and port.isdigit())
+    if not ok:
+        raise SosimError(f"--scheduler {address}: expected a Dask scheduler address like tcp://HOST:8786")
+
+
+def _check_workers(workers: int | None) -> None:
+    cores = os.cpu_count() or 1
+    if workers is not None and workers < 1:
+        raise SosimError(f"--workers {workers}: must be at least 1")
+    if workers is not None and workers > MAX_WORKERS_PER_CORE * cores:
+        raise SosimError(f"--workers {workers}: more than {MAX_WORKERS_PER_CORE} per core ({cores} cores here) "
+                         "gains nothing: a simulation is CPU-bound")
+
+
+def _make_executor(args: argparse.Namespace, n_points: int) -> tuple[Executor, Callable[[bool], None]]:
+    """The executor and how to shut it down (``abort``: stop now, dropping queued work, killing local
+    workers): a local process pool, or a Dask cluster's executor."""
     if args.scheduler:
+        _check_scheduler(args.scheduler)
         try:
             from distributed import Client
         except ImportError:
             raise SosimError("--scheduler needs dask[distributed]: pip install 'sosim[dask]'") from None
         try:
             client = Client(args.scheduler, timeout="10s")
-        except (OSError, TimeoutError) as exc:
+        except Exception as exc:  # OSError, TimeoutError, ValueError for a bad address, dask's own errors
             raise SosimError(f"--scheduler {args.scheduler}: cannot connect ({exc})") from None
         executor = client.get_executor()
         # Dask's executor does not report a size; size the in-flight window by the cluster's threads.
-        executor._max_workers = max(1, sum(client.nthreads().values()))  # type: ignore[attr-defined]
+        executor._max_workers = max(1, sum(client.nthreads().values()))
 
-        def close() -> None:
-            executor.shutdown(wait=True)
+        def close(abort: bool) -> None:
+            with contextlib.suppress(Exception):
+                executor.shutdown(wait=not abort)
             client.close()
 
         return executor, close
     from concurrent.futures import ProcessPoolExecutor
 
-    pool = ProcessPoolExecutor(max_workers=args.workers or os.cpu_count() or 1)
-    return pool, lambda: pool.shutdown(wait=True, cancel_futures=True)
+    # No more processes than points: each would only start, import and wait.
+    workers = max(1, min(args.workers or os.cpu_count() or 1, n_points))
+    pool = ProcessPoolExecutor(max_workers=workers, initializer=_ignore_sigint)
+
+    def shutdown(abort: bool) -> None:
+        if not abort:
+            pool.shutdown(wait=True, cancel_futures=True)
+            return
+        # Stop the workers themselves: a plain shutdown would wait for their running chunks, and a killed
+        # parent would leave them running as orphans. _processes is the pool's own table of its workers.
+        processes = list(getattr(pool, "_processes", {}).values())
+        pool.shutdown(wait=False, cancel_futures=True)
+        for proc in processes:
+            proc.terminate()
+        for proc in processes:
+            proc.join(timeout=5)
+
+    return pool, shutdown
+
+
+class _Terminated(KeyboardInterrupt):
+    """SIGTERM, turned into an exception so that the sweep stops the way Ctrl-C stops it."""
+
+
+def _raise_terminated(signum: int, frame: object) -> None:
+    raise _Terminated()
 
 
 def _print_summary(summary: dict[str, Any], fmt: str, frame: pd.DataFrame | None) -> None:
@@ -606,10 +820,16 @@ def _print_summary(summary: dict[str, Any], fmt: str, frame: pd.DataFrame | None
 
 
 def cmd_sweep(args: argparse.Namespace) -> int:
-    spec = load_sweep(args.sweep)  # every input problem is reported here, before any pool starts
+    # Every input problem is reported here, before any pool starts.
+    _check_workers(args.workers)
     if args.chunk_size is not None and args.chunk_size < 1:
         raise SosimError("--chunk-size must be at least 1")
-    executor, close = _make_executor(args)
+    if args.out:
+        check_out_path(args.out)
+    spec = load_sweep(args.sweep)
+    previous = signal.signal(signal.SIGTERM, _raise_terminated)
+    executor, close = _make_executor(args, len(spec.points))
+    aborted = True
     try:
         if args.out:
             summary = run_sweep(spec, args.out, executor=executor, chunk_size=args.chunk_size,
@@ -619,25 +839,32 @@ def cmd_sweep(args: argparse.Namespace) -> int:
             frame = sweep(spec, executor=executor, chunk_size=args.chunk_size, progress=sys.stderr.isatty())
             summary = {"out": None, "points": len(frame), "skipped": 0, "ran": len(frame),
                        "errors": int(frame[ERROR_COLUMN].notna().sum()) if ERROR_COLUMN in frame else 0,
-                       "infeasible": int((frame.get("feasible") == False).sum())}  # noqa: E712
+                       "infeasible": int((frame["feasible"] == False).sum()) if "feasible" in frame else 0}  # noqa: E712
             shown = frame.drop(columns=[ID_COLUMN]) if args.format == "table" else frame
             if args.format == "table":
                 cols = [*spec.keys, "tokens_per_s", "step_time_s", "mfu", "feasible", ERROR_COLUMN]
                 shown = frame[[c for c in cols if c in frame]]
             _print_summary(summary, args.format, shown)
-    except KeyboardInterrupt:
+        aborted = False
+    except KeyboardInterrupt as exc:
         # Finished chunks are already in --out; say how to continue instead of printing a traceback.
-        hint = f"; rerun with --resume --out {args.out} to continue" if args.out else ""
-        print(f"sosim sweep: interrupted{hint}", file=sys.stderr)
-        return 130
+        what = "terminated (SIGTERM)" if isinstance(exc, _Terminated) else "interrupted"
+        hint = (f"; the finished chunks are in {args.out}: rerun the same command with --resume to continue"
+                if args.out else "; nothing was written (use --out to keep finished chunks)")
+        print(f"sosim sweep: {what}{hint}", file=sys.stderr)
+        return 143 if isinstance(exc, _Terminated) else 130
     finally:
-        close()
+        signal.signal(signal.SIGTERM, previous)
+        # A second signal while the workers are being stopped must not leave them behind either.
+        with contextlib.suppress(KeyboardInterrupt):
+            close(aborted)
     return 0
 
 
 def register_cli(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p = subparsers.add_parser("sweep", help="run a grid/list of overrides over a base scenario")
-    p.add_argument("sweep", metavar="SWEEP.yaml", help="sweep file: base, grid and/or points, set")
+    p.add_argument("sweep", metavar="SWEEP.yaml",
+                   help="sweep file (base, grid and/or points, set), or a shipped one: sweeps/NAME")
     p.add_argument("--out", metavar="RESULTS.csv|.parquet",
                    help="write rows incrementally (CSV file, or a folder of Parquet parts); else print them")
     p.add_argument("--scheduler", metavar="tcp://HOST:PORT", help="run on this Dask distributed scheduler")

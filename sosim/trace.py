@@ -29,7 +29,7 @@ RESOURCE_LABELS: dict[ResourceKind, str] = {
     ResourceKind.H2D: "H2D link",
     ResourceKind.D2H: "D2H link",
     ResourceKind.CPU_OPT: "CPU optimizer",
-    ResourceKind.CPU_CAST: "CPU main process",
+    ResourceKind.CPU_MAIN: "CPU main process",
     ResourceKind.NET: "Collectives (NCCL)",
 }
 PID = 1

@@ -1,9 +1,10 @@
 """``sosim validate``: predictions against published and measured reference points.
 
-The reference points live in ``validation/references.yaml`` (data): each row names its source, how the
-prediction is formed (one metric, a ratio of two schedules, a largest-model search, an ablation step) and
-an explicit error budget. The command prints every row with the published value, the prediction and the
-error, and exits non-zero when any row is outside its budget.
+The reference points live in ``validation/references.yaml`` (data, shipped with the package): each row
+names its source, how the prediction is formed (one metric, a ratio of two schedules, a largest-model
+search, an ablation step) and an explicit error budget. The command prints every row with the published
+value, the prediction and the error, and exits 1 when any row is outside its budget. A malformed row is an
+input error (``file:line: rows[i].key: message``, exit 2), found before anything is simulated.
 """
 
 from __future__ import annotations
@@ -14,15 +15,18 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from sosim.ablation import STEPS as ABLATION_STEPS
 from sosim.ablation import run_ablation
-from sosim.errors import ConfigError
-from sosim.loader import load_scenario, read_yaml
+from sosim.errors import ConfigError, SosimError
+from sosim.loader import Located, dotted, load_scenario, read_yaml
 from sosim.maxsize import PAPER_FAMILY, find_max_size
 from sosim.output import print_json
+from sosim.resources import data_root, default_references
 from sosim.simulate import simulate
 
-ROOT = Path(__file__).resolve().parent.parent
-DEFAULT_REFERENCES = ROOT / "validation" / "references.yaml"
+# Row scenarios are named relative to the folder that holds scenarios/ (the checkout, or the package data).
+ROOT = data_root()
+DEFAULT_REFERENCES = default_references()
 _FAMILY = {name: (layers, hidden) for name, layers, hidden in PAPER_FAMILY}
 _FAMILY_ORDER = [name for name, _, _ in PAPER_FAMILY]
 
@@ -78,12 +82,82 @@ def evaluate(row: dict[str, Any], base_dir: Path) -> Row:
     return Row(row["id"], row["source"], published, pred, err, budget, abs(err) <= budget)
 
 
-def run_validation(path: Path = DEFAULT_REFERENCES) -> list[Row]:
-    data = read_yaml(path).data
+_KINDS = ("metric", "ratio", "ablation", "maxsize")
+# kind -> (required key, expected type) beyond id, source, kind, scenario.
+_REQUIRED: dict[str, tuple[tuple[str, type | tuple[type, ...]], ...]] = {
+    "metric": (("metric", str), ("published", (int, float)), ("budget_rel", (int, float))),
+    "ratio": (("metric", str), ("numerator", list), ("denominator", list), ("published", (int, float)),
+              ("budget_rel", (int, float))),
+    "ablation": (("step", int), ("published", (int, float)), ("budget_rel", (int, float))),
+    "maxsize": (("published_model", str), ("budget_steps", (int, float))),
+}
+_TYPE_NAMES = {str: "a string", list: "a list", int: "an integer", (int, float): "a number"}
+
+
+def row_problems(row: Any, i: int, loc: Located, base_dir: Path) -> list[str]:
+    """Everything wrong with one reference row, as ``file:line: rows[i].key: message``."""
+    path: tuple[str | int, ...] = ("rows", i)
+    if not isinstance(row, dict):
+        return [f"{loc.where(path)}: rows[{i}]: must be a mapping (id, source, kind, scenario, ...)"]
+
+    def at(key: str) -> str:
+        return f"{loc.where((*path, key))}: rows[{i}].{key}"
+
+    problems = [f"{at(k)}: missing" for k in ("id", "source", "kind", "scenario") if k not in row]
+    kind = row.get("kind")
+    if "kind" in row and kind not in _KINDS:
+        problems.append(f"{at('kind')}: unknown kind {kind!r} (one of {', '.join(_KINDS)})")
+    if isinstance(row.get("scenario"), str) and not (base_dir / row["scenario"]).is_file():
+        problems.append(f"{at('scenario')}: no such scenario file: {base_dir / row['scenario']}")
+    elif "scenario" in row and not isinstance(row["scenario"], str):
+        problems.append(f"{at('scenario')}: must be a path (relative to {base_dir})")
+    for key, typ in _REQUIRED.get(str(kind), ()):
+        value = row.get(key)
+        if value is None:
+            problems.append(f"{at(key)}: missing (needed by kind {kind})")
+        elif isinstance(value, bool) or not isinstance(value, typ):
+            problems.append(f"{at(key)}: must be {_TYPE_NAMES.get(typ, str(typ))}, got {value!r}")
+        elif isinstance(value, (int, float)) and not (math.isfinite(value) and value > 0) and key != "step":
+            problems.append(f"{at(key)}: must be a positive finite number, got {value!r}")
+    for key in ("set", "numerator", "denominator", "models"):
+        value = row.get(key)
+        if value is not None and (not isinstance(value, list) or not all(isinstance(v, str) for v in value)):
+            problems.append(f"{at(key)}: must be a list of strings")
+    if kind == "ratio" and isinstance(row.get("models"), list):
+        unknown = [m for m in row["models"] if m not in _FAMILY]
+        if unknown:
+            problems.append(f"{at('models')}: unknown model(s) {', '.join(map(str, unknown))} (one of "
+                            f"{', '.join(_FAMILY_ORDER)})")
+    if kind == "maxsize" and isinstance(row.get("published_model"), str) and row["published_model"] not in _FAMILY:
+        problems.append(f"{at('published_model')}: unknown model {row['published_model']!r} (one of "
+                        f"{', '.join(_FAMILY_ORDER)})")
+    if kind == "ablation" and isinstance(row.get("step"), int) and not 0 <= row["step"] <= len(ABLATION_STEPS):
+        problems.append(f"{at('step')}: must be 0..{len(ABLATION_STEPS)}")
+    if kind == "ratio" and row.get("agg", "mean") not in ("mean", "max"):
+        problems.append(f"{at('agg')}: must be mean or max")
+    return problems
+
+
+def run_validation(path: Path = DEFAULT_REFERENCES, base_dir: Path = ROOT) -> list[Row]:
+    loc = read_yaml(path)
+    data = loc.data
     rows = data.get("rows") if isinstance(data, dict) else None
-    if not rows:
-        raise ConfigError([f"{path}:1: rows: no reference rows"])
-    return [evaluate(r, ROOT) for r in rows]
+    if not rows or not isinstance(rows, list):
+        raise ConfigError([f"{loc.where(('rows',))}: rows: no reference rows (a list of mappings)"])
+    problems = [p for i, r in enumerate(rows) for p in row_problems(r, i, loc, base_dir)]
+    if problems:
+        raise ConfigError(problems)
+    out = []
+    for i, r in enumerate(rows):
+        try:
+            out.append(evaluate(r, base_dir))
+        except SosimError as exc:  # a row whose scenario or overrides do not load
+            lines = exc.problems if isinstance(exc, ConfigError) else [str(exc)]
+            raise ConfigError([f"{loc.where(('rows', i))}: {dotted(('rows', i))} ({r['id']}): {p}"
+                               for p in lines]) from None
+        except KeyError as exc:  # a metric name the result does not have
+            raise ConfigError([f"{loc.where(('rows', i, 'metric'))}: rows[{i}].metric: no metric {exc}"]) from None
+    return out
 
 
 def _cmd(args: argparse.Namespace) -> int:
@@ -106,6 +180,7 @@ def _cmd(args: argparse.Namespace) -> int:
 
 def register_cli(sub: Any) -> None:
     p = sub.add_parser("validate", help="predictions vs published / measured reference points")
-    p.add_argument("--references", default=str(DEFAULT_REFERENCES))
+    p.add_argument("--references", default=str(DEFAULT_REFERENCES),
+                   help="reference rows (default: the shipped validation/references.yaml)")
     p.add_argument("--format", choices=["table", "json"], default="table")
     p.set_defaults(func=_cmd)

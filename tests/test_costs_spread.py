@@ -10,7 +10,7 @@ import pytest
 from sosim import load_scenario
 from sosim.calibration_table import CalibrationTable, quantile_times
 from sosim.costs import AnalyticCostModel
-from sosim.schedules.common import tokens_per_gpu
+from sosim.schedules.layout import tokens_per_gpu
 from sosim.table_costs import TableCostModel
 
 ROOT = Path(__file__).resolve().parents[1]

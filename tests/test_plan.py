@@ -20,7 +20,7 @@ from sosim.plan import (
     ResourceKind,
 )
 from sosim.result import METRIC_NAMES, METRICS, link_bytes, metric_schema
-from sosim.schedules.common import tokens_per_gpu
+from sosim.schedules.layout import tokens_per_gpu
 
 ROOT = Path(__file__).resolve().parent.parent
 SHIPPED = sorted((ROOT / "scenarios").glob("*.yaml"))
@@ -89,7 +89,7 @@ def test_gpu_flops_of_a_step_are_the_hardware_flops_of_the_gemms_and_attention()
 
 
 def test_phases_of_a_zero_offload_step() -> None:
-    r = simulate(load_scenario(tiny_scenario({"system": "zero_offload", "bucket_mb": 1e6})))
+    r = simulate(load_scenario(tiny_scenario({"system": "zero_offload", "implementation": "ideal", "bucket_mb": 1e6})))
     it = r.plan.measured_iteration
     by_phase: dict[Phase, set[ResourceKind]] = {}
     for op in r.plan.ops:

@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 from sosim import load_scenario, simulate
 from sosim.costs import AnalyticCostModel
 from sosim.model import total_params
-from sosim.schedules.common import build_units, tokens_per_gpu
+from sosim.schedules.layout import build_units, tokens_per_gpu
 
 
 def _costs(sc):  # the same cost model simulate() builds for a profile without calibration
@@ -30,7 +30,7 @@ def test_gpu_only_step_is_forward_backward_and_gpu_adam() -> None:
 def test_zero_offload_one_bucket_serialises_the_cpu_step() -> None:
     # One bucket holding the whole model: the step is F + B, then D2H, CPU fp32 accumulate, norm, Adam,
     # H2D, strictly one after the other (nothing to overlap with).
-    sc = load_scenario(tiny_scenario({"system": "zero_offload", "bucket_mb": 1e6}))
+    sc = load_scenario(tiny_scenario({"system": "zero_offload", "implementation": "ideal", "bucket_mb": 1e6}))
     c = _costs(sc)
     p = total_params(sc.model)
     units = build_units(sc, c)
@@ -56,9 +56,9 @@ def test_zero_offload_one_bucket_serialises_the_cpu_step() -> None:
 
 
 def test_no_clipping_in_bf16_skips_the_norm_pass() -> None:
-    with_norm = simulate(load_scenario(tiny_scenario({"system": "zero_offload", "bucket_mb": 1e6})))
-    without = simulate(load_scenario(tiny_scenario({"system": "zero_offload", "bucket_mb": 1e6},
-                                                   gradient_clipping=0.0)))
+    one_bucket = {"system": "zero_offload", "implementation": "ideal", "bucket_mb": 1e6}
+    with_norm = simulate(load_scenario(tiny_scenario(one_bucket)))
+    without = simulate(load_scenario(tiny_scenario(one_bucket, gradient_clipping=0.0)))
     sc = without.scenario
     p = total_params(sc.model)
     assert with_norm.metrics["step_time_s"] - without.metrics["step_time_s"] == pytest.approx(
@@ -66,7 +66,7 @@ def test_no_clipping_in_bf16_skips_the_norm_pass() -> None:
 
 
 def test_dpu_hides_the_cpu_step_behind_the_next_iteration() -> None:
-    base = {"system": "zero_offload", "bucket_mb": 1e6}
+    base = {"system": "zero_offload", "implementation": "ideal", "bucket_mb": 1e6}
     plain = simulate(load_scenario(tiny_scenario(base, iterations=6)))
     dpu = simulate(load_scenario(tiny_scenario({**base, "dpu": True}, iterations=6)))
     assert dpu.metrics["step_time_s"] < plain.metrics["step_time_s"]
@@ -86,16 +86,17 @@ SCALINGS = {
 
 SYSTEMS = {
     "gpu_only": {"system": "gpu_only"},
-    "zero_offload": {"system": "zero_offload", "bucket_mb": 1.0},
-    "zero_offload_dpu": {"system": "zero_offload", "bucket_mb": 1.0, "dpu": True},
+    "zero_offload": {"system": "zero_offload", "implementation": "ideal", "bucket_mb": 1.0},
+    "zero_offload_dpu": {"system": "zero_offload", "implementation": "ideal", "bucket_mb": 1.0, "dpu": True},
     "zero_offload_ds": {"system": "zero_offload", "implementation": "deepspeed", "bucket_mb": 1.0},
-    "zero3_offload": {"system": "zero3_offload", "sub_group_elements": 5e5},
+    "zero3_offload": {"system": "zero3_offload", "implementation": "ideal", "sub_group_elements": 5e5},
     "zero3_offload_ds": {"system": "zero3_offload", "implementation": "deepspeed", "sub_group_elements": 5e5},
-    "zero_infinity": {"system": "zero_infinity", "sub_group_elements": 5e5},
-    "superoffload": {"system": "superoffload", "cpu_adam": "cpu_adam", "bucket_mb": 1.0,
+    "zero_infinity": {"system": "zero_infinity", "implementation": "ideal", "sub_group_elements": 5e5},
+    "zero_infinity_ds": {"system": "zero_infinity", "implementation": "deepspeed", "sub_group_elements": 5e5},
+    "superoffload": {"system": "superoffload", "implementation": "ideal", "cpu_adam": "cpu_adam", "bucket_mb": 1.0,
                      "weight_placement": "stationary"},
-    "superoffload_flow": {"system": "superoffload", "cpu_adam": "cpu_adam", "bucket_mb": 1.0,
-                          "weight_placement": "flow"},
+    "superoffload_flow": {"system": "superoffload", "implementation": "ideal", "cpu_adam": "cpu_adam",
+                          "bucket_mb": 1.0, "weight_placement": "flow"},
     "superoffload_ds": {"system": "superoffload", "implementation": "deepspeed", "sub_group_elements": 5e5},
 }
 
@@ -118,7 +119,7 @@ def test_more_hardware_never_makes_a_step_slower(key: str, factor: float, system
 
 
 def test_overlap_comm_off_is_never_faster() -> None:
-    base = {"system": "zero_offload", "bucket_mb": 1.0}
+    base = {"system": "zero_offload", "implementation": "ideal", "bucket_mb": 1.0}
     on = simulate(load_scenario(tiny_scenario(base)))
     off = simulate(load_scenario(tiny_scenario({**base, "overlap_comm": False})))
     assert off.metrics["step_time_s"] >= on.metrics["step_time_s"]

@@ -3,6 +3,7 @@ output with --resume, and the same code path on a process pool and on Dask."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import textwrap
 from concurrent.futures import ProcessPoolExecutor
@@ -166,13 +167,18 @@ def test_existing_output_without_resume_is_refused(tmp_path: Path) -> None:
     assert out.read_text() == "x\n"
 
 
-def test_parquet_parts_and_resume(tmp_path: Path) -> None:
+def test_parquet_parts_resume_and_point_order(tmp_path: Path) -> None:
     out = tmp_path / "r.parquet"
     spec = load_sweep(_small(tmp_path))
-    run_sweep(spec, out, chunk_size=3)
-    assert sorted(p.name for p in out.iterdir()) == ["part-00000.parquet", "part-00001.parquet"]
+    # A first run that covers the last two points only (as if interrupted), then the whole sweep resumed.
+    partial = dataclasses.replace(spec, points=spec.points[2:])
+    assert run_sweep(partial, out, chunk_size=1)["ran"] == 2
+    assert run_sweep(spec, out, resume=True, chunk_size=1)["ran"] == 2
+    # Finished: one part file, rows in point order whatever order the chunks ran in.
+    assert sorted(p.name for p in out.iterdir()) == ["part-00000.parquet"]
     frame = pd.read_parquet(out)
-    assert len(frame) == 4 and frame["feasible"].all()
+    assert list(frame["point_id"]) == [point_id(spec.full_point(p)) for p in spec.points]
+    assert frame["feasible"].all()
     assert run_sweep(spec, out, resume=True)["ran"] == 0
 
 

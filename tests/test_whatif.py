@@ -9,7 +9,7 @@ import pytest
 from sosim import load_scenario, simulate
 from sosim.costs import AnalyticCostModel
 from sosim.loader import load_profile
-from sosim.schedules.common import tokens_per_gpu
+from sosim.schedules.layout import tokens_per_gpu
 from sosim.table_costs import TableCostModel, find_baseline, hardware_changes
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -74,7 +74,7 @@ def bench_cpu_adam(torch: Any, table: Table, quick: bool, log: Any = sys.stderr)
                 if impl == "torch":
                     # foreach=True is torch's default fast path on CPU; fused=False keeps it the plain one.
                     optimizer = torch.optim.Adam([param], lr=1e-4, foreach=True, fused=False)
-                else:
+                elif ds_adam is not None:  # always here: "deepspeed" is only listed when it imported
                     optimizer = ds_adam([param], lr=1e-4, adamw_mode=True)
             except Exception as error:  # e.g. the JIT build of the op failed
                 print(f"[calibrate] cpu_adam {impl} failed to construct: {error}", file=log)

@@ -1,55 +1,102 @@
 """GPU-only data parallel training (PyTorch DDP / ZeRO-0): everything stays in HBM.
 
-Per iteration: forward, backward with bucketed gradient all-reduce overlapped on the NCCL stream (only at
-the last micro-step of gradient accumulation), then the optimizer step on the GPU (memory bound).
+Per iteration: forward, backward with bucketed gradient all-reduce (DDP's 25 MB buckets, each launched
+once its last gradient is ready) on the NCCL stream at the last micro-batch, then Adam on the GPU.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Literal
+
 from sosim import model as tm
-from sosim.config import GpuOnlySchedule, Scenario
-from sosim.costs import CostModel
+from sosim.config import PosFloat, ScheduleKnobs
+from sosim.machine import rank_threads
 from sosim.memory import MemoryUsage
-from sosim.plan import COMM, GPU, NET, OPTIMIZER, Phase, Plan
-from sosim.schedules.common import backward_pass, build_units, forward_pass, make_buckets
+from sosim.plan import NET, Category, Phase, Plan
+from sosim.schedules import cpu, layout
+from sosim.schedules.driver import Ctx, DoneCallback, Recipe, plan_for
+from sosim.schedules.layout import Group, Unit
+from sosim.schedules.weights import Replicated
 from sosim.units import BF16_BYTES
 
+if TYPE_CHECKING:
+    from sosim.config import Scenario
+    from sosim.costs import CostModel
+
 # PyTorch DDP's default bucket_cap_mb.
-DDP_BUCKET_BYTES = 25e6
+DDP_BUCKET_MB = 25.0
+
+
+class GpuOnlyKnobs(ScheduleKnobs):
+    """Plain data parallel training with everything in HBM."""
+
+    system: Literal["gpu_only"]
+    # Bytes of model state per parameter: bf16 params+grads (4) + fp32 master, m, v (12) = 16.
+    state_bytes_per_param: PosFloat = 16.0
+
+
+@dataclass
+class AllReduce:
+    """DDP: each bucket is all-reduced as soon as its gradients are ready, at the last micro-batch."""
+
+    ops: list[int] = field(default_factory=list)
+
+    def start(self, ctx: Ctx) -> None:
+        self.ops = []
+        del ctx
+
+    def after_backward(self, ctx: Ctx, u: Unit, op: int, done: DoneCallback) -> None:
+        del done
+        if not ctx.boundary or ctx.dp <= 1:
+            return
+        for f in ctx.layout.flushes_at.get(u.index, ()):
+            n = f.elements * BF16_BYTES
+            self.ops.append(ctx.add(NET, f"allreduce:f{f.index}", ctx.costs.collective_s("all_reduce", n, ctx.dp),
+                                    [op], phase=Phase.GRADIENT, category=Category.COMM, layer=u.index,
+                                    group=f.index, n_bytes=2.0 * (ctx.dp - 1) / ctx.dp * n))
+
+    def finish(self, ctx: Ctx, done: DoneCallback) -> None:
+        del ctx, done
+
+
+@dataclass
+class GpuAdamStep:
+    """Adam over every parameter on the GPU once all reductions are done."""
+
+    reduce: AllReduce
+
+    def on_done(self, ctx: Ctx, group: Group, arrival: int) -> None:
+        del ctx, group, arrival
+
+    def run(self, ctx: Ctx, arrivals: dict[int, int], backward_end: int) -> dict[int, list[int]]:
+        del arrivals
+        op = ctx.gpu_op("adam:gpu", ctx.costs.gpu_adam_s(ctx.layout.p_total), [backward_end, *self.reduce.ops],
+                        phase=Phase.OPTIMIZER, category=Category.OPTIMIZER)
+        return {0: [op]}
 
 
 def memory_usage(sc: Scenario) -> MemoryUsage:
-    sched = sc.schedule
-    assert isinstance(sched, GpuOnlySchedule)
+    s = sc.schedule
+    assert isinstance(s, GpuOnlyKnobs)
     p = tm.total_params(sc.model)
     gpu = {
-        "model_state": sched.state_bytes_per_param * p,
+        "model_state": s.state_bytes_per_param * p,
         "activations": tm.activation_bytes_peak(sc.model, sc.training, sequence_parallel=sc.cluster.sequence_parallel),
     }
     return MemoryUsage(gpu_bytes=gpu, cpu_bytes={})
 
 
+def recipe(sc: Scenario, costs: CostModel) -> Recipe:
+    units = layout.build_units(sc, costs)
+    tensors = layout.build_tensors(sc.model, units)
+    flushes = layout.make_flushes(tensors, layout.bucket_elements_from_mb(DDP_BUCKET_MB), "fill")
+    whole = [layout.Group(0, tuple(t.index for t in tensors), sum(t.elements for t in tensors), on_gpu=True)]
+    reduce = AllReduce()
+    return Recipe(layout=layout.make_layout(units, tensors, flushes, whole),
+                  cpu=cpu.one_process(rank_threads(sc), "cpu_adam"), weights=Replicated(),
+                  grads=reduce, step=GpuAdamStep(reduce))
+
+
 def build_plan(sc: Scenario, costs: CostModel) -> Plan:
-    plan = Plan()
-    units = build_units(sc, costs)
-    dp = sc.cluster.dp
-    buckets = make_buckets(units, DDP_BUCKET_BYTES / BF16_BYTES)
-    p_total = sum(u.params for u in units)
-    for it in range(sc.training.iterations):
-        last_reduce: list[int] = []
-        for micro in range(sc.training.grad_accum):
-            fwd = forward_pass(plan, units, it)
-            if micro == 0:
-                plan.mark_iteration_start(fwd[0])
-            bwd = backward_pass(plan, units, it)
-            if micro == sc.training.grad_accum - 1 and dp > 1:
-                for b in buckets:
-                    last_reduce.append(
-                        plan.add(NET, f"allreduce:b{b.index}", costs.allreduce_s(b.params * BF16_BYTES, dp),
-                                 (bwd[b.last_unit],), layer=b.last_unit, iteration=it, category=COMM,
-                                 phase=Phase.GRADIENT, n_bytes=2.0 * (dp - 1) / dp * b.params * BF16_BYTES,
-                                 group=b.index)
-                    )
-        plan.add(GPU, "adam:gpu", costs.gpu_adam_s(p_total), last_reduce, iteration=it, category=OPTIMIZER,
-                 phase=Phase.OPTIMIZER)
-    return plan
+    return plan_for(sc, costs, recipe(sc, costs))

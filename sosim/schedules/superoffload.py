@@ -1,70 +1,178 @@
-"""SuperOffload (Lian et al., ASPLOS'26), each technique a knob; paper ('ideal') and DeepSpeed variants.
+"""SuperOffload (Lian et al., ASPLOS'26): DeepSpeed's implementation (default) and the paper's schedule.
 
-ideal (the paper's schedule):
-  * weight placement: stationary (bf16 weights in HBM) or flow (weights and activation checkpoints in CPU
-    memory, streamed per layer); ``auto`` picks stationary whenever it fits in HBM, else flow, and says why;
-  * bucketization repartitioning: ``bucket_mb`` transfer buckets; the ``gpu_optimizer_fraction`` of the
-    parameters in the buckets backward produces last keep their optimizer state in HBM, updated on the GPU;
-  * casting: ``cast: gpu`` moves fp32 over the link and casts on the GPU; ``cpu`` moves bf16 and casts on
-    the CPU;
-  * speculation (STV): CPU Adam per bucket as soon as its gradients arrive, during backward; with clipping
-    the expected rollback cost ``clip_rate x (2 Adam passes + a second refresh)`` is charged;
-  * ``cpu_adam``: torch | cpu_adam | grace_adam, on ``cpu_adam_core_fraction`` of the cores;
-  * parameters return per bucket as each update finishes.
-deepspeed (0.19.6, ``deepspeed/runtime/superoffload/superoffload_stage3.py``): a ZeRO-3 code path with
-per-layer hooks; gradients take bf16 D2H -> bf16 H2D -> GPU cast -> fp32 D2H (8 B/param), the last one
-into buffers that lost their pinning when shared with the worker process (inferred from PyTorch's storage
-sharing: modelled as pageable); the host synchronizes the stream when a sub-group completes and, only
-with ``gradient_clipping: 0``, queues its Adam on the worker (a spawned process on ``cpuadam_cores_perc``
-of the cores; the training process keeps the rest); ``step()`` waits for all updates, then per sub-group:
-the worker's result is copied CPU->CPU into the fp32 master, a redundant CPU unscale pass, and a blocking
-``copy_`` into the bf16 GPU weights (CPU cast, pageable, 2 B/param) before the next forward. With
-clipping on, every CPU sub-group is stepped synchronously after backward (Adam, then its copy-back, then
-the next). The open-source version has no speculate-then-validate rollback for clipping (only an fp16
-overflow rollback), so ``clip_rate`` has no effect here.
+``implementation: deepspeed`` (DeepSpeed 0.19.8, ``runtime/superoffload/superoffload_stage3.py`` and
+``superoffload_utils.py``): a ZeRO-3 path (per-layer hooks; weights in HBM, or streamed from host memory
+with ``weight_placement: flow`` = ``offload_param: cpu``) whose CPU Adam runs in a worker process on
+``cpu_adam_core_fraction`` of the cores (``cpuadam_cores_perc``). Gradients flush per reduce bucket (bf16
+to the host and back, GPU cast, fp32 to the host: 8 B/param); at the last micro-batch the host waits for
+every flush and, with ``gradient_clipping: 0``, hands each completed sub-group to the worker at once, so
+Adam overlaps the rest of backward. With clipping, every CPU sub-group is stepped synchronously by the
+worker after backward. ``step()``: its fixed part, then per sub-group an unscale pass and a blocking
+``copy_`` of the fp32 master into the bf16 GPU weights. ``gpu_optimizer_fraction`` is 1 - ``ratio``: the
+first int((1 - ratio) * n) sub-groups keep their optimizer on the GPU.
+``implementation: ideal`` (the paper): every technique is a knob: ``weight_placement`` stationary / flow /
+auto, ``bucket_mb`` transfer buckets with the ``gpu_optimizer_fraction`` of parameters in the first buckets
+updated on the GPU, ``cast`` gpu (fp32 over the link, GPU casts) or cpu, ``speculation`` (CPU Adam per bucket
+during backward; expected rollback cost ``clip_rate x (2 Adam + refresh)``), ``cpu_adam`` on
+``cpu_adam_core_fraction`` of the cores; parameters return per bucket as each update finishes.
 """
 
 from __future__ import annotations
 
-from sosim.config import Scenario, SuperOffloadSchedule
-from sosim.memory import check_fit
-from sosim.schedules import stage3
+from typing import TYPE_CHECKING, ClassVar, Literal
+
+from pydantic import BaseModel, model_validator
+
+from sosim import model as tm
+from sosim.config import AdamImpl, Fraction, OffloadKnobs, PosFloat, UnitInterval
+from sosim.machine import rank_threads
+from sosim.memory import MemoryUsage, check_fit
+from sosim.plan import Plan
+from sosim.schedules import cpu, layout, stage3
+from sosim.schedules.driver import ActivationsOnGpu, Recipe, plan_for
+from sosim.schedules.gradients import HostGradients, Stage3Gradients
+from sosim.schedules.steps import AfterBackward, BlockingCopy, CastAndCopy, HostCopyOnly, Speculative, Stage3Step
+from sosim.schedules.weights import CheckpointsOnHost, HostStreamed, Partitioned
+from sosim.units import BF16_BYTES, FP32_BYTES
+
+if TYPE_CHECKING:
+    from sosim.config import Scenario
+    from sosim.costs import CostModel
 
 
-def _placement(sc: Scenario, s: SuperOffloadSchedule) -> tuple[bool, str]:
+class _Defaults(BaseModel):
+    sub_group_elements: float
+    bucket_mb: float
+    overlap_comm: bool
+    cpu_adam: AdamImpl
+    gpu_optimizer_fraction: float
+    cast: Literal["gpu", "cpu"]
+    cpu_adam_core_fraction: float
+    weight_placement: Literal["stationary", "flow", "auto"]
+
+
+class SuperOffloadKnobs(OffloadKnobs):
+    """SuperOffload's knobs; defaults follow ``implementation``."""
+
+    system: Literal["superoffload"]
+    sub_group_elements: PosFloat
+    bucket_mb: PosFloat
+    overlap_comm: bool
+    weight_placement: Literal["stationary", "flow", "auto"]
+    # Fraction of optimizer state kept in HBM and updated on the GPU = 1 - DeepSpeed ratio.
+    gpu_optimizer_fraction: UnitInterval
+    cast: Literal["gpu", "cpu"]
+    speculation: bool = True
+    cpu_adam_core_fraction: Fraction
+    DEFAULTS: ClassVar = {
+        # DeepSpeed: sub_group_size 1e9, reduce_bucket_size 5e8, ratio 1.0, cpuadam_cores_perc 0.8,
+        # DeepSpeed CPU-Adam, refresh cast on the CPU, weights in HBM (runtime/zero/offload_config.py).
+        "deepspeed": _Defaults(sub_group_elements=1e9, bucket_mb=1000.0, overlap_comm=True, cpu_adam="cpu_adam",
+                               gpu_optimizer_fraction=0.0, cast="cpu", cpu_adam_core_fraction=0.8,
+                               weight_placement="stationary"),
+        # Paper artifact: sub_group_size 6e8, ratio 0.9, GraceAdam, 64 MB buckets, casts on the GPU.
+        "ideal": _Defaults(sub_group_elements=6e8, bucket_mb=64.0, overlap_comm=True, cpu_adam="grace_adam",
+                           gpu_optimizer_fraction=0.1, cast="gpu", cpu_adam_core_fraction=1.0,
+                           weight_placement="auto"),
+    }
+
+    @model_validator(mode="after")
+    def _deepspeed_choices(self) -> SuperOffloadKnobs:
+        if self.implementation != "deepspeed":
+            return self
+        if self.cast != "cpu":
+            raise ValueError("cast: DeepSpeed casts the refreshed parameters on the CPU (copy_ of the fp32 "
+                             "master into the bf16 weights); cast: gpu needs implementation: ideal")
+        if not self.speculation:
+            raise ValueError("speculation: DeepSpeed decides it (Adam during backward exactly when "
+                             "gradient_clipping is 0); speculation: false needs implementation: ideal")
+        return self
+
+
+def _knobs(sc: Scenario) -> SuperOffloadKnobs:
+    assert isinstance(sc.schedule, SuperOffloadKnobs)
+    return sc.schedule
+
+
+def _memory(sc: Scenario, s: SuperOffloadKnobs, flow: bool) -> MemoryUsage:
+    if s.implementation == "deepspeed":
+        usage = stage3.footprint(
+            sc, weight_flow=flow, offload_checkpoints=False,
+            gpu_fraction=stage3.deepspeed_gpu_fraction(sc, s.sub_group_elements, 1.0 - s.gpu_optimizer_fraction),
+            cpu_state_bytes=stage3.DEEPSPEED_CPU_STATE_BYTES,
+            gpu_buffer_bytes=stage3.deepspeed_gpu_buffers(sc, s.bucket_mb))
+        # The worker's fp32 gradient scratch buffer, as large as the largest sub-group (superoffload_utils.py).
+        usage.cpu_bytes["worker_grad_buffer"] = FP32_BYTES * min(s.sub_group_elements, tm.total_params(sc.model))
+        return usage
+    return stage3.footprint(sc, weight_flow=flow, offload_checkpoints=flow, gpu_fraction=s.gpu_optimizer_fraction,
+                            cpu_state_bytes=stage3.OPT_STATE_BYTES,
+                            gpu_buffer_bytes=stage3.ideal_gpu_buffers(s.bucket_mb))
+
+
+def placement(sc: Scenario, s: SuperOffloadKnobs) -> tuple[bool, str]:
     """(weight_flow, reason)."""
     if s.weight_placement != "auto":
         return s.weight_placement == "flow", f"weight_placement: {s.weight_placement} (set by the scenario)"
-    stationary = stage3.memory_usage(sc, _strategy(sc, s, weight_flow=False))
-    fit = check_fit(stationary, sc.hardware)
+    fit = check_fit(_memory(sc, s, flow=False), sc.hardware)
     if fit.feasible:
         return False, "auto -> stationary: bf16 weights, activations and GPU optimizer tail fit in HBM"
     return True, f"auto -> flow: weight-stationary does not fit ({fit.reason})"
 
 
-def _strategy(sc: Scenario, s: SuperOffloadSchedule, weight_flow: bool, reason: str = "") -> stage3.Stage3Strategy:
-    ds = s.implementation == "deepspeed"
-    speculative = s.speculation and (not ds or sc.training.gradient_clipping == 0)
-    return stage3.Stage3Strategy(
-        name="superoffload", weight_flow=weight_flow, offload_checkpoints=weight_flow,
-        grad_path="deepspeed_stage3" if ds else ("fp32_gpu_cast" if s.cast == "gpu" else "bf16_cpu_cast"),
-        param_cast="cpu" if ds else s.cast, speculative=speculative,
-        refresh="blocking" if ds else "per_bucket", serial_subgroups=ds and not speculative,
-        gpu_optimizer_fraction=s.gpu_optimizer_fraction,
-        bucket_params=s.sub_group_elements if ds else stage3.bucket_params_from_mb(s.bucket_mb),
-        cpu_adam=s.cpu_adam, cpu_adam_core_fraction=s.cpu_adam_core_fraction, pin_memory=s.pin_memory,
-        overlap_comm=s.overlap_comm,
-        hook_s_per_layer=stage3.STAGE3_HOOK_S_PER_TENSOR * stage3.TENSORS_PER_LAYER if ds else 0.0,
-        host_sync_per_subgroup=ds, grad_d2h_pinned=not ds, refresh_pinned=not ds, cpu_unscale_pass=ds,
-        worker_copy_back=ds, blocking_grad_copies=ds,
-        cpu_state_bytes=stage3.DEEPSPEED_CPU_STATE_BYTES if ds else stage3.OPT_STATE_BYTES,
-        notes=(("weight_placement", "flow" if weight_flow else "stationary"), ("placement_reason", reason),
-               ("speculation_active", str(speculative))),
+def memory_usage(sc: Scenario) -> MemoryUsage:
+    s = _knobs(sc)
+    return _memory(sc, s, placement(sc, s)[0])
+
+
+def choices(sc: Scenario) -> dict[str, str]:
+    s = _knobs(sc)
+    flow, reason = placement(sc, s)
+    clip = sc.training.gradient_clipping > 0
+    spec = (not clip) if s.implementation == "deepspeed" else s.speculation
+    return {"weight_placement": "flow" if flow else "stationary", "placement_reason": reason,
+            "speculation_active": str(spec)}
+
+
+def deepspeed(sc: Scenario, costs: CostModel, s: SuperOffloadKnobs) -> Recipe:
+    # weight_placement flow = DeepSpeed's offload_param: cpu: weights streamed per layer by the stage-3 prefetcher,
+    # the refresh rewrites the host bf16 partition (a CPU cast) instead of copying to the GPU.
+    flow, _ = placement(sc, s)
+    refresh = HostCopyOnly(cast=True) if flow else BlockingCopy("superoffload")
+    return Recipe(
+        layout=stage3.deepspeed_layout(sc, costs, s.sub_group_elements, s.bucket_mb, 1.0 - s.gpu_optimizer_fraction),
+        cpu=cpu.split_cores(rank_threads(sc), s.cpu_adam_core_fraction, False, s.cpu_adam),
+        weights=HostStreamed(1, BF16_BYTES) if flow else Partitioned(),
+        hooks=stage3.deepspeed_hooks(sc, costs),
+        grads=Stage3Gradients(overlap_comm=s.overlap_comm, pinned=s.pin_memory, superoffload=True),
+        step=Stage3Step(refresh, system="superoffload", worker=True, handed_off=sc.training.gradient_clipping == 0),
     )
 
 
-def strategy(sc: Scenario) -> stage3.Stage3Strategy:
-    s = sc.schedule
-    assert isinstance(s, SuperOffloadSchedule)
-    flow, reason = _placement(sc, s)
-    return _strategy(sc, s, flow, reason)
+def ideal(sc: Scenario, costs: CostModel, s: SuperOffloadKnobs) -> Recipe:
+    flow, _ = placement(sc, s)
+    gpu_cast = s.cast == "gpu"
+    units = layout.build_units(sc, costs)
+    tensors = layout.build_tensors(sc.model, units)
+    flushes = layout.make_flushes(tensors, layout.bucket_elements_from_mb(s.bucket_mb), "fill")
+    groups = layout.gpu_groups_by_fraction(layout.groups_from_flushes(flushes), s.gpu_optimizer_fraction)
+    refresh = HostCopyOnly(cast=not gpu_cast) if flow else CastAndCopy(cast_on_gpu=gpu_cast, pinned=s.pin_memory)
+    refresh_bytes = FP32_BYTES if gpu_cast else BF16_BYTES
+    t = sc.training
+    step = (Speculative(refresh, refresh_bytes) if s.speculation
+            else AfterBackward(refresh, norm=t.gradient_clipping > 0 or t.precision == "fp16"))
+    return Recipe(
+        layout=layout.make_layout(units, tensors, flushes, groups),
+        cpu=cpu.split_cores(rank_threads(sc), s.cpu_adam_core_fraction, True, s.cpu_adam),
+        weights=HostStreamed(1, refresh_bytes) if flow else Partitioned(),
+        activations=CheckpointsOnHost() if flow else ActivationsOnGpu(),
+        grads=HostGradients(fp32_on_gpu=gpu_cast, overlap_comm=s.overlap_comm),
+        step=step,
+    )
+
+
+PRESETS = {"deepspeed": deepspeed, "ideal": ideal}
+
+
+def build_plan(sc: Scenario, costs: CostModel) -> Plan:
+    s = _knobs(sc)
+    return plan_for(sc, costs, PRESETS[s.implementation](sc, costs, s))

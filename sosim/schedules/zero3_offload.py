@@ -1,22 +1,120 @@
-"""ZeRO stage 3 with the optimizer offloaded to the CPU (DeepSpeed ``stage: 3`` + ``offload_optimizer``).
+"""ZeRO stage 3 with the optimizer offloaded to the CPU (DeepSpeed ``stage: 3`` + ``offload_optimizer: cpu``).
 
-ideal: the schedule as designed — weights resident on one GPU (partitioned and all-gathered across
-data-parallel ranks), bf16 gradients per sub-group to the CPU, Adam per sub-group after backward and the
-global norm, each sub-group's parameters copied back as soon as it is updated.
-deepspeed: DeepSpeed 0.19.6 (``runtime/zero/stage3.py``) adds the per-submodule fetch/release hooks of
-stage 3 on every layer's forward and backward; ``partition_grads`` moves each gradient bf16 to a pinned
-host buffer, back to the GPU, casts it to fp32 there and copies fp32 to the host (8 B/param); ``step()``
-walks the sub-groups one after the other: CPU unscale/clip pass, CPU Adam, then a blocking
-``fp16_partition.copy_(fp32_partition)`` from pageable memory (fp32->bf16 on the CPU, 2 B/param H2D)
-before the next sub-group. Host memory is 18 B/param.
+``implementation: deepspeed`` (default; DeepSpeed 0.19.8, ``runtime/zero/stage3.py``): per-layer module
+hooks on the host thread; gradients flush per reduce bucket on a side stream, non-blocking, bf16 to the
+host, back, cast on the GPU, fp32 to the host (8 B/param), with one host sync at the end of backward;
+``step()`` runs its fixed part, then per sub-group: CPU unscale, CPU Adam in the training process, and a
+blocking ``copy_`` of the fp32 master into the bf16 GPU weights. Host memory 18 B/param.
+``implementation: ideal`` (the schedule as designed): bf16 gradients per bucket to the host with a CPU
+conversion, the global norm, CPU Adam per sub-group on ``cpu_adam_core_fraction`` of the cores, each
+sub-group's parameters copied back (CPU cast, pinned bf16) as soon as it is updated.
 """
 
 from __future__ import annotations
 
-from sosim.config import Scenario, Zero3OffloadSchedule
-from sosim.schedules import stage3
+from typing import TYPE_CHECKING, ClassVar, Literal
+
+from pydantic import BaseModel, model_validator
+
+from sosim.config import AdamImpl, Fraction, OffloadKnobs, PosFloat
+from sosim.machine import rank_threads, zero_group
+from sosim.memory import MemoryUsage
+from sosim.plan import Plan
+from sosim.schedules import cpu, layout, stage3
+from sosim.schedules.driver import Recipe, plan_for
+from sosim.schedules.gradients import HostGradients, Stage3Gradients
+from sosim.schedules.steps import AfterBackward, BlockingCopy, CastAndCopy, Stage3Step
+from sosim.schedules.weights import Partitioned
+
+if TYPE_CHECKING:
+    from sosim.config import Scenario
+    from sosim.costs import CostModel
 
 
-def strategy(sc: Scenario) -> stage3.Stage3Strategy:
-    assert isinstance(sc.schedule, Zero3OffloadSchedule)
-    return stage3.zero3_strategy("zero3_offload", sc.schedule, weight_flow=False)
+class Stage3Defaults(BaseModel):
+    sub_group_elements: float
+    bucket_mb: float
+    overlap_comm: bool
+    cpu_adam: AdamImpl
+
+
+# DeepSpeed: sub_group_size 1e9, reduce_bucket_size 5e8 elements (1000 MB of bf16), overlap_comm true for
+# stage 3 (runtime/zero/config.py). Ideal: the SuperOffload artifact's sub_group_size 6e8.
+STAGE3_DEFAULTS: dict[str, BaseModel] = {
+    "deepspeed": Stage3Defaults(sub_group_elements=1e9, bucket_mb=1000.0, overlap_comm=True, cpu_adam="cpu_adam"),
+    "ideal": Stage3Defaults(sub_group_elements=6e8, bucket_mb=1000.0, overlap_comm=True, cpu_adam="cpu_adam"),
+}
+
+
+class Zero3Knobs(OffloadKnobs):
+    """Knobs of the ZeRO-3 offload systems; defaults follow ``implementation``."""
+
+    # Optimizer sub-group size in elements (DeepSpeed sub_group_size).
+    sub_group_elements: PosFloat
+    # Gradient reduce bucket in MB of bf16 gradients (DeepSpeed reduce_bucket_size x 2 B).
+    bucket_mb: PosFloat
+    overlap_comm: bool
+    # Paper schedule only: cores given to CPU Adam, the rest convert. DeepSpeed's ZeRO-3 runs CPU Adam in the
+    # training process on every core (cpuadam_cores_perc exists only with super_offload).
+    cpu_adam_core_fraction: Fraction = 1.0
+    DEFAULTS: ClassVar = STAGE3_DEFAULTS
+
+    @model_validator(mode="after")
+    def _deepspeed_has_no_core_split(self) -> Zero3Knobs:
+        if self.implementation == "deepspeed" and self.cpu_adam_core_fraction != 1.0:
+            raise ValueError("cpu_adam_core_fraction: DeepSpeed's ZeRO-3 runs CPU Adam in the training process on "
+                             "all cores (cpuadam_cores_perc exists only for superoffload); use implementation: ideal")
+        return self
+
+
+class Zero3OffloadKnobs(Zero3Knobs):
+    system: Literal["zero3_offload"]
+
+
+def _knobs(sc: Scenario) -> Zero3OffloadKnobs:
+    assert isinstance(sc.schedule, Zero3OffloadKnobs)
+    return sc.schedule
+
+
+def memory_usage(sc: Scenario) -> MemoryUsage:
+    s = _knobs(sc)
+    ds = s.implementation == "deepspeed"
+    return stage3.footprint(
+        sc, weight_flow=False, offload_checkpoints=False, gpu_fraction=0.0,
+        cpu_state_bytes=stage3.DEEPSPEED_CPU_STATE_BYTES if ds else stage3.OPT_STATE_BYTES,
+        gpu_buffer_bytes=stage3.deepspeed_gpu_buffers(sc, s.bucket_mb) if ds else stage3.ideal_gpu_buffers(s.bucket_mb))
+
+
+def deepspeed(sc: Scenario, costs: CostModel, s: Zero3Knobs) -> Recipe:
+    return Recipe(
+        layout=stage3.deepspeed_layout(sc, costs, s.sub_group_elements, s.bucket_mb, ratio=1.0),
+        cpu=cpu.one_process(rank_threads(sc), s.cpu_adam),
+        weights=Partitioned(),
+        hooks=stage3.deepspeed_hooks(sc, costs),
+        grads=Stage3Gradients(overlap_comm=s.overlap_comm, pinned=s.pin_memory, superoffload=False),
+        step=Stage3Step(BlockingCopy("zero3_offload"), system="zero3_offload", worker=False, handed_off=False),
+    )
+
+
+def ideal(sc: Scenario, costs: CostModel, s: Zero3Knobs) -> Recipe:
+    units = layout.build_units(sc, costs)
+    tensors = layout.build_tensors(sc.model, units)
+    flushes = layout.make_flushes(tensors, layout.bucket_elements_from_mb(s.bucket_mb), "fill")
+    groups = layout.subgroups(tensors, s.sub_group_elements * zero_group(sc))
+    t = sc.training
+    return Recipe(
+        layout=layout.make_layout(units, tensors, flushes, groups),
+        cpu=cpu.split_cores(rank_threads(sc), s.cpu_adam_core_fraction, True, s.cpu_adam),
+        weights=Partitioned(),
+        grads=HostGradients(fp32_on_gpu=False, overlap_comm=s.overlap_comm),
+        step=AfterBackward(CastAndCopy(cast_on_gpu=False, pinned=s.pin_memory),
+                           norm=t.gradient_clipping > 0 or t.precision == "fp16"),
+    )
+
+
+PRESETS = {"deepspeed": deepspeed, "ideal": ideal}
+
+
+def build_plan(sc: Scenario, costs: CostModel) -> Plan:
+    s = _knobs(sc)
+    return plan_for(sc, costs, PRESETS[s.implementation](sc, costs, s))

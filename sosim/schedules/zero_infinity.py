@@ -1,17 +1,73 @@
-"""ZeRO-Infinity (CPU variant): ZeRO-3 with the optimizer *and* the bf16 parameters offloaded.
+"""ZeRO-Infinity (CPU tier): ZeRO-3 with the optimizer *and* the bf16 parameters offloaded to host memory.
 
-Parameters live in CPU memory and are streamed to the GPU one layer ahead of use (``prefetch_layers``),
-in forward and again in backward; gradients go back per sub-group; Adam runs on the CPU after backward
-and rewrites the CPU-resident bf16 copy (CPU-side cast). GPU memory holds only the working set, so the
-model size is bounded by CPU memory; every step moves the weights over the link twice.
+Parameters live in host memory and are copied to the GPU one layer ahead of use (``prefetch_layers``), in
+forward and again in backward; gradients and the optimizer step are those of ZeRO-3 offload (the same
+presets), except that the refresh rewrites the host bf16 copy (a CPU cast; DeepSpeed's
+``_reassign_or_swap_out_partitioned_parameters`` copies into the host partition) instead of crossing the
+link. GPU memory holds only the working set; every step moves the weights over the link twice.
 """
 
 from __future__ import annotations
 
-from sosim.config import Scenario, ZeroInfinitySchedule
+from dataclasses import replace
+from typing import TYPE_CHECKING, Literal
+
+from pydantic import Field
+
+from sosim.memory import MemoryUsage
+from sosim.plan import Plan
 from sosim.schedules import stage3
+from sosim.schedules.driver import Recipe, plan_for
+from sosim.schedules.steps import AfterBackward, HostCopyOnly, Stage3Step
+from sosim.schedules.weights import HostStreamed
+from sosim.schedules.zero3_offload import Zero3Knobs
+from sosim.schedules.zero3_offload import deepspeed as zero3_deepspeed
+from sosim.schedules.zero3_offload import ideal as zero3_ideal
+from sosim.units import BF16_BYTES
+
+if TYPE_CHECKING:
+    from sosim.config import Scenario
+    from sosim.costs import CostModel
 
 
-def strategy(sc: Scenario) -> stage3.Stage3Strategy:
-    assert isinstance(sc.schedule, ZeroInfinitySchedule)
-    return stage3.zero3_strategy("zero_infinity", sc.schedule, weight_flow=True)
+class ZeroInfinityKnobs(Zero3Knobs):
+    system: Literal["zero_infinity"]
+    # Layers of parameters fetched ahead of use (DeepSpeed prefetch_bucket_size, expressed in layers).
+    prefetch_layers: int = Field(1, ge=0)
+
+
+def _knobs(sc: Scenario) -> ZeroInfinityKnobs:
+    assert isinstance(sc.schedule, ZeroInfinityKnobs)
+    return sc.schedule
+
+
+def memory_usage(sc: Scenario) -> MemoryUsage:
+    s = _knobs(sc)
+    ds = s.implementation == "deepspeed"
+    return stage3.footprint(
+        sc, weight_flow=True, offload_checkpoints=False, gpu_fraction=0.0,
+        cpu_state_bytes=stage3.DEEPSPEED_CPU_STATE_BYTES if ds else stage3.OPT_STATE_BYTES,
+        gpu_buffer_bytes=stage3.deepspeed_gpu_buffers(sc, s.bucket_mb) if ds else stage3.ideal_gpu_buffers(s.bucket_mb),
+        prefetch_layers=s.prefetch_layers)
+
+
+def deepspeed(sc: Scenario, costs: CostModel, s: ZeroInfinityKnobs) -> Recipe:
+    """ZeRO-3 offload's DeepSpeed recipe with host-resident weights: swap the weight source and the refresh."""
+    base = zero3_deepspeed(sc, costs, s)
+    step = Stage3Step(HostCopyOnly(cast=True), system="zero3_offload", worker=False, handed_off=False)
+    return replace(base, weights=HostStreamed(s.prefetch_layers, BF16_BYTES), step=step)
+
+
+def ideal(sc: Scenario, costs: CostModel, s: ZeroInfinityKnobs) -> Recipe:
+    base = zero3_ideal(sc, costs, s)
+    assert isinstance(base.step, AfterBackward)
+    return replace(base, weights=HostStreamed(s.prefetch_layers, BF16_BYTES),
+                   step=AfterBackward(HostCopyOnly(cast=True), norm=base.step.norm))
+
+
+PRESETS = {"deepspeed": deepspeed, "ideal": ideal}
+
+
+def build_plan(sc: Scenario, costs: CostModel) -> Plan:
+    s = _knobs(sc)
+    return plan_for(sc, costs, PRESETS[s.implementation](sc, costs, s))

@@ -1,0 +1,268 @@
+"""The step driver: one training step composed from blocks, the same loop for every offload system.
+
+A system is a :class:`Recipe`: a layout (what is moved and updated as one piece) and one block per job:
+
+* ``weights`` (:mod:`sosim.schedules.weights`): where the bf16 weights live and what a unit's compute waits
+  for before it can run (resident in HBM, streamed from host memory; an all-gather across ranks);
+* ``hooks``: host-side framework work around each layer that the GPU waits for when it is longer than the
+  layer (DeepSpeed's ZeRO-3 hooks), or none;
+* ``grads`` (:mod:`sosim.schedules.gradients`): how gradients leave the GPU during backward, flush by flush,
+  and when each optimizer group's gradients are complete on the host;
+* ``step`` (:mod:`sosim.schedules.steps`): when and where each group is updated, and how the updated
+  parameters return (the parameter refresh is a block the step is built with);
+* ``activations``: activation checkpoints kept in host memory (weight-flow), or on the GPU.
+
+The driver walks iterations and micro-batches: forward over the units, backward in reverse (calling the
+gradient path after each unit), then the step. The next iteration's forward of a unit waits for the groups
+holding its parameters (``staleness`` iterations back: 1, or 2 with delayed parameter update).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Protocol, cast
+
+from sosim.machine import zero_group
+from sosim.plan import GPU, NET, SYNC, Category, Op, Phase, Plan, Resource, ResourceKind
+
+if TYPE_CHECKING:
+    from sosim.config import Scenario
+    from sosim.costs import CostModel
+    from sosim.schedules.cpu import CpuPlan
+    from sosim.schedules.layout import Group, Layout, Unit
+
+
+@dataclass
+class Ctx:
+    """What the blocks share while one plan is built."""
+
+    sc: Scenario
+    costs: CostModel
+    plan: Plan
+    layout: Layout
+    cpu: CpuPlan
+    it: int = 0
+    micro: int = 0
+    boundary: bool = True  # the last micro-batch of the step: gradients are final
+    # The last blocking call of the training process's host thread: GPU work issued later waits for it.
+    host_issue: int | None = None
+    # Extra dependencies of the next GPU compute op (work queued before it on the compute stream).
+    compute_gate: list[int] = field(default_factory=list)
+    # GPU compute ops of this micro-batch, in order (weight streaming's buffer window reads it).
+    computed: list[int] = field(default_factory=list)
+
+    dp: int = 1  # data-parallel ranks (set from the scenario)
+
+    def __post_init__(self) -> None:
+        self.dp = zero_group(self.sc)
+
+    def add(self, resource: Resource, name: str, duration_s: float, deps: Sequence[int | None], *,
+            phase: Phase, category: Category, layer: int = -1, n_bytes: float = 0.0, flops: float = 0.0,
+            group: int = -1) -> int:
+        # Plan.add's checks, inlined: this is the hot path of plan building.
+        ops = self.plan.ops
+        op_id = len(ops)
+        clean = tuple(sorted({d for d in deps if d is not None}))
+        if not duration_s >= 0 or (clean and clean[-1] >= op_id):
+            return self.plan.add(resource, name, duration_s, clean, phase=phase)  # raises the error
+        ops.append(Op(op_id, resource, name, float(duration_s), clean, layer, self.it, category, phase,
+                      float(n_bytes), float(flops), group))
+        return op_id
+
+    def host_op(self, name: str, duration_s: float, deps: Sequence[int | None], *, phase: Phase,
+                category: Category = SYNC, layer: int = -1, group: int = -1) -> int:
+        """A blocking call of the training process's host thread: kernels issued after it wait for it."""
+        op = self.add(self.cpu.host, name, duration_s, [*deps, self.host_issue], phase=phase, category=category,
+                      layer=layer, group=group)
+        self.host_issue = op
+        return op
+
+    def gpu_op(self, name: str, duration_s: float, deps: Sequence[int | None], *, phase: Phase,
+               category: Category, layer: int = -1, flops: float = 0.0, group: int = -1) -> int:
+        """Work on the compute stream: after the host issued it and after what the stream holds before it."""
+        op = self.add(GPU, name, duration_s, [*deps, self.host_issue, *self.compute_gate], phase=phase,
+                      category=category, layer=layer, flops=flops, group=group)
+        self.compute_gate = []
+        return op
+
+
+@dataclass
+class Stream:
+    """A CUDA stream: its work runs in issue order, whichever engine (copy engine, kernels) executes it."""
+
+    last: int | None = None
+
+    def add(self, ctx: Ctx, resource: Resource, name: str, duration_s: float, deps: Sequence[int | None], *,
+            phase: Phase, category: Category, layer: int = -1, n_bytes: float = 0.0, group: int = -1) -> int:
+        self.last = ctx.add(resource, name, duration_s, [*deps, self.last], phase=phase, category=category,
+                            layer=layer, n_bytes=n_bytes, group=group)
+        return self.last
+
+
+# --- block protocols -----------------------------------------------------------------------------------------
+class WeightSource(Protocol):
+    """Where the bf16 weights live; what a unit's compute waits for before it can read them."""
+
+    def before_use(self, ctx: Ctx, u: Unit, phase: Phase) -> list[int]: ...
+
+
+class Hooks(Protocol):
+    """Host-side framework work around each unit's forward and backward."""
+
+    def around(self, ctx: Ctx, u: Unit, phase: Phase) -> None: ...
+
+
+class Activations(Protocol):
+    """Where activation checkpoints wait between forward and backward."""
+
+    def after_forward(self, ctx: Ctx, u: Unit, op: int) -> None: ...
+    def before_backward(self, ctx: Ctx, u: Unit) -> list[int]: ...
+
+
+class GradientPath(Protocol):
+    """Gradients leaving the GPU during backward; reports each group once its gradients are on the host."""
+
+    def start(self, ctx: Ctx) -> None: ...
+    def after_backward(self, ctx: Ctx, u: Unit, op: int, done: DoneCallback) -> None: ...
+    def finish(self, ctx: Ctx, done: DoneCallback) -> None: ...
+
+
+class DoneCallback(Protocol):
+    def __call__(self, ctx: Ctx, group: Group, arrival: int) -> None: ...
+
+
+class StepBlock(Protocol):
+    """The optimizer step: updates every group and returns what the next use of each group waits for."""
+
+    def on_done(self, ctx: Ctx, group: Group, arrival: int) -> None: ...
+    def run(self, ctx: Ctx, arrivals: dict[int, int], backward_end: int) -> dict[int, list[int]]: ...
+
+
+# --- trivial blocks --------------------------------------------------------------------------------------------
+class NoHooks:
+    def around(self, ctx: Ctx, u: Unit, phase: Phase) -> None:
+        del ctx, u, phase
+
+
+class ActivationsOnGpu:
+    def after_forward(self, ctx: Ctx, u: Unit, op: int) -> None:
+        del ctx, u, op
+
+    def before_backward(self, ctx: Ctx, u: Unit) -> list[int]:
+        del ctx, u
+        return []
+
+
+@dataclass(frozen=True)
+class Recipe:
+    """A system, as blocks."""
+
+    layout: Layout
+    cpu: CpuPlan
+    weights: WeightSource
+    grads: GradientPath
+    step: StepBlock
+    hooks: Hooks = field(default_factory=NoHooks)
+    activations: Activations = field(default_factory=ActivationsOnGpu)
+    # Iterations between an update and the forward that uses it (2: delayed parameter update).
+    staleness: int = 1
+    # Extra iterations simulated before the timeline is periodic (DPU's one-step staleness needs 2).
+    warmup_iterations: int = 0
+
+
+def pass_op(ctx: Ctx, u: Unit, phase: Phase, deps: Sequence[int]) -> int:
+    """One unit's forward or backward on the GPU, preceded by its Ulysses all-to-all if any.
+
+    The all-to-all of Q/K/V (and of the attention output) sits on the critical path: attention cannot
+    start before every rank holds its heads for the whole sequence, so the compute op depends on it.
+    """
+    tag = "fwd" if phase is Phase.FORWARD else "bwd"
+    deps = list(deps)
+    if u.a2a_s > 0:
+        # It exchanges this layer's activations, which the previous compute op produces: it cannot run ahead
+        # of it (it sits inside the layer: projection, all-to-all, attention, all-to-all, projection).
+        deps = [ctx.add(NET, f"all_to_all_{tag}:{u.name}", u.a2a_s, [*deps, *ctx.computed[-1:]], layer=u.index,
+                        category=Category.COMM,
+                        phase=phase, n_bytes=u.a2a_bytes)]
+    duration, flops = (u.fwd_s, u.fwd_flops) if phase is Phase.FORWARD else (u.bwd_s, u.bwd_flops)
+    op = ctx.gpu_op(f"{tag}:{u.name}", duration, deps, phase=phase, category=Category.COMPUTE, layer=u.index,
+                    flops=flops)
+    ctx.computed.append(op)
+    return op
+
+
+def build(ctx: Ctx, r: Recipe) -> Plan:
+    """Every iteration of ``ctx.sc`` through the blocks of ``r``; returns the finished plan."""
+    sc = ctx.sc
+    units = r.layout.units
+    ready: dict[int, dict[int, list[int]]] = {}  # iteration -> group -> ops its next use waits for
+    for it in range(sc.training.iterations + r.warmup_iterations):
+        ctx.it = it
+        gates = ready.get(it - r.staleness, {})
+        done = _Arrivals(r.step)
+        backward_end = -1
+        for micro in range(sc.training.grad_accum):
+            ctx.micro, ctx.boundary = micro, micro == sc.training.grad_accum - 1
+            ctx.computed = []
+            for u in units:
+                deps = r.weights.before_use(ctx, u, Phase.FORWARD)
+                if micro == 0:
+                    deps += [d for g in r.layout.unit_groups.get(u.index, ()) for d in gates.get(g, [])]
+                r.hooks.around(ctx, u, Phase.FORWARD)
+                op = pass_op(ctx, u, Phase.FORWARD, deps)
+                if micro == 0 and u.index == 0:
+                    ctx.plan.mark_iteration_start(op)
+                r.activations.after_forward(ctx, u, op)
+            r.grads.start(ctx)
+            for u in reversed(units):
+                deps = r.weights.before_use(ctx, u, Phase.BACKWARD) + r.activations.before_backward(ctx, u)
+                r.hooks.around(ctx, u, Phase.BACKWARD)
+                backward_end = pass_op(ctx, u, Phase.BACKWARD, deps)
+                r.grads.after_backward(ctx, u, backward_end, done)
+            r.grads.finish(ctx, done)
+        ready[it] = r.step.run(ctx, done.arrivals, backward_end)
+    return ctx.plan
+
+
+@dataclass
+class _Arrivals:
+    """Records when each group's gradients are on the host and tells the step block at once."""
+
+    step: StepBlock
+    arrivals: dict[int, int] = field(default_factory=dict)
+
+    def __call__(self, ctx: Ctx, group: Group, arrival: int) -> None:
+        self.arrivals[group.index] = arrival
+        self.step.on_done(ctx, group, arrival)
+
+
+def plan_for(sc: Scenario, costs: CostModel, recipe: Recipe) -> Plan:
+    """The plan of ``sc`` built from ``recipe``'s blocks."""
+    duplex = {ResourceKind(k): f for k, f in costs.duplex_factors.items()}
+    memo = cast("CostModel", _MemoCosts(costs))
+    return build(Ctx(sc, memo, Plan(duplex_factors=duplex), recipe.layout, recipe.cpu), recipe)
+
+
+class _MemoCosts:
+    """The cost model with every call remembered for the build of one plan: iterations and groups of the
+    same size ask the same questions, and a cost (an interpolation, a table lookup) is a pure function."""
+
+    def __init__(self, costs: CostModel) -> None:
+        self._costs = costs
+        self._memo: dict[tuple[object, ...], object] = {}
+
+    def __getattr__(self, name: str) -> object:
+        attr = getattr(self._costs, name)
+        if not callable(attr):
+            return attr
+        memo = self._memo
+
+        def call(*args: object, **kwargs: object) -> object:
+            key = (name, args, tuple(sorted(kwargs.items()))) if kwargs else (name, args)
+            if key not in memo:
+                memo[key] = attr(*args, **kwargs)
+            return memo[key]
+
+        setattr(self, name, call)
+        return call

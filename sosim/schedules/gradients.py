@@ -1,0 +1,204 @@
+"""Gradient paths: how gradients leave the GPU during backward, flush by flush (see layout.py).
+
+Each path issues a flush's ops at the end of the backward op of the unit that closed the flush, and calls
+``done(ctx, group, arrival)`` once a group's last gradient is on the host (at the last micro-batch), with
+the op after which the optimizer may read them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from sosim.plan import D2H, GPU_CAST, H2D, NET, Category, Phase
+from sosim.schedules.driver import Ctx, DoneCallback, Stream
+from sosim.schedules.layout import Flush, Unit
+from sosim.units import BF16_BYTES, FP32_BYTES
+
+G = Phase.GRADIENT
+
+
+def _split(ctx: Ctx, f: Flush) -> tuple[float, float]:
+    """(elements of the flush whose optimizer runs on the CPU, on the GPU), per rank."""
+    gpu = ctx.layout.gpu_elements[f.index]
+    return (f.elements - gpu) / ctx.dp, gpu / ctx.dp
+
+
+def _reduce_scatter(ctx: Ctx, f: Flush, after: int, stream: Stream | None = None) -> int:
+    """Data parallel: the flush's bf16 gradients are reduce-scattered (each rank keeps its partition).
+    Returns the op after which the rank's partition is ready (``after`` itself on one rank)."""
+    if ctx.dp <= 1:
+        return after
+    n_bytes = f.elements * BF16_BYTES
+    dur = ctx.costs.collective_s("reduce_scatter", n_bytes, ctx.dp)
+    sent = (ctx.dp - 1) / ctx.dp * n_bytes
+    if stream is not None:
+        return stream.add(ctx, NET, f"reduce_scatter:f{f.index}", dur, [after], phase=G, category=Category.COMM,
+                          layer=f.unit, n_bytes=sent, group=f.index)
+    return ctx.add(NET, f"reduce_scatter:f{f.index}", dur, [after], phase=G, category=Category.COMM, layer=f.unit,
+                   n_bytes=sent, group=f.index)
+
+
+def _report(ctx: Ctx, f: Flush, arrival: int, done: DoneCallback) -> None:
+    if ctx.boundary:
+        for g in ctx.layout.groups_done_by(f.index):
+            done(ctx, g, arrival)
+
+
+@dataclass
+class HostGradients:
+    """The paper's schedules: each flush's gradients go to host memory as soon as backward produces them.
+
+    ``fp32_on_gpu``: cast to fp32 on a GPU side stream and move 4 B/param (SuperOffload's GPU casting), else
+    move bf16 (2 B/param) and convert/accumulate into the fp32 buffer on the CPU. ``overlap_comm`` off: the
+    copy is queued on the compute stream, so the next backward waits for it. Gradients of groups updated on
+    the GPU stay there. Every micro-batch sends its gradients (the CPU accumulates them).
+    """
+
+    fp32_on_gpu: bool
+    overlap_comm: bool
+
+    def start(self, ctx: Ctx) -> None:
+        del ctx
+
+    def after_backward(self, ctx: Ctx, u: Unit, op: int, done: DoneCallback) -> None:
+        for f in ctx.layout.flushes_at.get(u.index, ()):
+            self._flush(ctx, f, op, done)
+
+    def finish(self, ctx: Ctx, done: DoneCallback) -> None:
+        del ctx, done
+
+    def _flush(self, ctx: Ctx, f: Flush, op: int, done: DoneCallback) -> None:
+        cpu, _gpu = _split(ctx, f)
+        last = _reduce_scatter(ctx, f, op)
+        if cpu <= 0:  # every gradient of the flush stays on the GPU for its optimizer there
+            _report(ctx, f, last, done)
+            return
+        if self.fp32_on_gpu:
+            last = ctx.add(GPU_CAST, f"grad_cast_fp32:f{f.index}", ctx.costs.gpu_cast_s(cpu), [last], phase=G,
+                           category=Category.CAST, layer=f.unit, group=f.index)
+        n_bytes = cpu * (FP32_BYTES if self.fp32_on_gpu else BF16_BYTES)
+        last = ctx.add(D2H, f"grad_d2h:f{f.index}", ctx.costs.copy_s(n_bytes, "d2h", True), [last], phase=G,
+                       category=Category.TRANSFER, layer=f.unit, group=f.index, n_bytes=n_bytes)
+        if not self.overlap_comm:
+            ctx.compute_gate.append(last)
+        if not self.fp32_on_gpu:
+            last = ctx.add(ctx.cpu.bulk, f"grad_to_fp32:f{f.index}", ctx.costs.cpu_cast_s(cpu, ctx.cpu.bulk_cores),
+                           [last], phase=G, category=Category.CAST, layer=f.unit, group=f.index,
+                           n_bytes=cpu * (BF16_BYTES + FP32_BYTES))
+        _report(ctx, f, last, done)
+
+
+@dataclass
+class Stage2Gradients:
+    """DeepSpeed ZeRO-1/2 with ``offload_optimizer`` (``runtime/zero/stage_1_and_2.py``,
+    ``async_inplace_copy_grad_to_fp32_buffer_from_gpu`` and ``copy_grads_in_partition``): each flush's
+    gradients are cast to fp32 on the GPU and copied (4 B/param) into the pinned fp32 partition. The cast
+    runs on the stream doing the copy: the compute stream unless ``overlap_comm``."""
+
+    overlap_comm: bool
+    pinned: bool
+
+    def start(self, ctx: Ctx) -> None:
+        del ctx
+
+    def after_backward(self, ctx: Ctx, u: Unit, op: int, done: DoneCallback) -> None:
+        for f in ctx.layout.flushes_at.get(u.index, ()):
+            self._flush(ctx, f, op, done)
+
+    def finish(self, ctx: Ctx, done: DoneCallback) -> None:
+        del ctx, done
+
+    def _flush(self, ctx: Ctx, f: Flush, op: int, done: DoneCallback) -> None:
+        shard = f.elements / ctx.dp
+        ready = _reduce_scatter(ctx, f, op)
+        name, dur = f"grad_cast_fp32:f{f.index}", ctx.costs.gpu_cast_s(shard)
+        if self.overlap_comm:
+            cast = ctx.add(GPU_CAST, name, dur, [ready], phase=G, category=Category.CAST, layer=f.unit,
+                           group=f.index)
+        else:
+            cast = ctx.gpu_op(name, dur, [ready], phase=G, category=Category.CAST, layer=f.unit, group=f.index)
+        n_bytes = shard * FP32_BYTES
+        last = ctx.add(D2H, f"grad_d2h_fp32:f{f.index}", ctx.costs.copy_s(n_bytes, "d2h", self.pinned), [cast],
+                       phase=G, category=Category.TRANSFER, layer=f.unit, group=f.index, n_bytes=n_bytes)
+        if not self.overlap_comm:
+            ctx.compute_gate.append(last)
+        _report(ctx, f, last, done)
+
+
+@dataclass
+class Stage3Gradients:
+    """DeepSpeed ZeRO-3 with ``offload_optimizer`` (0.19.8, ``runtime/zero/stage3.py``).
+
+    * A flush (``__reduce_and_partition_ipg_grads``) runs on ``reduce_and_partition_stream``: a side stream
+      with ``overlap_comm`` (the stage-3 default), else the compute stream. The side stream first waits for
+      the compute stream (``__add_grad_to_ipg_bucket``: ``wait_stream``).
+    * ``partition_grads``: each gradient is copied non-blocking into the bf16 host buffer
+      (``grad_partitions_flat_buffer``, pinned with ``pin_memory``), copied back to the GPU, and at the last
+      micro-batch cast to fp32 on the GPU and copied non-blocking into the sub-group's fp32 host gradient
+      (``_offload_grad_partition_at_boundary``): 2 + 2 + 4 B/param, all in stream order. Gradients of
+      sub-groups updated on the GPU (``ratio < 1``) take the bf16 round trip too (the buffer is on the host
+      for every parameter) but their fp32 copy stays on the GPU.
+    * The host does not wait per flush except for back-pressure: when more than ``max_param_reduce_events``
+      (2) flushes are in flight, issuing the next one waits for the oldest (``param_reduce_events``).
+    * ``superoffload`` (``superoffload_stage3.py`` ``partition_grads``): at the last micro-batch every flush
+      ends with the host waiting for the stream (the fp32 gradient copy goes to a buffer shared with the Adam
+      worker: ``torch.multiprocessing`` moves shared storage to shared memory, which is not pinned, so the
+      copy is pageable and returns only when done; and a flush completing a sub-group synchronises the
+      stream), then every completed CPU sub-group is handed to the Adam worker at once (``done``).
+    * The end of backward (``independent_gradient_partition_epilogue``) synchronises the host with the stream.
+    """
+
+    overlap_comm: bool
+    pinned: bool
+    superoffload: bool
+    max_in_flight: int = 2
+    _stream: Stream = field(default_factory=Stream)
+    _flush_ends: list[int] = field(default_factory=list)
+
+    def start(self, ctx: Ctx) -> None:
+        del ctx
+        self._stream = Stream()
+        self._flush_ends = []
+
+    def after_backward(self, ctx: Ctx, u: Unit, op: int, done: DoneCallback) -> None:
+        for f in ctx.layout.flushes_at.get(u.index, ()):
+            self._flush(ctx, f, op, done)
+
+    def finish(self, ctx: Ctx, done: DoneCallback) -> None:
+        del done
+        if self._flush_ends:
+            ctx.host_op("grad_stream_sync", 0.0, [self._flush_ends[-1]], phase=G)
+
+    def _flush(self, ctx: Ctx, f: Flush, op: int, done: DoneCallback) -> None:
+        if len(self._flush_ends) > self.max_in_flight:
+            # param_reduce_events: issuing this flush waits for the one max_in_flight + 1 back.
+            ctx.host_op(f"grad_backpressure:f{f.index}", 0.0, [self._flush_ends[-1 - self.max_in_flight]], phase=G)
+        cpu, gpu = _split(ctx, f)
+        s = self._stream
+        shard = cpu + gpu
+        b16 = shard * BF16_BYTES
+        n, u = f.index, f.unit
+        s.add(ctx, D2H, f"grad_d2h_bf16:f{n}", ctx.costs.copy_s(b16, "d2h", self.pinned),
+              [_reduce_scatter(ctx, f, op, s)], phase=G, category=Category.TRANSFER, layer=u, group=n, n_bytes=b16)
+        s.add(ctx, H2D, f"grad_h2d_bf16:f{n}", ctx.costs.copy_s(b16, "h2d", self.pinned), [], phase=G,
+              category=Category.TRANSFER, layer=u, group=n, n_bytes=b16)
+        if ctx.boundary:
+            s.add(ctx, GPU_CAST, f"grad_cast_fp32:f{n}", ctx.costs.gpu_cast_s(shard), [], phase=G,
+                  category=Category.CAST, layer=u, group=n)
+            if cpu > 0:
+                b32 = cpu * FP32_BYTES
+                pinned = self.pinned and not self.superoffload
+                s.add(ctx, D2H, f"grad_d2h_fp32:f{n}", ctx.costs.copy_s(b32, "d2h", pinned), [], phase=G,
+                      category=Category.TRANSFER, layer=u, group=n, n_bytes=b32)
+        end = s.last
+        assert end is not None
+        self._flush_ends.append(end)
+        if not self.overlap_comm:
+            ctx.compute_gate.append(end)  # the flush ran on the compute stream
+        if not ctx.boundary:
+            return
+        arrival = end
+        if self.superoffload:
+            arrival = ctx.host_op(f"grad_sync:f{f.index}", 0.0, [end], phase=G)
+        for g in ctx.layout.groups_done_by(f.index):
+            done(ctx, g, arrival)

@@ -1,0 +1,290 @@
+"""What the blocks move and compute, as data: units, parameter tensors, gradient flushes, optimizer groups.
+
+* A **unit** is what the GPU computes as one op: the embedding, each decoder layer, the output head.
+* A **tensor** is one parameter tensor of a unit (a weight, a bias, a norm scale), in the order the model
+  registers them (``model.parameters()``: embedding, layer 0, ..., final norm, output projection).
+* A **flush** is a set of consecutive tensors, in backward order, whose gradients leave the GPU together:
+  DeepSpeed's reduce bucket (``reduce_bucket_size`` elements, flushed when the next tensor would overflow
+  it: ``runtime/zero/stage3.py`` ``reduce_independent_p_g_buckets_and_remove_grads``; stage 1/2 the same
+  in ``stage_1_and_2.py``), or the paper's transfer bucket (closed as soon as it is full).
+* A **group** is what the optimizer updates as one piece: DeepSpeed's sub-group (``sub_group_size``
+  elements in registration order, ``_create_fp16_sub_groups``) or the paper's bucket. A group is *done*
+  on the host once the flush carrying its last gradient (in backward order: its first tensor) has left.
+
+Because gradients of a unit are produced by one backward op, every flush is issued at the end of a unit's
+backward: the unit whose tensor closed it ("fill") or whose tensor did not fit ("overflow").
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Literal
+
+from sosim import model as tm
+from sosim.plan import ResourceKind
+from sosim.units import BF16_BYTES, MB
+
+if TYPE_CHECKING:
+    from sosim.config import ModelSpec, Scenario
+    from sosim.costs import CostModel
+
+FlushRule = Literal["fill", "overflow"]
+
+
+@dataclass(frozen=True)
+class Unit:
+    index: int  # 0 = embedding, 1..L = layers, L+1 = head
+    name: str
+    params: int  # parameters of the unit (whole model; a rank holds params / dp of them under ZeRO-3)
+    fwd_s: float
+    bwd_s: float
+    # Ulysses sequence parallelism: all-to-all time the layer waits for in each pass, and its bytes.
+    a2a_s: float = 0.0
+    a2a_bytes: float = 0.0
+    # Hardware FLOPs of the forward and of the backward (recompute included) on this GPU.
+    fwd_flops: float = 0.0
+    bwd_flops: float = 0.0
+
+    @property
+    def is_layer(self) -> bool:
+        return self.name.startswith("layer")
+
+
+@dataclass(frozen=True)
+class Tensor:
+    index: int  # registration (forward) order
+    unit: int
+    elements: int
+
+
+@dataclass(frozen=True)
+class Flush:
+    index: int  # backward order: flush 0 leaves first
+    unit: int  # the flush is issued at the end of this unit's backward op
+    tensors: tuple[int, ...]
+    elements: int
+
+
+@dataclass(frozen=True)
+class Group:
+    index: int  # registration order: group 0 holds the embedding
+    tensors: tuple[int, ...]
+    elements: int
+    on_gpu: bool = False  # optimizer state kept in HBM and updated on the GPU
+
+    @property
+    def params(self) -> int:
+        return self.elements
+
+
+@dataclass(frozen=True)
+class Layout:
+    units: list[Unit]
+    tensors: list[Tensor]
+    flushes: list[Flush]
+    groups: list[Group]
+    # group index -> the flush after which all its gradients have left the GPU
+    done_after: dict[int, int] = field(default_factory=dict)
+    # unit index -> groups holding its tensors (the next forward of the unit waits for their update)
+    unit_groups: dict[int, tuple[int, ...]] = field(default_factory=dict)
+    # Precomputed lookups (the blocks ask them once per flush and iteration).
+    flushes_at: dict[int, tuple[Flush, ...]] = field(default_factory=dict)  # unit -> flushes issued after it
+    done_by: dict[int, tuple[Group, ...]] = field(default_factory=dict)  # flush -> groups it completes
+    # flush -> elements whose optimizer runs on the GPU (their gradients need not reach the host)
+    gpu_elements: dict[int, int] = field(default_factory=dict)
+    p_total: int = 0
+
+    def groups_done_by(self, flush: int) -> tuple[Group, ...]:
+        return self.done_by.get(flush, ())
+
+    @property
+    def cpu_groups(self) -> list[Group]:
+        return [g for g in self.groups if not g.on_gpu]
+
+
+def duplex(costs: CostModel) -> dict[ResourceKind, float]:
+    """The cost model's per-direction duplex factors keyed by resource kind (what the plan carries)."""
+    return {ResourceKind(k): f for k, f in costs.duplex_factors.items()}
+
+
+# --- units --------------------------------------------------------------------------------------------------
+def tokens_per_gpu(sc: Scenario) -> int:
+    """Tokens of one micro-batch on one GPU; Ulysses sequence parallelism splits the sequence."""
+    return sc.training.micro_batch * sc.training.seq_len // sc.cluster.sequence_parallel
+
+
+def global_tokens_per_step(sc: Scenario) -> int:
+    t = sc.training
+    return t.micro_batch * t.seq_len * t.grad_accum * sc.cluster.dp
+
+
+def ulysses_all_to_all_bytes(sc: Scenario) -> float:
+    """Bytes one rank sends in one Ulysses all-to-all pass of one layer: (P-1)/P of 4 * (N/P) * h bf16."""
+    sp = sc.cluster.sequence_parallel
+    if sp <= 1:
+        return 0.0
+    return 4.0 * tokens_per_gpu(sc) * sc.model.hidden * BF16_BYTES * (sp - 1) / sp
+
+
+def ulysses_all_to_all_s(sc: Scenario, costs: CostModel) -> float:
+    """DeepSpeed-Ulysses: per layer and pass, all-to-all of q, k, v before attention and of the output after.
+
+    Each rank exchanges 4 * (N/P) * h elements (bf16) per pass, N = sequence tokens of the micro-batch;
+    (P-1)/P of them leave the GPU. Modelled as one collective at the fabric's all-to-all rate.
+    """
+    sp = sc.cluster.sequence_parallel
+    if sp <= 1:
+        return 0.0
+    n_bytes = 4.0 * tokens_per_gpu(sc) * sc.model.hidden * BF16_BYTES
+    return costs.collective_s("all_to_all", n_bytes, sp)  # each rank's buffer; (P-1)/P of it leaves the GPU
+
+
+def build_units(sc: Scenario, costs: CostModel) -> list[Unit]:
+    m = sc.model
+    emb = m.vocab * m.hidden
+    head = tm.embedding_params(m) - emb
+    units = [Unit(0, "embed", emb, 0.0, 0.0)]
+    layer_p = tm.layer_params(m)
+    fwd, bwd = costs.layer_fwd_s(), costs.layer_bwd_s()
+    a2a, a2a_bytes = ulysses_all_to_all_s(sc, costs), ulysses_all_to_all_bytes(sc)
+    tokens = tokens_per_gpu(sc)
+    # FLOPs as model.py counts them (causal attention: the kernels skip the masked half); backward = 2x
+    # forward, + a forward if recomputed.
+    attention_fwd_flops = tm.attention_flops_fwd(m, tokens, sc.training.seq_len) * tm.CAUSAL_ATTENTION_FRACTION
+    layer_fwd_flops = tm.layer_gemm_flops_fwd(m, tokens) + attention_fwd_flops
+    layer_bwd_flops = layer_fwd_flops * (3.0 if sc.training.activation_checkpointing else 2.0)
+    units += [Unit(i, f"layer{i - 1}", layer_p, fwd, bwd, a2a, a2a_bytes, layer_fwd_flops, layer_bwd_flops)
+              for i in range(1, m.layers + 1)]
+    head_flops = tm.head_flops_fwd(m, tokens)
+    units.append(Unit(m.layers + 1, "head", head, costs.head_fwd_s(), costs.head_bwd_s(),
+                      fwd_flops=head_flops, bwd_flops=2.0 * head_flops))
+    return units
+
+
+def param_units(m: ModelSpec) -> list[Unit]:
+    """Units with their parameter counts only (no durations): what memory footprints need."""
+    emb = m.vocab * m.hidden
+    return ([Unit(0, "embed", emb, 0.0, 0.0)]
+            + [Unit(i, f"layer{i - 1}", tm.layer_params(m), 0.0, 0.0) for i in range(1, m.layers + 1)]
+            + [Unit(m.layers + 1, "head", tm.embedding_params(m) - emb, 0.0, 0.0)])
+
+
+# --- parameter tensors ------------------------------------------------------------------------------------
+def layer_tensor_sizes(m: ModelSpec) -> list[int]:
+    """Elements of each parameter tensor of one decoder layer, in registration order.
+
+    GPT (Megatron/GPT-2): LayerNorm scale+bias, fused QKV weight+bias, output weight+bias, LayerNorm,
+    MLP up weight+bias, down weight+bias. Llama (Hugging Face): RMSNorm, q, k, v, o, RMSNorm, gate, up, down.
+    The sizes add up to :func:`sosim.model.layer_params`.
+    """
+    h, f = m.hidden, m.ffn_dim
+    kv = m.n_kv_heads * (h // m.heads)
+    if m.ffn_kind == "gelu":
+        return [h, h, h * (h + 2 * kv), h + 2 * kv, h * h, h, h, h, h * f, f, f * h, h]
+    return [h, h * h, h * kv, h * kv, h * h, h, h * f, h * f, f * h]
+
+
+def build_tensors(m: ModelSpec, units: Sequence[Unit]) -> list[Tensor]:
+    sizes: list[tuple[int, int]] = [(0, m.vocab * m.hidden)]
+    for u in units[1:-1]:
+        sizes += [(u.index, n) for n in layer_tensor_sizes(m)]
+    head = units[-1]
+    final_norm = 2 * m.hidden if m.ffn_kind == "gelu" else m.hidden
+    sizes.append((head.index, final_norm))
+    if head.params > final_norm:
+        sizes.append((head.index, head.params - final_norm))
+    return [Tensor(i, unit, n) for i, (unit, n) in enumerate(sizes)]
+
+
+# --- flushes and groups ---------------------------------------------------------------------------------------
+def bucket_elements_from_mb(bucket_mb: float) -> float:
+    """Buckets are quoted in MB of bf16 gradients: DeepSpeed's reduce_bucket_size (elements) x 2 B."""
+    return bucket_mb * MB / BF16_BYTES
+
+
+def make_flushes(tensors: Sequence[Tensor], cap_elements: float, rule: FlushRule) -> list[Flush]:
+    """Cut the tensors, in backward order, into flushes of about ``cap_elements`` gradient elements.
+
+    ``overflow`` (DeepSpeed): a flush leaves when the next tensor would not fit, i.e. at the end of the
+    backward op producing that next tensor; the last one leaves at the end of backward (the epilogue).
+    ``fill`` (the paper's buckets): a bucket leaves as soon as it holds ``cap_elements``.
+    """
+    flushes: list[Flush] = []
+    current: list[int] = []
+    size = 0
+
+    def close(at_unit: int) -> None:
+        nonlocal current, size
+        flushes.append(Flush(len(flushes), at_unit, tuple(current), size))
+        current, size = [], 0
+
+    for t in reversed(tensors):
+        if rule == "overflow" and current and size + t.elements > cap_elements:
+            close(t.unit)
+        current.append(t.index)
+        size += t.elements
+        if rule == "fill" and size >= cap_elements:
+            close(t.unit)
+    if current:
+        close(tensors[0].unit)
+    return flushes
+
+
+def subgroups(tensors: Sequence[Tensor], size_elements: float) -> list[Group]:
+    """DeepSpeed's optimizer sub-groups: tensors in registration order, closed once >= ``size_elements``."""
+    groups: list[Group] = []
+    current: list[int] = []
+    size = 0
+    for t in tensors:
+        current.append(t.index)
+        size += t.elements
+        if size >= size_elements or t is tensors[-1]:
+            groups.append(Group(len(groups), tuple(current), size))
+            current, size = [], 0
+    return groups
+
+
+def groups_from_flushes(flushes: Sequence[Flush]) -> list[Group]:
+    """The paper's schedule updates each transfer bucket as one group (registration order)."""
+    ordered = sorted(flushes, key=lambda f: min(f.tensors))
+    return [Group(i, tuple(sorted(f.tensors)), f.elements) for i, f in enumerate(ordered)]
+
+
+def gpu_groups_by_ratio(groups: list[Group], ratio: float) -> list[Group]:
+    """DeepSpeed ``offload_optimizer.ratio``: sub-group i stays on the GPU when i < int((1 - ratio) * n)
+    (``runtime/zero/stage3.py`` ``_create_fp32_partitions``): the first groups, by count, not by size."""
+    n_gpu = int((1.0 - ratio) * len(groups))
+    return [Group(g.index, g.tensors, g.elements, g.index < n_gpu) for g in groups]
+
+
+def gpu_groups_by_fraction(groups: list[Group], fraction: float) -> list[Group]:
+    """The paper's bucketization: the first groups (produced last by backward, needed first by the next
+    forward) whose parameters fit in ``fraction`` of the model keep their optimizer state in HBM."""
+    budget = fraction * sum(g.elements for g in groups)
+    out = []
+    for g in groups:
+        on_gpu = g.elements <= budget
+        budget = budget - g.elements if on_gpu else -1.0  # a prefix only: stop at the first that does not fit
+        out.append(Group(g.index, g.tensors, g.elements, on_gpu))
+    return out
+
+
+def make_layout(units: list[Unit], tensors: list[Tensor], flushes: list[Flush], groups: list[Group]) -> Layout:
+    flush_of = {t: f.index for f in flushes for t in f.tensors}
+    group_of = {t: g for g in groups for t in g.tensors}
+    done_after = {g.index: max(flush_of[t] for t in g.tensors) for g in groups}
+    unit_groups: dict[int, set[int]] = {}
+    for t in tensors:
+        unit_groups.setdefault(t.unit, set()).add(group_of[t.index].index)
+    flushes_at: dict[int, list[Flush]] = {}
+    for f in flushes:
+        flushes_at.setdefault(f.unit, []).append(f)
+    done_by: dict[int, list[Group]] = {}
+    for g in groups:
+        done_by.setdefault(done_after[g.index], []).append(g)
+    gpu_elements = {f.index: sum(tensors[t].elements for t in f.tensors if group_of[t].on_gpu) for f in flushes}
+    return Layout(units, tensors, flushes, groups, done_after,
+                  {u: tuple(sorted(gs)) for u, gs in unit_groups.items()},
+                  {u: tuple(fs) for u, fs in flushes_at.items()}, {f: tuple(gs) for f, gs in done_by.items()},
+                  gpu_elements, sum(u.params for u in units))

@@ -1,0 +1,298 @@
+"""Optimizer steps and parameter refreshes: when each group is updated, where, and how its parameters return.
+
+A step block is built with a refresh block (how updated parameters reach the place the next forward reads
+them); both are swappable, and an optimizer-state tier (host memory today; NVMe later) is the ``update``
+callable a step runs per group.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from sosim.plan import H2D, NET, Category, Phase, Resource, ResourceKind
+from sosim.schedules.driver import Ctx
+from sosim.schedules.layout import Group
+from sosim.units import BF16_BYTES, FP32_BYTES
+
+OPT, R = Phase.OPTIMIZER, Phase.REFRESH
+# The paper's parameter casts run on their own side stream: on the gradient casts' stream they would queue
+# behind (or ahead of) work they do not depend on.
+REFRESH_STREAM = Resource(ResourceKind.GPU_CAST, 1)
+
+
+def _shard(ctx: Ctx, g: Group) -> float:
+    return g.elements / ctx.dp
+
+
+def _layer(ctx: Ctx, g: Group) -> int:
+    """The unit of the group's first tensor (for traces)."""
+    return ctx.layout.tensors[g.tensors[0]].unit
+
+
+# --- updates: the Adam math of one group --------------------------------------------------------------------
+def cpu_adam(ctx: Ctx, g: Group, deps: list[int], name: str = "cpu_adam", resource: Resource | None = None,
+             extra_s: float = 0.0) -> int:
+    """CPU Adam over one group's partition on the optimizer's cores (fp32 p, g, m, v in host memory)."""
+    c = ctx.cpu
+    shard = _shard(ctx, g)
+    total = ctx.layout.p_total / ctx.dp
+    adam = ctx.costs.cpu_adam_s(shard, c.adam, c.optimizer_cores, total)
+    return ctx.add(resource or c.optimizer, f"{name}:g{g.index}", adam + extra_s, deps, phase=OPT,
+                   category=Category.OPTIMIZER, layer=_layer(ctx, g), group=g.index, n_bytes=28.0 * shard)
+
+
+def gpu_adam(ctx: Ctx, g: Group, deps: list[int]) -> int:
+    """Adam on the GPU for a group whose optimizer state stays in HBM."""
+    return ctx.gpu_op(f"gpu_adam:g{g.index}", ctx.costs.gpu_adam_s(_shard(ctx, g)), deps, phase=OPT,
+                      category=Category.OPTIMIZER, layer=_layer(ctx, g), group=g.index)
+
+
+def cpu_pass(ctx: Ctx, g: Group, name: str, deps: list[int]) -> int:
+    """A streaming read+write of the group's fp32 gradients in the training process (unscale/clip)."""
+    shard = _shard(ctx, g)
+    return ctx.add(ctx.cpu.bulk, f"{name}:g{g.index}", 2.0 * ctx.costs.cpu_norm_s(shard), deps, phase=OPT,
+                   category=Category.OPTIMIZER, layer=_layer(ctx, g), group=g.index, n_bytes=8.0 * shard)
+
+
+# --- refreshes ---------------------------------------------------------------------------------------------------
+class Refresh(Protocol):
+    def __call__(self, ctx: Ctx, g: Group, deps: list[int]) -> int: ...
+
+
+@dataclass(frozen=True)
+class CastAndCopy:
+    """The paper's refresh, per group as soon as it is updated: cast on the CPU and copy bf16 from pinned
+    memory (2 B/param), or copy fp32 and cast on a GPU side stream (4 B/param, SuperOffload's GPU casting).
+    ``allgather``: ZeRO-2 across ranks, each rank's updated partition is all-gathered afterwards."""
+
+    cast_on_gpu: bool
+    pinned: bool = True
+    allgather: bool = False
+
+    def __call__(self, ctx: Ctx, g: Group, deps: list[int]) -> int:
+        shard, layer = _shard(ctx, g), _layer(ctx, g)
+        if self.cast_on_gpu:
+            n = shard * FP32_BYTES
+            h = ctx.add(H2D, f"param_h2d_fp32:g{g.index}", ctx.costs.copy_s(n, "h2d", self.pinned), deps, phase=R,
+                        category=Category.TRANSFER, layer=layer, group=g.index, n_bytes=n)
+            last = ctx.add(REFRESH_STREAM, f"param_cast_bf16:g{g.index}", ctx.costs.gpu_cast_s(shard), [h], phase=R,
+                           category=Category.CAST, layer=layer, group=g.index)
+        else:
+            c = ctx.add(ctx.cpu.bulk, f"param_cast_bf16:g{g.index}", ctx.costs.cpu_cast_s(shard, ctx.cpu.bulk_cores),
+                        deps, phase=R, category=Category.CAST, layer=layer, group=g.index, n_bytes=6.0 * shard)
+            n = shard * BF16_BYTES
+            last = ctx.add(H2D, f"param_h2d_bf16:g{g.index}", ctx.costs.copy_s(n, "h2d", self.pinned), [c], phase=R,
+                           category=Category.TRANSFER, layer=layer, group=g.index, n_bytes=n)
+        if self.allgather and ctx.dp > 1:
+            n_all = g.elements * BF16_BYTES
+            last = ctx.add(NET, f"allgather:g{g.index}", ctx.costs.collective_s("all_gather", n_all, ctx.dp), [last],
+                           phase=R, category=Category.COMM, layer=layer, group=g.index,
+                           n_bytes=(ctx.dp - 1) / ctx.dp * n_all)
+        return last
+
+
+@dataclass(frozen=True)
+class CopyBf16:
+    """The ZeRO-Offload paper's refresh: CPU-Adam writes the bf16 copy as it updates, so each group is copied
+    to the GPU (2 B/param, pinned) as soon as it is updated; ZeRO-2 all-gathers it across ranks."""
+
+    pinned: bool = True
+
+    def __call__(self, ctx: Ctx, g: Group, deps: list[int]) -> int:
+        shard, layer = _shard(ctx, g), _layer(ctx, g)
+        n = shard * BF16_BYTES
+        last = ctx.add(H2D, f"param_h2d_bf16:g{g.index}", ctx.costs.copy_s(n, "h2d", self.pinned), deps, phase=R,
+                       category=Category.TRANSFER, layer=layer, group=g.index, n_bytes=n)
+        if ctx.dp > 1:
+            n_all = g.elements * BF16_BYTES
+            last = ctx.add(NET, f"allgather:g{g.index}", ctx.costs.collective_s("all_gather", n_all, ctx.dp), [last],
+                           phase=R, category=Category.COMM, layer=layer, group=g.index,
+                           n_bytes=(ctx.dp - 1) / ctx.dp * n_all)
+        return last
+
+
+@dataclass(frozen=True)
+class HostCopyOnly:
+    """Weights live in host memory (ZeRO-Infinity, weight-flow): the refresh rewrites the host bf16 copy
+    (a CPU cast into the existing buffer), or nothing when the fp32 master is streamed and cast on the GPU."""
+
+    cast: bool
+
+    def __call__(self, ctx: Ctx, g: Group, deps: list[int]) -> int:
+        if not self.cast:
+            return deps[-1]
+        shard = _shard(ctx, g)
+        return ctx.add(ctx.cpu.bulk, f"param_cast_bf16:g{g.index}", ctx.costs.cpu_cast_s(shard, ctx.cpu.bulk_cores),
+                       deps, phase=R, category=Category.CAST, layer=_layer(ctx, g), group=g.index,
+                       n_bytes=6.0 * shard)
+
+
+@dataclass(frozen=True)
+class BlockingCopy:
+    """DeepSpeed stage 3 (``_reassign_or_swap_out_partitioned_parameters``, also SuperOffload's override):
+    ``fp16_partitioned_groups_flat[i].data.copy_(fp32_partitioned_groups_flat[i].data)``, one blocking call
+    per sub-group: PyTorch casts fp32 -> bf16 on the CPU into a freshly allocated (pageable) temporary and
+    copies it to the GPU from pageable memory (``aten/src/ATen/native/Copy.cpp``, cross-device copies with a
+    dtype change convert on the source device first). One op of ``ds_refresh_s`` on the link, timed as
+    DeepSpeed runs it; 2 B/param cross the link. A sub-group updated on the GPU is a GPU cast instead.
+    ``system`` selects the measured variant (ZeRO-3's or SuperOffload's thread split)."""
+
+    system: str
+
+    def __call__(self, ctx: Ctx, g: Group, deps: list[int]) -> int:
+        shard, layer = _shard(ctx, g), _layer(ctx, g)
+        if g.on_gpu:
+            return ctx.gpu_op(f"param_cast_bf16:g{g.index}", ctx.costs.gpu_cast_s(shard), deps, phase=R,
+                              category=Category.CAST, layer=layer, group=g.index)
+        dur = ctx.costs.ds_refresh_s(shard, ctx.cpu.bulk_cores, False, self.system)
+        return ctx.add(H2D, f"param_refresh_copy_:g{g.index}", dur, [*deps, ctx.host_issue], phase=R,
+                       category=Category.TRANSFER, layer=layer, group=g.index, n_bytes=shard * BF16_BYTES)
+
+
+# --- step blocks ------------------------------------------------------------------------------------------------
+@dataclass
+class AfterBackward:
+    """The paper's ZeRO-Offload / ZeRO-3 step: after the last gradient (and the global norm, when clipping or
+    fp16 needs it) CPU Adam runs group by group on the optimizer's cores, and each group's parameters are
+    refreshed as soon as it is updated. Groups kept on the GPU are updated there right after backward."""
+
+    refresh: Refresh
+    norm: bool
+    # ZeRO-Offload: the next forward waits for every parameter (step() returns after the whole refresh);
+    # ZeRO-3 and SuperOffload: a unit waits only for the groups holding its parameters.
+    wait_for_all: bool = False
+
+    def on_done(self, ctx: Ctx, group: Group, arrival: int) -> None:
+        del ctx, group, arrival
+
+    def run(self, ctx: Ctx, arrivals: dict[int, int], backward_end: int) -> dict[int, list[int]]:
+        gate = list(arrivals.values())
+        if self.norm:
+            p = ctx.layout.p_total / ctx.dp
+            gate = [ctx.add(ctx.cpu.optimizer, "grad_norm", ctx.costs.cpu_norm_s(p), gate, phase=OPT,
+                            category=Category.OPTIMIZER, n_bytes=4.0 * p)]
+        ready: dict[int, list[int]] = {}
+        for g in ctx.layout.groups:
+            if g.on_gpu:
+                ready[g.index] = [gpu_adam(ctx, g, [backward_end])]
+            else:
+                ready[g.index] = [self.refresh(ctx, g, [cpu_adam(ctx, g, gate)])]
+        if self.wait_for_all:
+            everything = [op for ops in ready.values() for op in ops]
+            return dict.fromkeys(ready, everything)
+        return ready
+
+
+@dataclass
+class Speculative:
+    """SuperOffload's speculation-then-validation (paper): each group's CPU Adam starts as soon as its
+    gradients are on the host, during backward; parameters go back as each update finishes; the next
+    forward also waits for validation, which with clipping costs, in expectation, ``clip_rate`` x (two
+    more Adam passes over the CPU groups and a second refresh)."""
+
+    refresh: Refresh
+    refresh_bytes_per_param: float
+    _adam: dict[int, int] = field(default_factory=dict)
+    _refreshed: dict[int, int] = field(default_factory=dict)
+
+    def on_done(self, ctx: Ctx, group: Group, arrival: int) -> None:
+        if not group.on_gpu:
+            adam = cpu_adam(ctx, group, [arrival], name="cpu_adam_spec")
+            self._adam[group.index] = adam
+            self._refreshed[group.index] = self.refresh(ctx, group, [adam])
+
+    def run(self, ctx: Ctx, arrivals: dict[int, int], backward_end: int) -> dict[int, list[int]]:
+        del arrivals
+        t = ctx.sc.training
+        validation: list[int] = []
+        if t.gradient_clipping > 0 and t.clip_rate > 0:
+            cpu = sum(g.elements for g in ctx.layout.cpu_groups) / ctx.dp
+            adam = ctx.costs.cpu_adam_s(cpu, ctx.cpu.adam, ctx.cpu.optimizer_cores, ctx.layout.p_total / ctx.dp)
+            again = ctx.costs.copy_s(cpu * self.refresh_bytes_per_param, "h2d", True)
+            validation = [ctx.add(ctx.cpu.optimizer, "rollback_expected", t.clip_rate * (2 * adam + again),
+                                  list(self._adam.values()), phase=OPT, category=Category.OPTIMIZER)]
+        ready: dict[int, list[int]] = {}
+        for g in ctx.layout.groups:
+            if g.on_gpu:
+                ready[g.index] = [gpu_adam(ctx, g, [backward_end])]
+            else:
+                ready[g.index] = [self._refreshed[g.index], *validation]
+        self._adam, self._refreshed = {}, {}
+        return ready
+
+
+@dataclass
+class Stage2Step:
+    """DeepSpeed ZeRO-1/2 with ``offload_optimizer`` (``stage_1_and_2.py`` ``step``): the norm was
+    accumulated on the GPU during backward; step() unscales/clips the fp32 gradients on the CPU, runs
+    DeepSpeed CPU-Adam over the partition, then casts it to bf16 on the CPU into a pinned staging buffer and
+    copies it to the GPU (2 B/param), after the whole update."""
+
+    refresh: Refresh
+
+    def on_done(self, ctx: Ctx, group: Group, arrival: int) -> None:
+        del ctx, group, arrival
+
+    def run(self, ctx: Ctx, arrivals: dict[int, int], backward_end: int) -> dict[int, list[int]]:
+        del backward_end
+        p = ctx.layout.p_total / ctx.dp
+        unscale = ctx.add(ctx.cpu.bulk, "unscale_clip", 2.0 * ctx.costs.cpu_norm_s(p), list(arrivals.values()),
+                          phase=OPT, category=Category.OPTIMIZER, n_bytes=8.0 * p)
+        adams = [cpu_adam(ctx, g, [unscale]) for g in ctx.layout.groups]
+        return {g.index: [self.refresh(ctx, g, adams[-1:])] for g in ctx.layout.groups}
+
+
+@dataclass
+class Stage3Step:
+    """DeepSpeed ZeRO-3 ``step()`` (``runtime/zero/stage3.py``; SuperOffload's override in
+    ``superoffload_stage3.py``), all on the training process's host thread, one call after the other:
+
+    1. SuperOffload without clipping: wait for every update the worker was handed during backward
+       (``_wait_for_async_operations``);
+    2. the fixed part: ``_pre_step``, ``_partition_all_parameters``, the gradient norm over every parameter
+       with its host syncs, ``_post_step`` (``ds_step_fixed_s``);
+    3. per sub-group, in order: ``unscale_and_clip_grads`` (a CPU pass over its fp32 gradients, a GPU op for
+       a GPU sub-group), its update (``update``: CPU Adam in-process for ZeRO-3; for SuperOffload with
+       clipping a synchronous hand-off to the worker; nothing for a CPU sub-group the worker already updated;
+       Adam on the GPU for a GPU sub-group), then the refresh (a blocking copy).
+
+    The next forward is issued when step() returns.
+    """
+
+    refresh: Refresh
+    system: str
+    worker: bool  # SuperOffload: CPU Adam runs in the worker process
+    handed_off: bool  # SuperOffload with gradient_clipping 0: CPU sub-groups were updated during backward
+    _async: dict[int, int] = field(default_factory=dict)
+
+    def _worker_update(self, ctx: Ctx, g: Group, deps: list[int]) -> int:
+        """One sub-group through the Adam worker: hand-off, gradient copy, CPU Adam, result copy."""
+        extra = ctx.costs.so_worker_roundtrip_s(_shard(ctx, g))
+        return cpu_adam(ctx, g, deps, name="worker_adam", extra_s=extra)
+
+    def on_done(self, ctx: Ctx, group: Group, arrival: int) -> None:
+        if self.handed_off and not group.on_gpu:
+            self._async[group.index] = self._worker_update(ctx, group, [arrival])
+
+    def run(self, ctx: Ctx, arrivals: dict[int, int], backward_end: int) -> dict[int, list[int]]:
+        groups = ctx.layout.groups
+        deps = [*arrivals.values(), backward_end]
+        if self._async:
+            ctx.host_op("wait_worker_updates", 0.0, [*deps, *self._async.values()], phase=OPT)
+            self._async = {}
+        fixed = ctx.costs.ds_step_fixed_s(ctx.layout.p_total / ctx.dp, len(groups), self.system)
+        last = ctx.host_op("step_fixed", fixed, deps, phase=OPT, category=Category.FRAMEWORK)
+        for g in groups:
+            if g.on_gpu:
+                last = gpu_adam(ctx, g, [ctx.gpu_op(f"unscale_clip:g{g.index}", ctx.costs.gpu_cast_s(_shard(ctx, g)),
+                                                    [last], phase=OPT, category=Category.OPTIMIZER, group=g.index)])
+            else:
+                last = cpu_pass(ctx, g, "unscale_clip", [last])
+                if self.worker and not self.handed_off:
+                    last = self._worker_update(ctx, g, [last])
+                elif not self.worker:
+                    last = cpu_adam(ctx, g, [last])
+            last = self.refresh(ctx, g, [last])
+            ctx.host_issue = last  # the host thread continues once the blocking copy returned
+        return {g.index: [last] for g in groups}

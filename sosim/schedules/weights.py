@@ -1,0 +1,126 @@
+"""Weight sources, activation placement and framework hooks: what a unit's compute waits for.
+
+A weight source is swappable: a new tier (NVMe, a neighbour's host memory) is a class with ``before_use``
+that adds the ops bringing a unit's weights to the GPU and returns the ones its compute must wait for.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from sosim.plan import D2H, H2D, NET, Category, Phase
+from sosim.schedules.driver import Ctx
+from sosim.schedules.layout import Unit
+from sosim.units import BF16_BYTES
+
+
+def _gather(ctx: Ctx, u: Unit, phase: Phase, deps: list[int]) -> list[int]:
+    """ZeRO-3: each rank holds 1/dp of the weights; the unit's weights are all-gathered before use."""
+    if ctx.dp <= 1 or not u.params:
+        return deps
+    n_bytes = u.params * BF16_BYTES
+    tag = "fwd" if phase is Phase.FORWARD else "bwd"
+    op = ctx.add(NET, f"allgather_{tag}:{u.name}", ctx.costs.collective_s("all_gather", n_bytes, ctx.dp), deps,
+                 phase=phase, category=Category.COMM, layer=u.index, n_bytes=(ctx.dp - 1) / ctx.dp * n_bytes)
+    return [op]
+
+
+@dataclass(frozen=True)
+class Replicated:
+    """bf16 weights resident in HBM on every rank (ZeRO-1/2, DDP): nothing to wait for."""
+
+    def before_use(self, ctx: Ctx, u: Unit, phase: Phase) -> list[int]:
+        del ctx, u, phase
+        return []
+
+
+@dataclass(frozen=True)
+class Partitioned:
+    """ZeRO-3 weights resident in HBM, each rank holding its partition: all-gathered per unit and pass."""
+
+    def before_use(self, ctx: Ctx, u: Unit, phase: Phase) -> list[int]:
+        return _gather(ctx, u, phase, [])
+
+
+@dataclass(frozen=True)
+class HostStreamed:
+    """Weights in host memory, copied to the GPU per layer ``prefetch_layers`` ahead of use, in forward and
+    again in backward (ZeRO-Infinity's ``offload_param: cpu``, SuperOffload's weight-flow).
+
+    ``bytes_per_param``: 2 (bf16) or 4 (fp32, cast on the GPU as it arrives). The copy of a layer may start
+    once the layer ``prefetch_layers`` before it has been computed (its buffer is then free).
+    """
+
+    prefetch_layers: int
+    bytes_per_param: float
+
+    def before_use(self, ctx: Ctx, u: Unit, phase: Phase) -> list[int]:
+        if not u.is_layer:
+            return _gather(ctx, u, phase, [])
+        p = self.prefetch_layers
+        buffer_free = ctx.computed[-1 - p:-p or None][:1]
+        tag = "fwd" if phase is Phase.FORWARD else "bwd"
+        n_bytes = u.params * self.bytes_per_param
+        fetch = ctx.add(H2D, f"fetch_{tag}:{u.name}", ctx.costs.copy_s(n_bytes, "h2d", True), buffer_free,
+                        phase=Phase.FETCH, category=Category.TRANSFER, layer=u.index, n_bytes=n_bytes)
+        return _gather(ctx, u, phase, [fetch])
+
+
+class CheckpointsOnHost:
+    """Weight-flow: each layer's activation checkpoint goes to host memory after its forward and comes back
+    before its backward."""
+
+    def __init__(self) -> None:
+        self._off: dict[int, int] = {}
+
+    def _bytes(self, ctx: Ctx) -> float:
+        t = ctx.sc.training
+        tokens = t.micro_batch * t.seq_len // ctx.sc.cluster.sequence_parallel
+        return float(ctx.sc.model.hidden * BF16_BYTES * tokens)
+
+    def after_forward(self, ctx: Ctx, u: Unit, op: int) -> None:
+        if not (u.is_layer and ctx.sc.training.activation_checkpointing):
+            return
+        n = self._bytes(ctx)
+        self._off[u.index] = ctx.add(D2H, f"ckpt_d2h:{u.name}", ctx.costs.copy_s(n, "d2h", True), [op],
+                                     phase=Phase.CHECKPOINT, category=Category.TRANSFER, layer=u.index, n_bytes=n)
+
+    def before_backward(self, ctx: Ctx, u: Unit) -> list[int]:
+        off = self._off.pop(u.index, None)
+        if off is None:
+            return []
+        n = self._bytes(ctx)
+        return [ctx.add(H2D, f"ckpt_h2d:{u.name}", ctx.costs.copy_s(n, "h2d", True), [off],
+                        phase=Phase.CHECKPOINT, category=Category.TRANSFER, layer=u.index, n_bytes=n)]
+
+
+@dataclass(frozen=True)
+class Stage3Hooks:
+    """DeepSpeed ZeRO-3's module hooks (``runtime/zero/parameter_offload.py``: pre/post forward and backward
+    hooks that fetch, release and re-partition each submodule's parameters) run on the host thread before
+    the layer's kernels are issued. The GPU waits only when the host work is longer than the GPU's queue:
+    each layer's compute depends on its hook op, and the hooks run back to back on the host thread.
+    Durations per decoder layer come from the cost model (``stage3_hook_s``, measured or estimated)."""
+
+    fwd_s: float
+    bwd_s: float
+
+    def around(self, ctx: Ctx, u: Unit, phase: Phase) -> None:
+        if not u.is_layer:
+            return
+        forward = phase is Phase.FORWARD
+        ctx.host_op(f"stage3_hooks_{'fwd' if forward else 'bwd'}:{u.name}", self.fwd_s if forward else self.bwd_s,
+                    [], phase=phase, category=Category.FRAMEWORK, layer=u.index)
+
+
+@dataclass(frozen=True)
+class HostSyncsInBackward:
+    """DeepSpeed ZeRO-1/2's overflow tracker truth-tests a CUDA scalar per parameter tensor during backward
+    (``stage_1_and_2.py``): the host waits for the stream once per tensor and the GPU's queue runs dry each
+    time. Modelled as ``sync_s`` of GPU time per unit, on the compute stream before the unit's backward."""
+
+    sync_s: float
+
+    def around(self, ctx: Ctx, u: Unit, phase: Phase) -> None:
+        if phase is Phase.BACKWARD and self.sync_s > 0:
+            ctx.gpu_op(f"host_syncs:{u.name}", self.sync_s, [], phase=phase, category=Category.SYNC, layer=u.index)

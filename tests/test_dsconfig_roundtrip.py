@@ -1,0 +1,258 @@
+"""Scenario <-> DeepSpeed config: the measured runs, round trips, DeepSpeed's schema and (if installed) parser."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from sosim import load_scenario, simulate
+from sosim.config import Scenario
+from sosim.dsconfig import (
+    _TOP_IGNORED,
+    _TOP_MAPPED,
+    DS_KEYS,
+    RunInputs,
+    ds_config_from_scenario,
+    emitted_zero_keys,
+    load_ds_mapping,
+    map_ds_config,
+)
+from sosim.hf_model import HfModel
+from sosim.jsonio import parse_json
+from sosim.loader import load_profile, read_yaml
+from sosim.schedules import superoffload
+
+ROOT = Path(__file__).resolve().parent.parent
+DS = ROOT / "scenarios" / "deepspeed"
+HW = "h200-pcie-gen5-x86"
+MEASURED = sorted((DS / "measured").glob("*.ds_config.json"))
+SHIPPED = sorted((ROOT / "scenarios").glob("*.yaml"))
+# The validation rows that predict each measured DeepSpeed run (validation/references.yaml), by run name.
+_ROW_OF = {"zero2-clip0": "zero2_offload", "zero2-clip1": "zero2_offload_clip1", "zero3-clip0": "zero3_offload",
+           "superoffload-clip0": "superoffload_clip0", "superoffload-clip1": "superoffload_clip1",
+           "superoffload-clip0-ratio0.9": "superoffload_ratio0.9"}
+
+
+def _run_parts(path: Path) -> tuple[str, int, int, str]:
+    m = re.match(r"(\d\.\db)-s(\d+)-mb(\d+)-(.+)\.ds_config\.json", path.name)
+    assert m, path.name
+    return m[1], int(m[2]), int(m[3]), m[4]
+
+
+def _from_ds(path: Path, seq: int) -> Scenario:
+    size = _run_parts(path)[0]
+    mapping = load_ds_mapping(path, DS / "models" / f"measured-llama-{size}.json", RunInputs(hardware=HW, seq_len=seq))
+    return load_scenario(mapping.scenario)
+
+
+def _hand_written(path: Path) -> Scenario:
+    size, seq, mb, run = _run_parts(path)
+    rows = {r["id"]: r for r in read_yaml(ROOT / "validation" / "references.yaml").data["rows"]}
+    if seq == 2048:
+        row = rows[f"measured_{size}_{_ROW_OF[run]}"]
+        return load_scenario(ROOT / row["scenario"], row.get("set", []))
+    # No validation row (seq 4096): the same system and knobs as the shipped scenario of that size.
+    return load_scenario(ROOT / f"scenarios/h200_x86_llama{size}_zero2_measured.yaml",
+                         [f"training.seq_len={seq}", f"training.micro_batch={mb}"])
+
+
+@pytest.mark.parametrize("path", MEASURED, ids=lambda p: p.name)
+def test_measured_runs_give_the_hand_written_scenarios(path: Path) -> None:
+    ours, theirs = _from_ds(path, _run_parts(path)[1]), _hand_written(path)
+    a, b = ours.model_dump(exclude={"name", "description"}), theirs.model_dump(exclude={"name", "description"})
+    if a["schedule"]["system"] == "superoffload":
+        # DeepSpeed without offload_param keeps the weights in HBM; the hand-written scenario lets 'auto'
+        # decide, which picks the same placement here.
+        assert a["schedule"].pop("weight_placement") == "stationary"
+        assert b["schedule"].pop("weight_placement") == "auto" and not superoffload.strategy(theirs).weight_flow
+    assert a == b
+    assert simulate(ours).metrics["step_time_s"] == simulate(theirs).metrics["step_time_s"]
+
+
+@pytest.mark.parametrize("path", [*MEASURED, DS / "superoffload_gh200.json"], ids=lambda p: p.name)
+def test_emit_with_the_user_file_as_base_gives_the_file_back(path: Path) -> None:
+    sc = _from_ds(path, 2048) if path in MEASURED else load_scenario(load_ds_mapping(
+        path, DS / "models" / "llama-3-8b.json", RunInputs(hardware="gh200")).scenario)
+    base = json.loads(path.read_text())
+    assert ds_config_from_scenario(sc, base).config == base
+
+
+def test_emit_keeps_hf_auto_values_where_the_trainer_default_gives_the_same() -> None:
+    path = DS / "hf_trainer_zero3_offload_auto.json"
+    base = json.loads(path.read_text())
+    mapping = load_ds_mapping(path, DS / "models" / "measured-llama-1.1b.json",
+                              RunInputs(hardware=HW, micro_batch=2, precision="bf16"))
+    out = ds_config_from_scenario(load_scenario(mapping.scenario), base).config
+    # Batch and precision cannot stay "auto": the Trainer's defaults (8 per device, fp32) are not the scenario.
+    assert out["train_micro_batch_size_per_gpu"] == 2 and out["bf16"] == {"enabled": True}
+    rest = {k: v for k, v in out.items() if k not in ("train_micro_batch_size_per_gpu", "bf16")}
+    assert rest == {k: v for k, v in base.items() if k not in ("train_micro_batch_size_per_gpu", "bf16")}
+    # A changed knob replaces the "auto" it no longer equals.
+    changed = load_scenario(mapping.scenario, ["schedule.bucket_mb=100", "training.gradient_clipping=0.5"])
+    out = ds_config_from_scenario(changed, base).config
+    assert out["zero_optimization"]["reduce_bucket_size"] == 50_000_000 and out["gradient_clipping"] == 0.5
+
+
+@pytest.mark.parametrize("path", MEASURED, ids=lambda p: p.name)
+def test_ds_to_scenario_to_ds_keeps_every_mapped_key(path: Path) -> None:
+    size = _run_parts(path)[0]
+    mapping = load_ds_mapping(path, DS / "models" / f"measured-llama-{size}.json", RunInputs(hardware=HW))
+    emitted = ds_config_from_scenario(load_scenario(mapping.scenario)).config  # no base: from the scenario alone
+    original = json.loads(path.read_text())
+    for note in mapping.notes:
+        if note.status != "mapped" or note.key.startswith("--"):
+            continue
+        node_a: Any = original
+        node_b: Any = emitted
+        for part in note.key.split("."):
+            node_a, node_b = node_a[part], node_b[part]
+        assert node_b == node_a, note.key
+    again = map_ds_config(parse_json(json.dumps(emitted), "emitted.json"), HfModel(model=mapping.scenario["model"]),
+                          RunInputs(hardware=HW)).scenario
+    for section in ("training", "schedule", "cluster"):
+        assert again[section] == mapping.scenario[section]
+
+
+def _expressible_knobs(sc: Scenario, not_expressible: list[str]) -> dict[str, Any]:
+    said = {n.split(":")[0] for n in not_expressible}
+    knobs = sc.schedule.model_dump()
+    return {k: v for k, v in knobs.items() if f"schedule.{k}" not in said}
+
+
+@pytest.mark.parametrize("path", SHIPPED, ids=lambda p: p.name)
+def test_every_shipped_scenario_is_written_with_names_deepspeed_knows(path: Path) -> None:
+    sc = load_scenario(path)
+    result = ds_config_from_scenario(sc)
+    cfg = result.config
+    known_zero = {f"zero_optimization.{k}" for k in DS_KEYS["zero_optimization"]}
+    for section in ("offload_optimizer", "offload_param"):
+        known_zero |= {f"zero_optimization.{section}.{k}" for k in DS_KEYS[f"zero_optimization.{section}"]}
+    assert emitted_zero_keys(cfg) <= known_zero
+    assert set(cfg) <= set(_TOP_MAPPED) | set(_TOP_IGNORED)
+    # Read back with what a DeepSpeed config cannot say taken from the scenario: the same training, cluster and
+    # every knob the emitter did not list as inexpressible.
+    back = map_ds_config(parse_json(json.dumps(cfg), "emitted.json"), HfModel(model=sc.model.model_dump()),
+                         RunInputs(hardware=sc.hardware.name, gpus=sc.cluster.gpus, seq_len=sc.training.seq_len,
+                                   activation_checkpointing=sc.training.activation_checkpointing)).scenario
+    again = load_scenario({**back, "hardware": sc.hardware.model_dump()})
+    t0 = sc.training.model_dump(exclude={"clip_rate", "iterations", "loss_chunk_tokens"})
+    assert again.training.model_dump(exclude={"clip_rate", "iterations", "loss_chunk_tokens"}) == t0
+    assert (again.cluster.gpus, again.cluster.dp, again.cluster.sequence_parallel) == (
+        sc.cluster.gpus, sc.cluster.dp, sc.cluster.sequence_parallel)
+    assert again.schedule.system == sc.schedule.system
+    if getattr(sc.schedule, "implementation", "deepspeed") == "deepspeed":
+        mine, theirs = _expressible_knobs(sc, result.not_expressible), again.schedule.model_dump()
+        if mine.get("weight_placement") == "auto":
+            mine["weight_placement"] = "flow" if superoffload.strategy(sc).weight_flow else "stationary"
+        assert {k: theirs[k] for k in mine} == mine
+
+
+_GH200 = load_profile("gh200")
+_LLAMA = {"name": "llama-1.1b", "layers": 4, "hidden": 2048, "heads": 16, "kv_heads": 4, "ffn": 5632,
+          "ffn_kind": "swiglu", "vocab": 32000}
+
+
+@st.composite
+def _deepspeed_scenarios(draw: st.DrawFn) -> Scenario:
+    system = draw(st.sampled_from(["gpu_only", "zero_offload", "zero3_offload", "zero_infinity", "superoffload"]))
+    sched: dict[str, Any] = {"system": system}
+    if system != "gpu_only":
+        sched |= {"implementation": "deepspeed", "pin_memory": draw(st.booleans()),
+                  "overlap_comm": draw(st.booleans()), "bucket_mb": draw(st.sampled_from([50.0, 400.0, 1000.0]))}
+    if system in ("zero_offload", "zero3_offload", "zero_infinity"):
+        sched["cpu_adam"] = draw(st.sampled_from(["cpu_adam", "torch"]))
+    if system in ("zero3_offload", "zero_infinity", "superoffload"):
+        sched["sub_group_elements"] = draw(st.sampled_from([1e8, 6e8, 1e9]))
+    if system == "zero_infinity":
+        sched["prefetch_layers"] = draw(st.integers(0, 3))
+    if system == "superoffload":
+        sched |= {"gpu_optimizer_fraction": draw(st.sampled_from([0.0, 0.1, 0.25, 0.5])),
+                  "cpu_adam_core_fraction": draw(st.sampled_from([0.5, 0.8, 0.9, 1.0])),
+                  "weight_placement": draw(st.sampled_from(["stationary", "flow"]))}
+    gpus = draw(st.sampled_from([1, 2, 4]))
+    data = {"name": "h", "hardware": _GH200, "model": _LLAMA, "schedule": sched, "cluster": {"gpus": gpus},
+            "training": {"seq_len": 1024, "micro_batch": draw(st.integers(1, 8)), "grad_accum": draw(st.integers(1, 4)),
+                         "precision": draw(st.sampled_from(["bf16", "fp16"])),
+                         "gradient_clipping": draw(st.sampled_from([0.0, 1.0])),
+                         "activation_checkpointing": draw(st.booleans())}}
+    return Scenario.model_validate(data)
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(_deepspeed_scenarios())
+def test_deepspeed_scenarios_survive_the_round_trip(sc: Scenario) -> None:
+    result = ds_config_from_scenario(sc)
+    assert not [n for n in result.not_expressible if n.startswith("schedule.")]
+    back = map_ds_config(parse_json(json.dumps(result.config), "emitted.json"), HfModel(model=sc.model.model_dump()),
+                         RunInputs(hardware="gh200", gpus=sc.cluster.gpus, seq_len=sc.training.seq_len,
+                                   activation_checkpointing=sc.training.activation_checkpointing)).scenario
+    again = Scenario.model_validate({**back, "hardware": _GH200})
+    assert again.model_dump(exclude={"name", "description"}) == sc.model_dump(exclude={"name", "description"})
+
+
+# ---- DeepSpeed's own parser, where DeepSpeed is installed (the GPU machine; not CI) ----------------------
+def _deepspeed_config_class() -> Any:
+    ds_config = pytest.importorskip("deepspeed.runtime.config", reason="DeepSpeed is not installed")
+    return ds_config
+
+
+def _emitted_configs() -> list[tuple[str, dict[str, Any], int]]:
+    out = []
+    for path in SHIPPED:
+        sc = load_scenario(path)
+        out.append((path.name, ds_config_from_scenario(sc).config, sc.cluster.dp))
+    for path in MEASURED:
+        sc = _from_ds(path, 2048)
+        out.append((path.name, ds_config_from_scenario(sc, json.loads(path.read_text())).config, 1))
+    return out
+
+
+def test_deepspeed_parses_every_emitted_config(monkeypatch: pytest.MonkeyPatch) -> None:
+    ds_config = _deepspeed_config_class()
+    checked = 0
+    for name, cfg, dp in _emitted_configs():
+        # DeepSpeedConfig asks torch.distributed for the world size; outside a launcher it assumes 1.
+        world = dp * cfg.get("sequence_parallel_size", 1)
+        monkeypatch.setattr(ds_config.dist, "get_rank", lambda: 0)
+        monkeypatch.setattr(ds_config.dist, "get_world_size", lambda *a, w=world, **k: w)
+        parsed = ds_config.DeepSpeedConfig(json.loads(json.dumps(cfg)))
+        zero = cfg.get("zero_optimization", {})
+        assert parsed.zero_optimization_stage == zero.get("stage", 0), name
+        assert parsed.train_micro_batch_size_per_gpu == cfg["train_micro_batch_size_per_gpu"], name
+        assert parsed.gradient_accumulation_steps == cfg["gradient_accumulation_steps"], name
+        assert parsed.gradient_clipping == cfg["gradient_clipping"], name
+        off = zero.get("offload_optimizer")
+        if off:
+            z = parsed.zero_config
+            assert z.offload_optimizer.device == "cpu" and z.offload_optimizer.pin_memory == off["pin_memory"], name
+            assert z.offload_optimizer.super_offload == off.get("super_offload", False), name
+            assert z.offload_optimizer.ratio == off.get("ratio", 1.0), name
+            assert z.overlap_comm == zero["overlap_comm"] and z.reduce_bucket_size == zero["reduce_bucket_size"], name
+        checked += 1
+    assert checked == len(SHIPPED) + len(MEASURED)
+
+
+def test_schema_data_matches_the_installed_deepspeed() -> None:
+    _deepspeed_config_class()
+    from deepspeed.runtime.zero.config import DeepSpeedZeroConfig
+    from deepspeed.runtime.zero.offload_config import (
+        DeepSpeedZeroOffloadOptimizerConfig,
+        DeepSpeedZeroOffloadParamConfig,
+    )
+
+    def names(model: Any) -> set[str]:
+        return {n for n, f in model.model_fields.items()} | {f.alias for f in model.model_fields.values() if f.alias}
+
+    from sosim.dsconfig import DS_KEYS_ONE_VERSION
+
+    zero = names(DeepSpeedZeroConfig)
+    assert DS_KEYS["zero_optimization"] <= zero
+    assert zero - DS_KEYS["zero_optimization"] <= DS_KEYS_ONE_VERSION["zero_optimization"]
+    assert names(DeepSpeedZeroOffloadOptimizerConfig) == DS_KEYS["zero_optimization.offload_optimizer"]
+    assert names(DeepSpeedZeroOffloadParamConfig) == DS_KEYS["zero_optimization.offload_param"]
