@@ -63,8 +63,11 @@ class _Sourced(_Strict):
     def _every_number_has_a_source(self) -> _Sourced:
         missing = []
         for name, value in self:
-            # Defaults are neutral (no effect); only numbers the profile states need a source.
+            # Defaults are neutral (no effect); only numbers the profile states need a source. A value equal to
+            # its default states nothing either (a dumped and re-read profile carries its defaults).
             if name == "sources" or name not in self.model_fields_set:
+                continue
+            if value == type(self).model_fields[name].default:
                 continue
             # Nested sections carry their own sources.
             if isinstance(value, BaseModel) or (isinstance(value, list) and value and isinstance(value[0], BaseModel)):
@@ -448,6 +451,12 @@ class Scenario(_Strict):
             raise ValueError(
                 f"schedule.cpu_adam: '{sched.cpu_adam}' has no timing in profile '{self.hardware.name}' "
                 f"(cpu.adam_s_by_gparams has: {known})"
+            )
+        node = self.hardware.node
+        if getattr(type(sched), "NEEDS_NVME", False) and (node is None or node.nvme is None):
+            raise ValueError(
+                f"schedule.system: '{sched.system}' keeps state on NVMe, but profile '{self.hardware.name}' has no "
+                f"'node.nvme' volume"
             )
         if self.cluster.gpus > 1 and not self.hardware.has_collectives:
             raise ValueError(

@@ -29,6 +29,7 @@ from sosim.plan import Plan, Resource, ResourceKind
 _COPY = {ResourceKind.H2D: "h2d", ResourceKind.D2H: "d2h"}
 _CPU = frozenset({ResourceKind.CPU_OPT, ResourceKind.CPU_MAIN})
 _COLLECTIVE = frozenset({ResourceKind.NET})
+_NVME = {ResourceKind.NVME_READ: "nvme.read", ResourceKind.NVME_WRITE: "nvme.write"}
 
 
 def rank_resource(resource: Resource, rank: int) -> Resource:
@@ -36,7 +37,7 @@ def rank_resource(resource: Resource, rank: int) -> Resource:
     return resource if rank == 0 else Resource(resource.kind, rank)
 
 
-def ranks_share_host(m: Machine) -> bool:
+def ranks_share_host(m: Machine, uses_nvme: bool = False) -> bool:
     """Whether two simulated ranks can draw on one shared resource (then each must be simulated)."""
     if m.legacy or m.local_ranks <= 1:
         return False
@@ -47,7 +48,7 @@ def ranks_share_host(m: Machine) -> bool:
     ups = [u for u in m.rank_uplink if u >= 0]
     if len(ups) != len(set(ups)):
         return True
-    if node.nvme is not None:
+    if node.nvme is not None and uses_nvme:
         return True
     return m.threads_per_rank * m.local_ranks > m.cores_per_socket * m.sockets  # oversubscribed cores
 
@@ -77,7 +78,8 @@ def expand_ranks(plan: Plan, ranks: int) -> Plan:
 def node_plan(sc: Scenario, m: Machine, plan: Plan) -> tuple[Plan, Contention, int]:
     """The plan the engine runs for one node, the contention it is handed, and how many ranks it holds
     (rank 0's op ``i`` is the node plan's op ``i * ranks``)."""
-    simulated = m.local_ranks if ranks_share_host(m) else 1
+    uses_nvme = any(op.resource.kind in _NVME for op in plan.ops)
+    simulated = m.local_ranks if ranks_share_host(m, uses_nvme) else 1
     node = expand_ranks(plan, simulated)
     return node, contention_for(sc, m, node, simulated), simulated
 
@@ -112,6 +114,13 @@ def contention_for(sc: Scenario, m: Machine, plan: Plan, simulated_ranks: int) -
             bps = op.n_bytes / op.duration_s if op.n_bytes > 0 else rate[direction]
             route = m.route(rank, "host", "hbm") if direction == "h2d" else m.route(rank, "hbm", "host")
             uses[op.id] = tuple((index[name], bps) for name in route if name in index)
+        elif kind in _NVME:
+            # The node's volume in that direction, and the pinned host buffer it fills or drains.
+            bps = op.n_bytes / op.duration_s if op.n_bytes > 0 else 0.0
+            socket = m.rank_socket[rank] if not m.legacy else rank
+            names = [_NVME[kind], f"dram{socket}"]
+            if bps > 0:
+                uses[op.id] = tuple((index[n], bps) for n in names if n in index)
         elif kind in _CPU:
             t = split[kind]
             demand = [(index["cores"], t)] if "cores" in index else []

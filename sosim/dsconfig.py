@@ -213,7 +213,7 @@ _TOP_IGNORED: dict[str, tuple[str, bool | str]] = {
     "torch_autocast": ("torch autocast instead of bf16/fp16 master copies; not modelled", "enabled"),
     "compile": ("torch.compile / DeepCompile; not modelled (sosim's constants are for eager PyTorch)",
                 "enabled"),
-    "aio": ("async I/O settings for NVMe offload; sosim models no NVMe tier", False),
+    "aio": ("async I/O settings; used with NVMe offload (block_size, queue_depth, intra_op_parallelism)", False),
     "elasticity": ("elastic batch sizes; the batch keys given are used as they are", "enabled"),
     "pipeline": ("pipeline parallelism (PipelineModule); not modelled", True),
     "autotuning": ("the DeepSpeed autotuner's settings; no effect on a run", False),
@@ -735,9 +735,6 @@ def _read_zero(m: _Mapper, out: _Decided, model: dict[str, Any]) -> None:
             m.error(dev_path, f"expected \"none\", \"cpu\" or \"nvme\", got {json.dumps(dev)}")
             return "none", sec
         m.handled.add(dev_path)
-        if dev == "nvme":
-            m.error(dev_path, "\"nvme\": sosim models no NVMe tier (no NVMe bandwidth in the hardware profiles); "
-                    "use \"cpu\" to predict CPU offload")
         return dev, sec
 
     opt_dev, opt = device("offload_optimizer", "cpu_offload")
@@ -763,11 +760,33 @@ def _read_zero(m: _Mapper, out: _Decided, model: dict[str, Any]) -> None:
     if opt_dev == "cpu" and stage == 0:
         m.error((*z, "offload_optimizer"), "optimizer offload needs ZeRO stage 1, 2 or 3 (stage is 0)")
         return
-    if param_dev == "cpu" and opt_dev != "cpu" and stage == 3:
+    if "nvme" in (opt_dev, param_dev) and (stage != 3 or opt_dev != "nvme"):
+        m.error((*z, "offload_optimizer", "device"), "NVMe offload is modelled for ZeRO stage 3 with "
+                "offload_optimizer: {device: nvme} (sosim's zero_infinity_nvme); offload_param may be nvme, cpu or "
+                "none")
+        return
+    if param_dev == "cpu" and opt_dev not in ("cpu", "nvme") and stage == 3:
         m.error((*z, "offload_param"), "parameter offload without optimizer offload is not modelled by sosim "
                 "(add offload_optimizer: {device: cpu})")
         return
-    if opt_dev == "cpu" and stage in (1, 2):
+    if opt_dev == "nvme":
+        system = "zero_infinity_nvme"
+        why = (f"stage 3 + offload_optimizer nvme (+ offload_param {param_dev}): ZeRO-Infinity's NVMe tier "
+               "(runtime/swap_tensor)")
+        sched["offload_param"] = param_dev
+        for key in ("pipeline_read", "pipeline_write"):
+            if key in opt and not m.is_auto((*z, "offload_optimizer", key)):
+                sched[key] = bool(m.boolean((*z, "offload_optimizer", key)))
+                m.mapped((*z, "offload_optimizer", key), f"schedule.{key}", sched[key])
+        aio = m.get(("aio",))
+        if isinstance(aio, dict):
+            for key, knob in (("block_size", "aio_block_size"), ("queue_depth", "aio_queue_depth"),
+                              ("intra_op_parallelism", "aio_intra_op_parallelism"), ("thread_count",
+                                                                                     "aio_intra_op_parallelism")):
+                if key in aio and isinstance(aio[key], int) and not isinstance(aio[key], bool):
+                    sched[knob] = aio[key]
+                    m.mapped(("aio", key), f"schedule.{knob}", aio[key])
+    elif opt_dev == "cpu" and stage in (1, 2):
         system = "zero_offload"
         why = (f"stage {stage} + offload_optimizer cpu: ZeRO-Offload"
                + (" (stage 1 does not partition gradients across ranks; sosim's zero_offload is stage 2)"
@@ -996,7 +1015,8 @@ def _read_offload_knobs(m: _Mapper, out: _Decided, zero: dict[str, Any], opt: di
     for section, sec in (("offload_optimizer", opt), ("offload_param", param)):
         for key in sec:
             if key in _OFFLOAD_NVME_ONLY and (*z, section, key) not in m.handled:
-                m.ignored((*z, section, key), "NVMe offload only; no effect with device cpu")
+                m.ignored((*z, section, key), "NVMe offload only; no effect with device cpu" if system !=
+                          "zero_infinity_nvme" else "not modelled (paths and buffer sizes: memory only)")
 
 
 def prefetch_layers_for(prefetch_elements: int, layer_params: int) -> int:
@@ -1261,7 +1281,9 @@ def _core_settings(sc: Scenario, base: Mapping[str, Any]) -> tuple[dict[KeyPath,
         out[(*z, key)] = _DELETE
     if system == "gpu_only":
         out[o] = _DELETE
-    if system not in ("zero_infinity", "superoffload") or (system == "superoffload" and not _superoffload_flow(sc)):
+    nvme_params = system == "zero_infinity_nvme" and getattr(s, "offload_param", "none") != "none"
+    if (system not in ("zero_infinity", "superoffload") or (system == "superoffload" and not _superoffload_flow(sc))) \
+            and not nvme_params:
         out[p] = _DELETE
     if system == "gpu_only":
         state = s.state_bytes_per_param  # type: ignore[union-attr]
@@ -1315,6 +1337,23 @@ def _core_settings(sc: Scenario, base: Mapping[str, Any]) -> tuple[dict[KeyPath,
             out[(*o, "super_offload")] = _DELETE
             out[(*o, "ratio")] = _DELETE
             out[(*o, "cpuadam_cores_perc")] = _DELETE
+            if system == "zero_infinity_nvme":
+                # ZeRO-Infinity's NVMe tier (sosim/schedules/zero_infinity_nvme.py); the path is the user's.
+                out[(*o, "device")] = "nvme"
+                out[(*o, "nvme_path")] = "/local_nvme"
+                out[(*o, "pipeline_read")] = s.pipeline_read  # type: ignore[union-attr]
+                out[(*o, "pipeline_write")] = s.pipeline_write  # type: ignore[union-attr]
+                if nvme_params:
+                    out[(*p, "device")] = s.offload_param  # type: ignore[union-attr]
+                    out[(*p, "pin_memory")] = s.pin_memory  # type: ignore[union-attr]
+                    if s.offload_param == "nvme":  # type: ignore[union-attr]
+                        out[(*p, "nvme_path")] = "/local_nvme"
+                    layer = tm.layer_params(sc.model)
+                    out[(*z, "stage3_prefetch_bucket_size")] = int(s.prefetch_layers * layer)  # type: ignore[union-attr]
+                out[("aio", "block_size")] = s.aio_block_size  # type: ignore[union-attr]
+                out[("aio", "queue_depth")] = s.aio_queue_depth  # type: ignore[union-attr]
+                out[("aio", "intra_op_parallelism")] = s.aio_intra_op_parallelism  # type: ignore[union-attr]
+                notes.append("nvme_path: /local_nvme is a placeholder; point it at the node's NVMe volume")
             if system == "zero_infinity":
                 out[(*p, "device")] = "cpu"
                 out[(*p, "pin_memory")] = s.pin_memory  # type: ignore[union-attr]

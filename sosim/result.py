@@ -33,6 +33,7 @@ EXPOSED_ORDER: tuple[tuple[str, frozenset[ResourceKind], frozenset[Category] | N
     ("exposed_d2h_s", frozenset({ResourceKind.D2H}), None),
     ("exposed_h2d_s", frozenset({ResourceKind.H2D}), None),
     ("exposed_comm_s", frozenset({ResourceKind.NET}), None),
+    ("exposed_nvme_s", frozenset({ResourceKind.NVME_READ, ResourceKind.NVME_WRITE}), None),
 )
 # Resource kinds whose time counts as the GPU being busy (compute stream and side streams).
 GPU_KINDS: frozenset[ResourceKind] = frozenset({ResourceKind.GPU, ResourceKind.GPU_CAST})
@@ -64,6 +65,7 @@ _BREAKDOWN_DOC = {
     "exposed_d2h_s": "GPU idle while a device-to-host copy runs",
     "exposed_h2d_s": "GPU idle while a host-to-device copy runs",
     "exposed_comm_s": "GPU idle while a collective runs",
+    "exposed_nvme_s": "GPU idle while NVMe reads or writes run",
     "idle_s": "GPU idle with nothing else busy",
 }
 

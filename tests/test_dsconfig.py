@@ -268,9 +268,12 @@ def test_invalid_values_name_file_line_and_key() -> None:
 }"""
     with pytest.raises(ConfigError) as err:
         map_ds_config(parse_json(text, "ds.json"), HfModel(model=dict(LLAMA)), RunInputs(hardware=HW))
-    assert err.value.problems == [
-        'ds.json:7: zero_optimization.offload_optimizer.device: "nvme": sosim models no NVMe tier (no NVMe '
-        'bandwidth in the hardware profiles); use "cpu" to predict CPU offload']
+    # NVMe is a modelled tier (zero_infinity_nvme): the typo is the problem, not the device.
+    assert err.value.problems[0].startswith("ds.json:6: zero_optimization.overlap_com: unknown key")
+    stage2 = text.replace('"stage": 3', '"stage": 2').replace('"overlap_com"', '"overlap_comm"')
+    with pytest.raises(ConfigError) as err:
+        map_ds_config(parse_json(stage2, "ds.json"), HfModel(model=dict(LLAMA)), RunInputs(hardware=HW))
+    assert "NVMe offload is modelled for ZeRO stage 3" in err.value.problems[0]
     text = text.replace('"nvme"', '"cpu"')
     with pytest.raises(ConfigError) as err:
         map_ds_config(parse_json(text, "ds.json"), HfModel(model=dict(LLAMA)), RunInputs(hardware=HW))
