@@ -151,12 +151,13 @@ _ZERO_IGNORED: dict[str, tuple[str, bool | str]] = {
     "max_reuse_distance": ("keeps a stage-3 parameter gathered when it is reused soon; sosim re-gathers per "
                            "pass", "dp"),
     "zero_hpz_partition_size": ("ZeRO++ hierarchical partitioning (secondary copy of the weights per node); "
-                                "sosim models flat all-gathers", "dp"),
-    "zero_quantized_weights": ("ZeRO++ quantized weight all-gathers; sosim's collectives move bf16", "dp"),
+                                "modelled for ZeRO-3 without offload (system zero3) only", "dp"),
+    "zero_quantized_weights": ("ZeRO++ quantized weight all-gathers; modelled for ZeRO-3 without offload "
+                               "(system zero3) only", "dp"),
     "zero_quantized_nontrainable_weights": ("ZeRO++ quantized frozen weights (LoRA); sosim trains all "
                                             "weights", "dp"),
-    "zero_quantized_gradients": ("ZeRO++ quantized gradient reduce-scatter; sosim's collectives move bf16",
-                                 "dp"),
+    "zero_quantized_gradients": ("ZeRO++ quantized gradient all-to-all; modelled for ZeRO-3 without offload "
+                                 "(system zero3) only", "dp"),
     "zeropp_loco_param": ("LoCo-ZeRO++ error feedback (0.19.6); not modelled", "dp"),
     "mics_shard_size": ("MiCS sharding (0.19.6); not modelled", "dp"),
     "mics_hierarchical_params_gather": ("MiCS (0.19.6); not modelled", "dp"),
@@ -800,11 +801,21 @@ def _read_zero(m: _Mapper, out: _Decided, model: dict[str, Any]) -> None:
     elif opt_dev == "cpu":
         system = "zero3_offload"
         why = "stage 3 + offload_optimizer cpu: ZeRO-3 offload"
+    elif stage == 3:
+        system = "zero3"
+        why = "stage 3 without offload: ZeRO-3 in HBM (weights gathered per layer, gradients reduce-scattered)"
+        for key, knob_type in (("zero_quantized_weights", bool), ("zero_hpz_partition_size", int),
+                               ("zero_quantized_gradients", bool)):
+            if key in zero and not m.is_auto((*z, key)):
+                value = zero[key]
+                if isinstance(value, knob_type) and not (knob_type is int and isinstance(value, bool)):
+                    sched[key] = value
+                    m.mapped((*z, key), f"schedule.{key}", value, "ZeRO++ (sosim/schedules/zero3.py)")
     else:
         system = "gpu_only"
         why = f"stage {stage} without offload: everything in HBM"
     sched["system"] = system
-    if system != "gpu_only":
+    if system not in ("gpu_only", "zero3"):
         sched["implementation"] = "deepspeed"
         why += "; implementation deepspeed (DeepSpeed 0.19's code path)"
     if system_path[-1] in zero:
@@ -844,6 +855,25 @@ def _read_zero(m: _Mapper, out: _Decided, model: dict[str, Any]) -> None:
                     m.ignored((*z, section, key), "no offload: no effect")
         if m.get(("optimizer",)) is not _MISSING:
             m.ignored(("optimizer",), "gpu_only times a fused GPU Adam step")
+        if m.get(("zero_force_ds_cpu_optimizer",)) is not _MISSING:
+            m.ignored(("zero_force_ds_cpu_optimizer",), "no CPU optimizer without offload")
+    elif system == "zero3":
+        # ZeRO-3 in HBM: the reduce bucket is the schedule's; offload sections and CPU optimizer do not apply.
+        if "reduce_bucket_size" in zero and not m.is_auto((*z, "reduce_bucket_size")):
+            n = zero["reduce_bucket_size"]
+            if isinstance(n, (int, float)) and not isinstance(n, bool) and n > 0:
+                sched["bucket_mb"] = float(n) * BF16_BYTES_PER_ELEMENT / 1e6
+                m.mapped((*z, "reduce_bucket_size"), "schedule.bucket_mb", sched["bucket_mb"])
+        for key in ("overlap_comm", "sub_group_size"):
+            if key in zero:
+                m.ignored((*z, key), "zero3 overlaps its collectives with compute; the GPU optimizer steps the "
+                          "whole partition")
+        for section, sec in (("offload_optimizer", opt), ("offload_param", param)):
+            for key in sec:
+                if (*z, section, key) not in m.handled:
+                    m.ignored((*z, section, key), "no offload: no effect")
+        if m.get(("optimizer",)) is not _MISSING:
+            m.ignored(("optimizer",), "zero3 times a GPU Adam step over each rank's partition")
         if m.get(("zero_force_ds_cpu_optimizer",)) is not _MISSING:
             m.ignored(("zero_force_ds_cpu_optimizer",), "no CPU optimizer without offload")
     else:
@@ -1279,13 +1309,18 @@ def _core_settings(sc: Scenario, base: Mapping[str, Any]) -> tuple[dict[KeyPath,
     for key in ("cpu_offload", "cpu_offload_param", "cpu_offload_use_pin_memory", "prefetch_bucket_size",
                 "stage3_prefetch_bucket_size"):
         out[(*z, key)] = _DELETE
-    if system == "gpu_only":
+    if system in ("gpu_only", "zero3"):
         out[o] = _DELETE
     nvme_params = system == "zero_infinity_nvme" and getattr(s, "offload_param", "none") != "none"
     if (system not in ("zero_infinity", "superoffload") or (system == "superoffload" and not _superoffload_flow(sc))) \
             and not nvme_params:
         out[p] = _DELETE
-    if system == "gpu_only":
+    if system == "zero3":
+        out[(*z, "stage")] = 3
+        out[(*z, "reduce_bucket_size")] = round(s.bucket_mb * 1e6 / BF16_BYTES_PER_ELEMENT)  # type: ignore[union-attr]
+        for key in ("zero_quantized_weights", "zero_hpz_partition_size", "zero_quantized_gradients"):
+            out[(*z, key)] = getattr(s, key)
+    elif system == "gpu_only":
         state = s.state_bytes_per_param  # type: ignore[union-attr]
         per_stage = {0: 16.0, 1: 4.0 + 12.0 / dp, 2: 2.0 + 14.0 / dp, 3: 16.0 / dp}
         base_stage = zero_base.get("stage")
@@ -1374,7 +1409,7 @@ def _core_settings(sc: Scenario, base: Mapping[str, Any]) -> tuple[dict[KeyPath,
                 notes.append(f"optimizer.type: {base_opt.get('type')!r} replaced by AdamW (sosim times Adam)")
         torch_adam = cpu_adam == "torch" and system != "superoffload"
         out[("optimizer", "params", "torch_adam")] = True if torch_adam else _DELETE
-    if system == "gpu_only" and not isinstance(base.get("optimizer"), dict):
+    if system in ("gpu_only", "zero3") and not isinstance(base.get("optimizer"), dict):
         out[("optimizer",)] = {"type": "AdamW"}
     notes.append("training.activation_checkpointing: "
                  + ("on: enable it in the model code (HF: model.gradient_checkpointing_enable() or "

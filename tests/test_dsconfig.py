@@ -73,12 +73,15 @@ def test_stage_and_offload_pick_the_system(zero: dict[str, Any], system: str) ->
 
 def test_no_offload_partitions_model_state_like_zero() -> None:
     # 16 B/param (bf16 params + grads, fp32 master + m + v), partitioned across 4 data-parallel ranks.
-    expect = {0: 16.0, 1: 4 + 12 / 4, 2: 2 + 14 / 4, 3: 16 / 4}
+    expect = {0: 16.0, 1: 4 + 12 / 4, 2: 2 + 14 / 4}
     for stage, state in expect.items():
         ds = {**ds_with(stage=stage), "train_batch_size": 16, "gradient_accumulation_steps": 1}
         m = mapping(ds)
         assert m.scenario["cluster"]["gpus"] == 4  # implied by 16 = 4 x 1 x ranks
         assert m.scenario["schedule"]["state_bytes_per_param"] == state
+    # Stage 3 without offload is its own system: weights gathered per layer (sosim/schedules/zero3.py).
+    ds = {**ds_with(stage=3, zero_quantized_weights=True), "train_batch_size": 16, "gradient_accumulation_steps": 1}
+    assert mapping(ds).scenario["schedule"] == {"system": "zero3", "zero_quantized_weights": True}
 
 
 def test_deepspeed_defaults_are_used_and_reported() -> None:
