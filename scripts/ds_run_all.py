@@ -5,12 +5,17 @@ groups) do not tear down cleanly enough to measure the next configuration in the
 Why a deadline: a lent GPU machine gives each command a hard limit; jobs are ordered by priority and the
 ones that no longer fit are skipped (and listed), never half-run.
 
-Job syntax: SIZE:SEQ:MICRO_BATCH:CONFIG[:clip=X][:ratio=X][:steps=N], e.g. 1.1b:2048:4:superoffload:clip=1.0
+Job syntax: SIZE:SEQ:MICRO_BATCH:CONFIG[:option=value...], e.g. 1.1b:2048:4:superoffload:clip=1.0
+Options: clip, ratio, cores (cpuadam_cores_perc), subgroup (sub_group_size), steps, phased, warmup,
+ckpt=0 (activation checkpointing off), gpus=N (N ranks through DeepSpeed's launcher on this host),
+timeout=S (this job's limit instead of --job-timeout-s).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import random
 import subprocess
 import sys
 import time
@@ -19,10 +24,53 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 
 
-def job_argv(job: str, out: Path) -> list[str]:
+FLAGS: dict[str, str] = {
+    "clip": "--clip",
+    "ratio": "--ratio",
+    "steps": "--steps",
+    "phased": "--phased-steps",
+    "warmup": "--warmup",
+    "cores": "--cores-perc",
+    "subgroup": "--sub-group-size",
+}
+
+
+def parse_job(job: str) -> tuple[list[str], dict[str, str]]:
+    """(SIZE, SEQ, MICRO_BATCH, CONFIG) and the options; a malformed job is a clear ValueError."""
     size, seq, micro_batch, config, *options = job.split(":")
+    parsed: dict[str, str] = {}
+    for option in options:
+        key, sep, value = option.partition("=")
+        if not sep or key not in {*FLAGS, "ckpt", "gpus", "timeout"}:
+            raise ValueError(f"job {job!r}: unknown option {option!r}")
+        parsed[key] = value
+    return [size, seq, micro_batch, config], parsed
+
+
+def job_timeout_s(job: str, default_s: float) -> float:
+    return float(parse_job(job)[1].get("timeout", default_s))
+
+
+def job_argv(job: str, out: Path) -> list[str]:
+    (size, seq, micro_batch, config), options = parse_job(job)
+    gpus = int(options.get("gpus", "1"))
+    launcher: list[str] = [sys.executable]
+    if gpus > 1:
+        # DeepSpeed's own launcher, as users start data-parallel runs: one process per GPU, RANK/LOCAL_RANK/
+        # WORLD_SIZE set, OMP_NUM_THREADS left alone (0.19.8 sets it only with --bind_cores_to_rank).
+        launcher = [
+            sys.executable,
+            "-m",
+            "deepspeed.launcher.runner",
+            "--num_gpus",
+            str(gpus),
+            "--master_addr",
+            "127.0.0.1",
+            "--master_port",
+            str(random.randint(29500, 29999)),
+        ]
     argv = [
-        sys.executable,
+        *launcher,
         str(HERE / "ds_train_step.py"),
         "--config",
         config,
@@ -35,24 +83,16 @@ def job_argv(job: str, out: Path) -> list[str]:
         "--out",
         str(out),
     ]
-    for option in options:
-        key, _, value = option.partition("=")
-        flag = {
-            "clip": "--clip",
-            "ratio": "--ratio",
-            "steps": "--steps",
-            "warmup": "--warmup",
-            "cores": "--cores-perc",
-            "subgroup": "--sub-group-size",
-        }[key]
-        argv += [flag, value]
+    for key, value in options.items():
+        if key in FLAGS:
+            argv += [FLAGS[key], value]
+        elif key == "ckpt" and value in ("0", "false", "off"):
+            argv.append("--no-ckpt")
     return argv
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--deadline-s", type=float, required=True, help="wall-clock budget for all jobs")
     parser.add_argument("--job-timeout-s", type=float, default=150.0)
@@ -63,9 +103,20 @@ def main(argv: list[str] | None = None) -> int:
         help="do not start a job with less than this left (it would only be killed)",
     )
     parser.add_argument("jobs", nargs="+")
+    parser.add_argument("--plan-only", action="store_true", help="print each job's command line and exit")
     args = parser.parse_args(argv)
+    try:
+        commands = {job: job_argv(job, args.out) for job in args.jobs}
+    except ValueError as error:
+        print(f"ds_run_all: {error}", file=sys.stderr)
+        return 2
+    if args.plan_only:
+        for job, command in commands.items():
+            print(job, "->", " ".join(command))
+        return 0
     logs = args.out / "logs"
     logs.mkdir(parents=True, exist_ok=True)
+    (args.out / "jobs.json").write_text(json.dumps(commands, indent=1) + "\n")
     end_s = time.monotonic() + args.deadline_s
     failed, skipped = [], []
     for job in args.jobs:
@@ -78,10 +129,10 @@ def main(argv: list[str] | None = None) -> int:
         with log_path.open("w") as log:
             try:
                 code = subprocess.run(
-                    job_argv(job, args.out),
+                    commands[job],
                     stdout=log,
                     stderr=subprocess.STDOUT,
-                    timeout=min(args.job_timeout_s, left_s - 5),
+                    timeout=min(job_timeout_s(job, args.job_timeout_s), left_s - 5),
                     check=False,
                 ).returncode
             except subprocess.TimeoutExpired:

@@ -14,8 +14,12 @@ Configurations (``--config``):
   zero3        ZeRO-3 + offload_optimizer cpu (pinned)
   superoffload ZeRO-3 + offload_optimizer {cpu, super_offload: true}
 
-Single process, world size 1, rendezvous on 127.0.0.1 only. Example:
+One process per GPU: alone it runs world size 1 on 127.0.0.1; under DeepSpeed's launcher (or torchrun) it
+reads RANK / LOCAL_RANK / WORLD_SIZE, runs data parallel on every GPU, and only rank 0 writes rows (each
+rank writes its own CPU-affinity report). Inside step() the ZeRO optimizer's own methods are timed
+(sosim/calibrate/ds_timers.py): the t_<name>_s columns are medians of the per-step sums. Examples:
   python3 scripts/ds_train_step.py --config zero2 --size 1.1b --seq 2048 --micro-batch 4 --out calibration/x
+  python3 -m deepspeed.launcher.runner --num_gpus 2 scripts/ds_train_step.py --config zero3 --size 1.1b ...
 """
 
 from __future__ import annotations
@@ -37,6 +41,7 @@ from typing import Any
 # Why these: hidden 2048 and 4096 are the shapes the layer benchmark measures, so the simulator's per-layer
 # prediction can be checked component by component before end to end.
 SIZES: dict[str, tuple[int, int]] = {
+    "0.5b": (8, 2048),
     "1.1b": (22, 2048),
     "2.0b": (10, 4096),
     "3.8b": (20, 4096),
@@ -86,26 +91,105 @@ CSV_COLUMNS: tuple[str, ...] = (
     "ds_config_file",
     "status",
     "error",
+    # Added 2026-11-30: data parallel, phase spreads, and timers inside step() (see ds_timers.TIMER_COLUMNS).
+    "gpus",
+    "n_phased_steps",
+    "fwd_p10_s",
+    "fwd_p90_s",
+    "bwd_p10_s",
+    "bwd_p90_s",
+    "optimizer_step_p10_s",
+    "optimizer_step_p90_s",
+    "step_fixed_median_s",
 )
+TIMER_NAMES: tuple[str, ...] = (
+    "opt_step",
+    "wait_async",
+    "pre_step",
+    "partition_all",
+    "overflow_check",
+    "norm",
+    "unscale_clip",
+    "optimizer",
+    "refresh",
+    "post_step",
+    "sync_cpu_optimizer",
+    "partition_grads",
+    "grad_epilogue",
+    "async_copy_back",
+    "wait_offload_copies",
+)
+CSV_COLUMNS = CSV_COLUMNS + tuple(f"t_{name}_s" for name in TIMER_NAMES)
+
+
+def load_calibrate_module(name: str) -> Any:
+    """sosim.calibrate.<name> loaded from its file alone, so this script never imports the simulator (or its
+    dependencies: pydantic, simpy, ...) on the GPU machine. The modules loaded this way have no imports of
+    their own package."""
+    import importlib.util
+
+    key = f"sosim_{name}_standalone"
+    if key in sys.modules:
+        return sys.modules[key]
+    path = Path(__file__).resolve().parents[1] / "sosim" / "calibrate" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(key, path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
 
 
 def load_llama_module() -> Any:
-    """sosim.calibrate.llama if sosim imports; else the file itself, so this script never needs the
-    simulator's dependencies (pydantic, simpy, ...) on the GPU machine."""
+    return load_calibrate_module("llama")
+
+
+def distributed_env() -> tuple[int, int, int]:
+    """(rank, local_rank, world_size) from the launcher's environment; (0, 0, 1) when run alone."""
+    rank = int(os.environ.get("RANK", "0"))
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    return rank, local_rank, world
+
+
+def affinity_report() -> dict[str, Any]:
+    """Cpus_allowed_list of every thread of this process and of its children (SuperOffload's worker), with
+    OMP_NUM_THREADS and torch's thread count: what each rank really gets on a shared host."""
+    import torch
+
+    def threads(pid: str) -> list[dict[str, str]]:
+        base = Path(f"/proc/{pid}/task")
+        found = []
+        for task in sorted(base.iterdir(), key=lambda p: int(p.name)) if base.exists() else []:
+            try:
+                status = (task / "status").read_text()
+                name = (task / "comm").read_text().strip()
+            except OSError:
+                continue
+            allowed = next(
+                (ln.split(":", 1)[1].strip() for ln in status.splitlines() if ln.startswith("Cpus_allowed_list")), ""
+            )
+            found.append({"tid": task.name, "name": name, "cpus_allowed_list": allowed})
+        return found
+
+    report: dict[str, Any] = {
+        "pid": os.getpid(),
+        "rank_env": {k: os.environ.get(k) for k in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "OMP_NUM_THREADS")},
+        "torch_num_threads": torch.get_num_threads(),
+        "process_affinity": sorted(os.sched_getaffinity(0)),
+        "threads": threads("self"),
+        "children": [],
+    }
     try:
-        from sosim.calibrate import llama
+        import psutil
 
-        return llama
-    except Exception:  # any failure of the package import: use the file
-        import importlib.util
-
-        path = Path(__file__).resolve().parents[1] / "sosim" / "calibrate" / "llama.py"
-        spec = importlib.util.spec_from_file_location("sosim_llama_standalone", path)
-        assert spec is not None and spec.loader is not None
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[spec.name] = module
-        spec.loader.exec_module(module)
-        return module
+        for child in psutil.Process().children(recursive=True):
+            report["children"].append(
+                {"pid": child.pid, "process_affinity": child.cpu_affinity(), "threads": threads(str(child.pid))}
+            )
+    except Exception as error:  # psutil missing or the child gone
+        report["children_error"] = f"{type(error).__name__}: {error}"
+    return report
 
 
 def ds_config(
@@ -148,7 +232,8 @@ def ds_config(
 
 
 def setup_single_process_env() -> None:
-    """World size 1 over loopback; a random port so back-to-back runs never collide on TIME_WAIT."""
+    """World size 1 over loopback; a random port so back-to-back runs never collide on TIME_WAIT. Under a
+    launcher these are already set and kept."""
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
     os.environ.setdefault("MASTER_PORT", str(random.randint(29500, 29999)))
     for key, value in (("RANK", "0"), ("LOCAL_RANK", "0"), ("WORLD_SIZE", "1"), ("LOCAL_WORLD_SIZE", "1")):
@@ -179,6 +264,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     import torch
 
     llama = load_llama_module()
+    ds_timers = load_calibrate_module("ds_timers")
+    rank, local_rank, world = distributed_env()
     layers, hidden = (2, 256) if args.tiny else SIZES[args.size]
     heads = hidden // 128
     shape = llama.LlamaShape(
@@ -190,20 +277,24 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         vocab=VOCAB,
     )
     torch.manual_seed(1234)
-    device = torch.device(args.device)
-    on_gpu = device.type == "cuda"
+    on_gpu = args.device == "cuda"
+    device = torch.device("cuda", local_rank) if on_gpu else torch.device(args.device)
     if on_gpu:
-        torch.cuda.set_device(0)
+        torch.cuda.set_device(local_rank)
     with device:
-        model = llama.LlamaModel(shape, checkpoint_layers=True)
+        model = llama.LlamaModel(shape, checkpoint_layers=not args.no_ckpt)
     model = model.to(torch.bfloat16)
     llama.init_weights_(model)
     model.train()
-    tokens = torch.randint(0, VOCAB, (args.micro_batch, args.seq), device=device)
+    # Each rank its own tokens (data parallel); the same seed on every rank keeps the weights identical.
+    generator = torch.Generator(device="cpu").manual_seed(1000 + rank)
+    tokens = torch.randint(0, VOCAB, (args.micro_batch, args.seq), generator=generator).to(device)
     labels = torch.roll(tokens, -1, dims=1)
 
     config_dict: dict[str, Any] | None = None
     deepspeed_version = ""
+    timers = ds_timers.MethodTimers()
+    affinity: dict[str, Any] = {}
     if args.config == "floor":
         engine = None
 
@@ -220,7 +311,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     else:
         if not on_gpu:
             raise ValueError("DeepSpeed configurations need --device cuda")
-        setup_single_process_env()
+        if world == 1:
+            setup_single_process_env()
         import deepspeed  # type: ignore[import-not-found]
 
         deepspeed_version = deepspeed.__version__
@@ -228,9 +320,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         config_dict = ds_config(
             args.config, args.micro_batch, args.clip, int(args.sub_group_size), args.ratio, args.cores_perc
         )
-        engine, _, _, _ = deepspeed.initialize(
-            model=model, model_parameters=model.parameters(), config=config_dict
-        )
+        engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=config_dict)
+        affinity["after_initialize"] = affinity_report()
+        timers.wrap(engine.optimizer)
 
         def forward() -> Any:
             return engine(tokens, labels)
@@ -245,9 +337,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         if on_gpu:
             torch.cuda.synchronize()
 
-    def one_step(phased: bool) -> tuple[float, float, float, float]:
-        """(total, fwd, bwd, step) seconds; phase times are NaN when not phased."""
+    def one_step(phased: bool) -> tuple[tuple[float, float, float, float], dict[str, float]]:
+        """(total, fwd, bwd, step) seconds (phases NaN when not phased) and the step's inner timers."""
         sync()
+        timers.take()
         start_s = time.perf_counter()
         loss = forward()
         if phased:
@@ -260,50 +353,86 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         optimizer_step()
         sync()
         end_s = time.perf_counter()
+        inner = {name: seconds for name, (seconds, _calls) in timers.take().items()}
+        inner["fixed"] = ds_timers.fixed_part_s(timers_as_pairs(inner))
         if not phased:
-            return end_s - start_s, float("nan"), float("nan"), float("nan")
-        return end_s - start_s, fwd_end_s - start_s, bwd_end_s - fwd_end_s, end_s - bwd_end_s
+            return (end_s - start_s, float("nan"), float("nan"), float("nan")), inner
+        return (end_s - start_s, fwd_end_s - start_s, bwd_end_s - fwd_end_s, end_s - bwd_end_s), inner
 
     for _ in range(args.warmup):
         one_step(phased=True)
     if on_gpu:
         torch.cuda.reset_peak_memory_stats()
-    phased = [one_step(phased=True) for _ in range(args.steps)]
+    # Unsynced first: the step-time distribution; then the phased steps for the phase times.
     unsynced = [one_step(phased=False) for _ in range(args.steps)]
+    phased = [one_step(phased=True) for _ in range(args.phased_steps)]
     peak_gib = torch.cuda.max_memory_allocated() / 2**30 if on_gpu else float("nan")
+    affinity["after_steps"] = affinity_report()
     if engine is not None and hasattr(engine, "destroy"):
         engine.destroy()  # closes SuperOffload's worker process cleanly before the next run starts
     return {
         "shape": shape,
         "params": shape.params_count(),
         "config_dict": config_dict,
-        "phased": phased,
-        "unsynced": unsynced,
+        "phased": [p[0] for p in phased],
+        "unsynced": [u[0] for u in unsynced],
+        "phased_timers": [p[1] for p in phased],
+        "unsynced_timers": [u[1] for u in unsynced],
         "peak_gib": peak_gib,
         "torch_version": torch.__version__,
         "deepspeed_version": deepspeed_version,
-        "device": torch.cuda.get_device_name(0) if on_gpu else "cpu",
+        "device": torch.cuda.get_device_name(local_rank) if on_gpu else "cpu",
+        "rank": rank,
+        "world": world,
+        "affinity": affinity,
     }
 
 
-def rows_for(
-    args: argparse.Namespace, run_id: str, result: dict[str, Any], config_file: str
-) -> list[dict[str, str]]:
+def timers_as_pairs(inner: dict[str, float]) -> dict[str, tuple[float, int]]:
+    return {name: (seconds, 1) for name, seconds in inner.items()}
+
+
+def run_id_for(args: argparse.Namespace, world: int) -> str:
+    clip_tag = f"-clip{args.clip:g}" if args.config != "floor" else ""
+    size_tag = "tiny" if args.tiny else args.size
+    run_id = f"{size_tag}-s{args.seq}-mb{args.micro_batch}-{args.config}{clip_tag}"
+    if args.config == "superoffload" and args.ratio != 1.0:
+        run_id += f"-ratio{args.ratio:g}"
+    if args.config == "superoffload" and args.cores_perc != 0.8:
+        run_id += f"-cores{args.cores_perc:g}"
+    if args.config in ("zero3", "superoffload") and args.sub_group_size != 1e8:
+        run_id += f"-sg{args.sub_group_size:g}"
+    if args.no_ckpt:
+        run_id += "-nockpt"
+    if world > 1:
+        run_id += f"-gpus{world}"
+    return run_id
+
+
+def _stat(values: list[float], q: float | None) -> str:
+    finite = [v for v in values if v == v]
+    if not finite:
+        return ""
+    value = statistics.median(finite) if q is None else percentile(finite, q)
+    return f"{value:.6f}"
+
+
+def rows_for(args: argparse.Namespace, run_id: str, result: dict[str, Any], config_file: str) -> list[dict[str, str]]:
     shape = result["shape"]
-    offload = (result["config_dict"] or {}).get("zero_optimization", {}).get("offload_optimizer", {})
+    zero = (result["config_dict"] or {}).get("zero_optimization", {})
+    offload = zero.get("offload_optimizer", {})
+    world = result["world"]
     common = {
         "run_id": run_id,
         "config": args.config,
-        "zero_stage": str((result["config_dict"] or {}).get("zero_optimization", {}).get("stage", "")),
+        "zero_stage": str(zero.get("stage", "")),
         "offload_optimizer": offload.get("device", ""),
         "super_offload": str(offload.get("super_offload", "")),
         "ratio": str(offload.get("ratio", "")),
         "cpuadam_cores_perc": str(offload.get("cpuadam_cores_perc", "")),
-        "sub_group_size": str(
-            (result["config_dict"] or {}).get("zero_optimization", {}).get("sub_group_size", "")
-        ),
+        "sub_group_size": str(zero.get("sub_group_size", "")),
         "gradient_clipping": "" if args.config == "floor" else str(args.clip),
-        "model": args.size,
+        "model": "tiny" if args.tiny else args.size,
         "layers": str(shape.layers),
         "hidden": str(shape.hidden),
         "heads": str(shape.heads),
@@ -314,9 +443,8 @@ def rows_for(
         "seq": str(args.seq),
         "micro_batch": str(args.micro_batch),
         "params": str(result["params"]),
-        "activation_checkpointing": "true",
+        "activation_checkpointing": "false" if args.no_ckpt else "true",
         "warmup_steps": str(args.warmup),
-        "n_steps": str(args.steps),
         "gpu_mem_peak_gib": f"{result['peak_gib']:.2f}",
         "device": result["device"],
         "cpu_model": cpu_model_name(),
@@ -327,22 +455,35 @@ def rows_for(
         "ds_config_file": config_file,
         "status": "ok",
         "error": "",
+        "gpus": str(world),
+        "n_phased_steps": str(len(result["phased"])),
     }
     rows = []
-    for timing in ("phased", "unsynced"):
+    for timing in ("unsynced", "phased"):
         steps = result[timing]
         totals = [s[0] for s in steps]
-        row = dict(common, timing=timing)
+        row = dict(common, timing=timing, n_steps=str(len(totals)))
         median_s = statistics.median(totals)
         row |= {
             "step_median_s": f"{median_s:.6f}",
             "step_p10_s": f"{percentile(totals, 0.1):.6f}",
             "step_p90_s": f"{percentile(totals, 0.9):.6f}",
-            "tokens_per_s": f"{args.micro_batch * args.seq / median_s:.1f}",
+            # Tokens of every rank: the data-parallel throughput.
+            "tokens_per_s": f"{args.micro_batch * args.seq * world / median_s:.1f}",
         }
         if timing == "phased":
-            for index, name in ((1, "fwd_median_s"), (2, "bwd_median_s"), (3, "optimizer_step_median_s")):
-                row[name] = f"{statistics.median(s[index] for s in steps):.6f}"
+            for index, name in ((1, "fwd"), (2, "bwd"), (3, "optimizer_step")):
+                values = [s[index] for s in steps]
+                row[f"{name}_median_s"] = _stat(values, None)
+                row[f"{name}_p10_s"] = _stat(values, 0.1)
+                row[f"{name}_p90_s"] = _stat(values, 0.9)
+        inner = result[f"{timing}_timers"]
+        if args.config != "floor" and inner:
+            row["step_fixed_median_s"] = _stat([t.get("fixed", 0.0) for t in inner], None)
+            for name in TIMER_NAMES:
+                values = [t[name] for t in inner if name in t]
+                if values:
+                    row[f"t_{name}_s"] = _stat(values, None)
         rows.append(row)
     return rows
 
@@ -357,24 +498,24 @@ def append_rows(csv_path: Path, rows: list[dict[str, str]]) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--config", choices=CONFIGS, required=True)
     parser.add_argument("--size", choices=sorted(SIZES), required=True)
     parser.add_argument("--seq", type=int, default=2048)
     parser.add_argument("--micro-batch", type=int, default=4)
     parser.add_argument("--clip", type=float, default=0.0, help="gradient_clipping (0 = off)")
     parser.add_argument("--sub-group-size", type=float, default=1e8, help="ZeRO-3 sub_group_size")
-    parser.add_argument(
-        "--ratio", type=float, default=1.0, help="superoffload: fraction of sub-groups on CPU"
-    )
+    parser.add_argument("--ratio", type=float, default=1.0, help="superoffload: fraction of sub-groups on CPU")
     parser.add_argument("--cores-perc", type=float, default=0.8, help="superoffload: cpuadam_cores_perc")
-    parser.add_argument("--warmup", type=int, default=3)
-    parser.add_argument("--steps", type=int, default=5)
+    parser.add_argument("--no-ckpt", action="store_true", help="activation checkpointing off")
+    parser.add_argument("--warmup", type=int, default=2)
+    parser.add_argument("--steps", type=int, default=10, help="timed steps without phase barriers")
+    parser.add_argument("--phased-steps", type=int, default=3, help="timed steps with phase barriers")
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--device", default="cuda", help="'cpu' only to smoke-test the floor config")
     parser.add_argument("--tiny", action="store_true", help="2-layer, hidden-256 model: smoke tests only")
+    # DeepSpeed's launcher appends --local_rank=N; the environment's LOCAL_RANK is what is used.
+    parser.add_argument("--local_rank", type=int, default=None, help=argparse.SUPPRESS)
     return parser
 
 
@@ -382,17 +523,16 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "runs").mkdir(exist_ok=True)
-    clip_tag = f"-clip{args.clip:g}" if args.config != "floor" else ""
-    size_tag = "tiny" if args.tiny else args.size
-    run_id = f"{size_tag}-s{args.seq}-mb{args.micro_batch}-{args.config}{clip_tag}"
-    if args.config == "superoffload" and args.ratio != 1.0:
-        run_id += f"-ratio{args.ratio:g}"
+    rank, _, world = distributed_env()
+    run_id = run_id_for(args, world)
     start_s = time.perf_counter()
     try:
         result = run(args)
     except Exception as error:  # a failed run is data too: record why
         traceback.print_exc()
-        layers, hidden = SIZES[args.size]
+        if rank != 0:
+            return 1
+        layers, hidden = (2, 256) if args.tiny else SIZES[args.size]
         append_rows(
             args.out / "deepspeed_steps.csv",
             [
@@ -405,12 +545,18 @@ def main(argv: list[str] | None = None) -> int:
                     "seq": str(args.seq),
                     "micro_batch": str(args.micro_batch),
                     "gradient_clipping": str(args.clip),
+                    "gpus": str(world),
                     "status": "failed",
                     "error": f"{type(error).__name__}: {error}"[:300].replace("\n", " "),
                 }
             ],
         )
         return 1
+    (args.out / "runs" / f"{run_id}.rank{rank}.affinity.json").write_text(
+        json.dumps(result["affinity"], indent=1) + "\n"
+    )
+    if rank != 0:
+        return 0
     config_file = ""
     if result["config_dict"] is not None:
         config_file = f"runs/{run_id}.ds_config.json"
@@ -420,18 +566,23 @@ def main(argv: list[str] | None = None) -> int:
         "args": {k: str(v) for k, v in vars(args).items()},
         "shape": result["shape"].as_dict(),
         "wall_s": time.perf_counter() - start_s,
+        "world_size": world,
         "phased_steps_s": result["phased"],
         "unsynced_steps_s": result["unsynced"],
+        "phased_step_timers_s": result["phased_timers"],
+        "unsynced_step_timers_s": result["unsynced_timers"],
         "ds_config": result["config_dict"],
     }
-    (args.out / "runs" / f"{run_id}.json").write_text(json.dumps(raw, indent=2) + "\n")
+    (args.out / "runs" / f"{run_id}.json").write_text(json.dumps(raw, indent=1) + "\n")
     rows = rows_for(args, run_id, result, config_file)
     append_rows(args.out / "deepspeed_steps.csv", rows)
     for row in rows:
         print(
             f"[ds] {run_id} {row['timing']}: step {row['step_median_s']} s (p10 {row['step_p10_s']}, "
             f"p90 {row['step_p90_s']}) fwd {row.get('fwd_median_s', '')} bwd {row.get('bwd_median_s', '')} "
-            f"opt {row.get('optimizer_step_median_s', '')} peak {row['gpu_mem_peak_gib']} GiB",
+            f"opt {row.get('optimizer_step_median_s', '')} fixed {row.get('step_fixed_median_s', '')} "
+            f"refresh {row.get('t_refresh_s', '')} wait {row.get('t_wait_async_s', '')} "
+            f"peak {row['gpu_mem_peak_gib']} GiB",
             flush=True,
         )
     return 0

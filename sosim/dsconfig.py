@@ -1284,7 +1284,9 @@ class EmitResult:
 
 def _core_settings(sc: Scenario, base: Mapping[str, Any]) -> tuple[dict[KeyPath, Any], list[str]]:
     """Key path -> value (or _DELETE) for every DeepSpeed key the scenario decides, and what it cannot say."""
-    t, s, c = sc.training, sc.schedule, sc.cluster
+    t, c = sc.training, sc.cluster
+    # The knobs as YAML-level keys: the emitter reads names, whatever class each system's knobs are.
+    k: dict[str, Any] = sc.schedule.model_dump()
     dp = c.dp
     notes: list[str] = []
     out: dict[KeyPath, Any] = {
@@ -1304,24 +1306,24 @@ def _core_settings(sc: Scenario, base: Mapping[str, Any]) -> tuple[dict[KeyPath,
     o, p = (*z, "offload_optimizer"), (*z, "offload_param")
     zero_base = base.get("zero_optimization") if isinstance(base.get("zero_optimization"), dict) else {}
     assert isinstance(zero_base, dict)
-    system = s.system
+    system = k["system"]
     # Keys of the base that would contradict the scenario are removed; the new spellings are written.
     for key in ("cpu_offload", "cpu_offload_param", "cpu_offload_use_pin_memory", "prefetch_bucket_size",
                 "stage3_prefetch_bucket_size"):
         out[(*z, key)] = _DELETE
     if system in ("gpu_only", "zero3"):
         out[o] = _DELETE
-    nvme_params = system == "zero_infinity_nvme" and getattr(s, "offload_param", "none") != "none"
+    nvme_params = system == "zero_infinity_nvme" and k.get("offload_param", "none") != "none"
     if (system not in ("zero_infinity", "superoffload") or (system == "superoffload" and not _superoffload_flow(sc))) \
             and not nvme_params:
         out[p] = _DELETE
     if system == "zero3":
         out[(*z, "stage")] = 3
-        out[(*z, "reduce_bucket_size")] = round(s.bucket_mb * 1e6 / BF16_BYTES_PER_ELEMENT)  # type: ignore[union-attr]
+        out[(*z, "reduce_bucket_size")] = round(k["bucket_mb"] * 1e6 / BF16_BYTES_PER_ELEMENT)
         for key in ("zero_quantized_weights", "zero_hpz_partition_size", "zero_quantized_gradients"):
-            out[(*z, key)] = getattr(s, key)
+            out[(*z, key)] = k[key]
     elif system == "gpu_only":
-        state = s.state_bytes_per_param  # type: ignore[union-attr]
+        state = k["state_bytes_per_param"]
         per_stage = {0: 16.0, 1: 4.0 + 12.0 / dp, 2: 2.0 + 14.0 / dp, 3: 16.0 / dp}
         base_stage = zero_base.get("stage")
         stages = [k for k, v in per_stage.items() if math.isclose(v, state, rel_tol=1e-9)]
@@ -1335,34 +1337,34 @@ def _core_settings(sc: Scenario, base: Mapping[str, Any]) -> tuple[dict[KeyPath,
                          "data-parallel ranks (0: 16, 1: 4+12/dp, 2: 2+14/dp, 3: 16/dp); written as stage 0")
         out[(*z, "stage")] = stage
     else:
-        impl = s.implementation  # type: ignore[union-attr]
+        impl = k["implementation"]
         if impl == "ideal":
             notes.append("schedule.implementation: ideal is the paper's schedule; DeepSpeed runs its own code path "
                          "(predict it with --set schedule.implementation=deepspeed)")
         out[(*z, "stage")] = 2 if system == "zero_offload" and zero_base.get("stage") != 1 else (
             1 if system == "zero_offload" else 3)
         out[(*o, "device")] = "cpu"
-        out[(*o, "pin_memory")] = s.pin_memory  # type: ignore[union-attr]
-        out[(*z, "overlap_comm")] = s.overlap_comm  # type: ignore[union-attr]
-        out[(*z, "reduce_bucket_size")] = round(s.bucket_mb * 1e6 / BF16_BYTES_PER_ELEMENT)  # type: ignore[union-attr]
+        out[(*o, "pin_memory")] = k["pin_memory"]
+        out[(*z, "overlap_comm")] = k["overlap_comm"]
+        out[(*z, "reduce_bucket_size")] = round(k["bucket_mb"] * 1e6 / BF16_BYTES_PER_ELEMENT)
         if system != "zero_offload":
-            out[(*z, "sub_group_size")] = round(s.sub_group_elements)  # type: ignore[union-attr]
-        cpu_adam = s.cpu_adam  # type: ignore[union-attr]
-        cores = s.cpu_adam_core_fraction  # type: ignore[union-attr]
+            out[(*z, "sub_group_size")] = round(k["sub_group_elements"])
+        cpu_adam = k["cpu_adam"]
+        cores = k["cpu_adam_core_fraction"]
         if system == "superoffload":
             out[(*o, "super_offload")] = True
-            out[(*o, "ratio")] = round(1.0 - s.gpu_optimizer_fraction, 12)  # type: ignore[union-attr]
+            out[(*o, "ratio")] = round(1.0 - k["gpu_optimizer_fraction"], 12)
             out[(*o, "cpuadam_cores_perc")] = cores
             if _superoffload_flow(sc):
                 out[(*p, "device")] = "cpu"
-                out[(*p, "pin_memory")] = s.pin_memory  # type: ignore[union-attr]
+                out[(*p, "pin_memory")] = k["pin_memory"]
             if impl == "ideal":
-                if s.cast == "gpu":  # type: ignore[union-attr]
+                if k["cast"] == "gpu":
                     notes.append("schedule.cast: gpu (fp32 over the link, cast on the GPU) is the paper's; "
                                  "DeepSpeed casts on the CPU")
-                notes.append(f"schedule.bucket_mb: {s.bucket_mb:g} MB transfer buckets are the paper's; DeepSpeed's "  # type: ignore[union-attr]
+                notes.append(f"schedule.bucket_mb: {k['bucket_mb']:g} MB transfer buckets are the paper's; DeepSpeed's "
                              "SuperOffload moves gradients per sub-group (sub_group_size)")
-            if not s.speculation and t.gradient_clipping == 0:  # type: ignore[union-attr]
+            if not k["speculation"] and t.gradient_clipping == 0:
                 notes.append("schedule.speculation: false has no DeepSpeed switch (its SuperOffload speculates "
                              "whenever gradient_clipping is 0)")
             if cpu_adam != "cpu_adam":
@@ -1376,30 +1378,30 @@ def _core_settings(sc: Scenario, base: Mapping[str, Any]) -> tuple[dict[KeyPath,
                 # ZeRO-Infinity's NVMe tier (sosim/schedules/zero_infinity_nvme.py); the path is the user's.
                 out[(*o, "device")] = "nvme"
                 out[(*o, "nvme_path")] = "/local_nvme"
-                out[(*o, "pipeline_read")] = s.pipeline_read  # type: ignore[union-attr]
-                out[(*o, "pipeline_write")] = s.pipeline_write  # type: ignore[union-attr]
+                out[(*o, "pipeline_read")] = k["pipeline_read"]
+                out[(*o, "pipeline_write")] = k["pipeline_write"]
                 if nvme_params:
-                    out[(*p, "device")] = s.offload_param  # type: ignore[union-attr]
-                    out[(*p, "pin_memory")] = s.pin_memory  # type: ignore[union-attr]
-                    if s.offload_param == "nvme":  # type: ignore[union-attr]
+                    out[(*p, "device")] = k["offload_param"]
+                    out[(*p, "pin_memory")] = k["pin_memory"]
+                    if k["offload_param"] == "nvme":  # type: ignore[union-attr]
                         out[(*p, "nvme_path")] = "/local_nvme"
                     layer = tm.layer_params(sc.model)
-                    out[(*z, "stage3_prefetch_bucket_size")] = int(s.prefetch_layers * layer)  # type: ignore[union-attr]
-                out[("aio", "block_size")] = s.aio_block_size  # type: ignore[union-attr]
-                out[("aio", "queue_depth")] = s.aio_queue_depth  # type: ignore[union-attr]
-                out[("aio", "intra_op_parallelism")] = s.aio_intra_op_parallelism  # type: ignore[union-attr]
+                    out[(*z, "stage3_prefetch_bucket_size")] = int(k["prefetch_layers"] * layer)  # type: ignore[union-attr]
+                out[("aio", "block_size")] = k["aio_block_size"]
+                out[("aio", "queue_depth")] = k["aio_queue_depth"]
+                out[("aio", "intra_op_parallelism")] = k["aio_intra_op_parallelism"]
                 notes.append("nvme_path: /local_nvme is a placeholder; point it at the node's NVMe volume")
             if system == "zero_infinity":
                 out[(*p, "device")] = "cpu"
-                out[(*p, "pin_memory")] = s.pin_memory  # type: ignore[union-attr]
+                out[(*p, "pin_memory")] = k["pin_memory"]
                 layer = tm.layer_params(sc.model)
-                out[(*z, "stage3_prefetch_bucket_size")] = int(s.prefetch_layers * layer)  # type: ignore[union-attr]
+                out[(*z, "stage3_prefetch_bucket_size")] = int(k["prefetch_layers"] * layer)
             if cores != 1.0:
                 notes.append(f"schedule.cpu_adam_core_fraction: {cores:g}: DeepSpeedCPUAdam uses all the process's "
                              "cores outside super_offload (limit them with OMP_NUM_THREADS / taskset instead)")
             if cpu_adam == "grace_adam":
                 notes.append("schedule.cpu_adam: grace_adam is not in DeepSpeed 0.19; DeepSpeed runs DeepSpeedCPUAdam")
-            if system == "zero_offload" and s.dpu:  # type: ignore[union-attr]
+            if system == "zero_offload" and k["dpu"]:
                 notes.append("schedule.dpu: delayed parameter update has no DeepSpeed 0.19 config key")
         # The optimizer: Adam(W) on the CPU, DeepSpeed's or torch's (optimizer.params.torch_adam).
         base_opt = base.get("optimizer") if isinstance(base.get("optimizer"), dict) else None
@@ -1578,7 +1580,11 @@ def scenario_from_args(args: argparse.Namespace) -> dict[str, Any]:
 def scenario_for_run(args: argparse.Namespace) -> tuple[Scenario, DsMapping | None]:
     """What ``sosim run`` simulates: the scenario file, or the DeepSpeed config + model; --set applies last."""
     from sosim.loader import load_scenario
+    from sosim.output import check_output_path
 
+    emit = getattr(args, "emit_ds_config", None)
+    if emit is not None:
+        check_output_path(emit, "--emit-ds-config", ["json"])  # before any work
     ds = getattr(args, "ds_config", None)
     scenario_file = getattr(args, "scenario", None)
     if ds is None:
@@ -1614,10 +1620,9 @@ def finish_run(args: argparse.Namespace, sc: Scenario, mapping: DsMapping | None
     if out:
         base = read_json(mapping.ds_origin).data if mapping is not None else None
         result = ds_config_from_scenario(sc, base)
-        try:
-            write_ds_config(result, out)
-        except OSError as exc:
-            raise ConfigError([f"--emit-ds-config {out}: cannot write: {exc.strerror or exc}"]) from None
+        from sosim.output import write_output
+
+        write_output(Path(out), "--emit-ds-config", lambda p: write_ds_config(result, p))
         if as_json:
             extra["ds_config_emitted"] = result.report(str(out))
         else:

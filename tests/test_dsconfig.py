@@ -322,7 +322,7 @@ def test_cli_run_from_ds_config_json(capsys: pytest.CaptureFixture[str]) -> None
 def test_cli_table_prints_the_report_on_stderr(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["run", "--ds-config", MEASURED_ZERO3, "--model", MODEL_1B, "--hardware", HW, "--seq", "1024"]) == 0
     cap = capsys.readouterr()
-    assert "step_time_s" in cap.out and "zero_optimization" not in cap.out
+    assert cap.out.startswith("# 1.1b-s2048-mb4-zero3-clip0+llama-1.1b:") and "zero_optimization" not in cap.out
     assert "mapped       zero_optimization.stage = 3 -> schedule.system" in cap.err
     assert "--seq = 1024 -> training.seq_len = 1024" in cap.err
 
@@ -363,3 +363,10 @@ def test_cli_bad_config_file_names_line_and_key(tmp_path: Path, capsys: pytest.C
     err = capsys.readouterr().err
     assert f"{bad}:4: zero_optimization.sub_group_sise: unknown key (did you mean 'sub_group_size'?)" in err
     assert "Traceback" not in err
+
+
+def test_cli_refuses_an_unwritable_emit_path_before_work(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["run", str(ROOT / "scenarios/h100_gpu_only_1b.yaml"), "--emit-ds-config", str(tmp_path)]) == 2
+    assert "--emit-ds-config" in capsys.readouterr().err
+    assert main(["run", str(ROOT / "scenarios/h100_gpu_only_1b.yaml"), "--emit-ds-config",
+                 str(tmp_path / "x.yaml")]) == 2

@@ -35,6 +35,11 @@ COLUMNS: tuple[str, ...] = (
     "host_cpu",
     "torch_version",
     "date",
+    # Added 2026-11-30 (DeepSpeed-pattern and multi-GPU sections); empty for the older sections. Readers that
+    # know only the columns above still read these files, and older files (without them) still load.
+    "gpus",
+    "subgroups",
+    "layers",
 )
 
 # Shape columns a measurement may fill; the rest of a row comes from the timings and the context.
@@ -53,6 +58,9 @@ SHAPE_COLUMNS: frozenset[str] = frozenset(
         "bytes",
         "elements",
         "threads",
+        "gpus",
+        "subgroups",
+        "layers",
     )
 )
 
@@ -135,12 +143,17 @@ class Table:
 
 
 def read_rows(path: Path) -> list[dict[str, str]]:
-    """Rows of an existing measurements.csv, to append to; refuses a file with other columns."""
+    """Rows of an existing measurements.csv, to append to; refuses a file with other columns.
+
+    A file written before the trailing columns were added (its header a prefix of COLUMNS) is accepted and
+    its rows get those columns empty.
+    """
     with path.open(newline="") as handle:
         reader = csv.DictReader(handle)
-        if tuple(reader.fieldnames or ()) != COLUMNS:
+        header = tuple(reader.fieldnames or ())
+        if not header or header != COLUMNS[: len(header)] or len(header) < COLUMNS.index("date") + 1:
             raise ValueError(f"{path}: columns differ from this harness's; not appending to it")
-        return [dict(row) for row in reader]
+        return [{name: row.get(name) or "" for name in COLUMNS} for row in reader]
 
 
 def _format_number(value: int | float) -> str:

@@ -43,3 +43,26 @@ def repeats_for(estimate_s: float, budget_s: float, lo: int, hi: int) -> int:
     if estimate_s <= 0:
         return hi
     return max(lo, min(hi, int(budget_s / estimate_s)))
+
+
+def wall_times_s(
+    fn: Callable[[], object], warmup: int, repeats: int, sync: Callable[[], None] | None = None
+) -> list[float]:
+    """Host wall-clock time of ``fn`` with an optional device synchronisation before and after each repeat.
+
+    Why wall clock and not CUDA events: the DeepSpeed patterns timed with this (blocking pageable copies,
+    hooks that run on the host while the GPU waits) are host-bound; their cost is how long the training
+    thread is held, including the device work it waits for.
+    """
+    for _ in range(warmup):
+        fn()
+    times_s: list[float] = []
+    for _ in range(repeats):
+        if sync is not None:
+            sync()
+        start_s = time.perf_counter()
+        fn()
+        if sync is not None:
+            sync()
+        times_s.append(time.perf_counter() - start_s)
+    return times_s
