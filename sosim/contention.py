@@ -29,6 +29,8 @@ from sosim.plan import Plan, Resource, ResourceKind
 _COPY = {ResourceKind.H2D: "h2d", ResourceKind.D2H: "d2h"}
 _CPU = frozenset({ResourceKind.CPU_OPT, ResourceKind.CPU_MAIN})
 _COLLECTIVE = frozenset({ResourceKind.NET})
+# A copy moving its bytes at less than this fraction of the link's pinned rate is staged by the CPU.
+STAGED_FRACTION = 0.5
 _NVME = {ResourceKind.NVME_READ: "nvme.read", ResourceKind.NVME_WRITE: "nvme.write"}
 
 
@@ -113,7 +115,19 @@ def contention_for(sc: Scenario, m: Machine, plan: Plan, simulated_ranks: int) -
             # a copy's time under a fair share is its bytes over that share whatever its nominal speed.
             bps = op.n_bytes / op.duration_s if op.n_bytes > 0 else rate[direction]
             route = m.route(rank, "host", "hbm") if direction == "h2d" else m.route(rank, "hbm", "host")
-            uses[op.id] = tuple((index[name], bps) for name in route if name in index)
+            demand = [(index[name], bps) for name in route if name in index]
+            if bps < STAGED_FRACTION * rate[direction]:
+                # Far below the link's pinned rate: a copy the CPU stages (pageable memory through a bounce
+                # buffer, DeepSpeed's cast-and-copy refresh with its page faults). Its speed is the CPU's: it
+                # takes the rank's threads, and its bytes cross the socket's memory three times (read the
+                # source, write the staging buffer, the DMA's read).
+                if "cores" in index:
+                    demand.append((index["cores"], threads))
+                socket = m.rank_socket[rank] if not m.legacy else rank
+                for k, (res, d) in enumerate(demand):
+                    if res == index.get(f"dram{socket}"):
+                        demand[k] = (res, 3.0 * d)
+            uses[op.id] = tuple(demand)
         elif kind in _NVME:
             # The node's volume in that direction, and the pinned host buffer it fills or drains.
             bps = op.n_bytes / op.duration_s if op.n_bytes > 0 else 0.0

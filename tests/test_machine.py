@@ -106,12 +106,19 @@ def test_more_gpus_per_node_than_the_node_has_is_an_error() -> None:
 
 # ---- collectives ----------------------------------------------------------------------------------------------
 def test_intra_node_ring_by_hand() -> None:
-    m = _machine("h200x2-pcie-gen5-x86", "cluster.gpus=2")
+    m = _machine("hgx-h100x8-x86", "cluster.gpus=2")
     n = 1e9
-    # all-reduce: 2 (n-1)/n of the buffer over 450 GB/s, plus the fabric's 10 us.
+    # all-reduce: 2 (n-1)/n of the buffer over NVSwitch's 450 GB/s, plus the fabric's 10 us.
     assert collective_s(m, "all_reduce", n, 2) == pytest.approx(10e-6 + 2 * 0.5 * n / 450e9, rel=1e-12)
     assert collective_s(m, "all_gather", n, 2) == pytest.approx(10e-6 + 0.5 * n / 450e9, rel=1e-12)
     assert collective_s(m, "all_reduce", n, 1) == 0.0
+
+
+def test_measured_nccl_curve_inside_a_node() -> None:
+    """The lent machine's two GPUs: a 1 GiB all-gather at its measured bus bandwidth, 262.3 GB/s."""
+    m = _machine("h200x2-pcie-gen5-x86", "cluster.gpus=2")
+    gib = float(1 << 30)
+    assert collective_s(m, "all_gather", gib, 2) == pytest.approx(0.5 * gib / 262.314e9, rel=1e-9)
 
 
 def test_alps_measured_curve_is_reproduced_where_it_was_measured() -> None:
