@@ -143,7 +143,7 @@ def run_plan_detailed(plan: Plan, contention: Contention | None = None) -> Engin
     stretch: dict[str, float] = {}
     if fluid is not None and active is not None:
         for k, s in fluid.stretch.items():
-            if s > 0:
+            if s > 1e-12:  # below float noise of repeated rate changes
                 stretch[active.names[k]] = stretch.get(active.names[k], 0.0) + s
     return EngineRun(start, end, stretch)
 
