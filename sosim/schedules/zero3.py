@@ -94,7 +94,7 @@ class Gathered:
     def _gather(self, ctx: Ctx, u: Unit, phase: Phase, ranks: int, per_node: int, quantized: bool) -> list[int]:
         tag = "fwd" if phase is Phase.FORWARD else "bwd"
         deps: list[int | None] = []
-        n_bytes = u.params * BF16_BYTES
+        n_bytes = float(u.params * BF16_BYTES)
         if quantized:
             shard = u.params / ranks
             deps = [ctx.add(GPU_CAST, f"qwz_quantize_{tag}:{u.name}", _quant_s(ctx, shard, QUANT_INT8_BYTES), [],
