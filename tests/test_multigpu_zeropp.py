@@ -64,3 +64,11 @@ def test_zeropp_gain_shrinks_as_the_network_widens(nic: float) -> None:
         return z3 / simulate(load_scenario(ALPS, [*sets, ZPP])).metrics["step_time_s"]
 
     assert ratio(nic) >= ratio(nic * 4) * (1 - 1e-9)
+
+
+def test_unfused_quantize_kernels_cost_more() -> None:
+    """The measured torch implementation of the quantizers is an upper bound on the fused kernels' cost."""
+    sets = [*SMALL, ZPP, "cluster.gpus=16"]
+    fused = simulate(load_scenario(ALPS, sets)).metrics["step_time_s"]
+    torch = simulate(load_scenario(ALPS, [*sets, "schedule.quantize_kernels=torch"])).metrics["step_time_s"]
+    assert torch > fused

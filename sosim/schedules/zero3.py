@@ -21,9 +21,13 @@ Across nodes a step's weight and gradient traffic per rank goes from 3 x the mod
 all-gathers and a reduce-scatter) to 0.5 (int8 forward gather) + 0 (backward gather inside the node) +
 0.25 (int4 gradients) of it: 4x less, as the ZeRO++ paper states.
 
-Quantization kernels are memory bound; no throughput is published for DeepSpeed's (csrc/quantization).
-Estimate: HBM traffic of each kernel (quantize bf16 -> int8: read 2 B + write 1 B per element; int4: read 2
-+ write 0.5; dequantize the reverse) at the rate the cost model gives a GPU dtype cast (6 B per element).
+Quantization kernels: no throughput is published for DeepSpeed's fused CUDA kernels (csrc/quantization).
+``quantize_kernels: fused`` (default) times them as memory bound: each kernel's HBM traffic (int8: read 2 B +
+write 1 B per element; int4: read 2 + write 0.5) at the rate the cost model gives a GPU dtype cast (a 6 B per
+element kernel). ``quantize_kernels: torch`` uses measurements on an H200 of a torch implementation of the
+same block quantization (calibration/nvidia-h200-2026-11-30/measurements.csv, op ``quantize``, 1e8 elements;
+several unfused kernels, 10-25x slower than the memory bound), scaled to other GPUs by HBM bandwidth: an
+upper bound on the kernels' cost.
 """
 
 from __future__ import annotations
@@ -49,10 +53,14 @@ if TYPE_CHECKING:
     from sosim.config import Scenario
     from sosim.costs import CostModel
 
-# Bytes of HBM traffic per element of each quantization kernel (read + write), and the cast's (the cost
-# model's gpu_cast_s is a 6 B/element kernel).
-QUANT_INT8_BYTES = 3.0
-QUANT_INT4_BYTES = 2.5
+# Seconds per element of each quantization kernel on an H200 (4.8 TB/s): measured, torch implementation,
+# 99,999,744 elements (calibration/nvidia-h200-2026-11-30/measurements.csv): int8 quantize 1.521 ms, dequantize
+# 0.698 ms; int4 quantize 1.847 ms, dequantize 1.376 ms.
+QUANT_S_PER_ELEMENT = {"int8": 1.520576e-3 / 99_999_744, "int8_dequant": 6.97664e-4 / 99_999_744,
+                       "int4": 1.846912e-3 / 99_999_744, "int4_dequant": 1.376384e-3 / 99_999_744}
+MEASURED_HBM_GBps = 4800.0
+# Fused kernels: HBM bytes per element (read + write), against the cost model's 6 B/element GPU cast.
+FUSED_BYTES = {"int8": 3.0, "int8_dequant": 3.0, "int4": 2.5, "int4_dequant": 2.5}
 CAST_BYTES = 6.0
 # Elements per quantization group (one fp32 scale each): DeepSpeed's default for qwZ.
 QWZ_GROUP = 2048
@@ -71,6 +79,8 @@ class Zero3Knobs(ScheduleKnobs):
     zero_quantized_weights: bool = False
     zero_hpz_partition_size: int = Field(1, ge=1)
     zero_quantized_gradients: bool = False
+    # How the quantization kernels are timed (see the module docstring).
+    quantize_kernels: Literal["fused", "torch"] = "fused"
     DEFAULTS: ClassVar[dict[str, BaseModel]] = {}
 
 
@@ -79,8 +89,11 @@ def _knobs(sc: Scenario) -> Zero3Knobs:
     return sc.schedule
 
 
-def _quant_s(ctx: Ctx, elements: float, bytes_per_element: float) -> float:
-    return ctx.costs.gpu_cast_s(elements) * bytes_per_element / CAST_BYTES
+def _quant_s(ctx: Ctx, elements: float, kernel: str) -> float:
+    s = ctx.sc.schedule
+    if isinstance(s, Zero3Knobs) and s.quantize_kernels == "torch":
+        return elements * QUANT_S_PER_ELEMENT[kernel] * MEASURED_HBM_GBps / ctx.sc.hardware.gpu.hbm_GBps
+    return ctx.costs.gpu_cast_s(elements) * FUSED_BYTES[kernel] / CAST_BYTES
 
 
 @dataclass(frozen=True)
@@ -97,14 +110,14 @@ class Gathered:
         n_bytes = float(u.params * BF16_BYTES)
         if quantized:
             shard = u.params / ranks
-            deps = [ctx.add(GPU_CAST, f"qwz_quantize_{tag}:{u.name}", _quant_s(ctx, shard, QUANT_INT8_BYTES), [],
+            deps = [ctx.add(GPU_CAST, f"qwz_quantize_{tag}:{u.name}", _quant_s(ctx, shard, "int8"), [],
                             phase=phase, category=Category.CAST, layer=u.index)]
             n_bytes = u.params * (INT8_BYTES + FP32_BYTES / QWZ_GROUP)
         dur = collectives.collective_s(self.machine, "all_gather", n_bytes, ranks, per_node)
         op = ctx.add(NET, f"allgather_{tag}:{u.name}", dur, deps, phase=phase, category=Category.COMM,
                      layer=u.index, n_bytes=(ranks - 1) / ranks * n_bytes)
         if quantized:
-            op = ctx.add(GPU_CAST, f"qwz_dequantize_{tag}:{u.name}", _quant_s(ctx, u.params, QUANT_INT8_BYTES),
+            op = ctx.add(GPU_CAST, f"qwz_dequantize_{tag}:{u.name}", _quant_s(ctx, u.params, "int8_dequant"),
                          [op], phase=phase, category=Category.CAST, layer=u.index)
         return [op]
 
@@ -156,20 +169,21 @@ class Reduced:
             dur = collectives.collective_s(self.machine, "reduce_scatter", n, ranks, g)
             return ctx.add(NET, f"reduce_scatter:f{f.index}", dur, [op], phase=G, category=Category.COMM,
                            layer=f.unit, group=f.index, n_bytes=(ranks - 1) / ranks * n)
-        last = ctx.add(GPU_CAST, f"qgz_quantize:f{f.index}", _quant_s(ctx, s, QUANT_INT4_BYTES), [op], phase=G,
+        last = ctx.add(GPU_CAST, f"qgz_quantize:f{f.index}", _quant_s(ctx, s, "int4"), [op], phase=G,
                        category=Category.CAST, layer=f.unit, group=f.index)
         intra = s * INT4_BYTES
         last = ctx.add(NET, f"qgz_all_to_all_intra:f{f.index}",
                        collectives.collective_s(self.machine, "all_to_all", intra, g, g), [last], phase=G,
                        category=Category.COMM, layer=f.unit, group=f.index, n_bytes=(g - 1) / g * intra)
-        # Reduce the g received int4 slices and re-quantize the node's 1/g (quantized_reduction).
-        last = ctx.add(GPU_CAST, f"qgz_reduce:f{f.index}", _quant_s(ctx, s, QUANT_INT4_BYTES), [last], phase=G,
+        # Dequantize the g received int4 slices, reduce, re-quantize the node's 1/g (quantized_reduction).
+        reduce_s = _quant_s(ctx, s, "int4_dequant") + _quant_s(ctx, s / g, "int4")
+        last = ctx.add(GPU_CAST, f"qgz_reduce:f{f.index}", reduce_s, [last], phase=G,
                        category=Category.CAST, layer=f.unit, group=f.index)
         inter = s / g * INT4_BYTES
         last = ctx.add(NET, f"qgz_all_to_all_inter:f{f.index}",
                        collectives.collective_s(self.machine, "all_to_all", inter, nodes, 1), [last], phase=G,
                        category=Category.COMM, layer=f.unit, group=f.index, n_bytes=(nodes - 1) / nodes * inter)
-        return ctx.add(GPU_CAST, f"qgz_dequantize:f{f.index}", _quant_s(ctx, s / g, QUANT_INT4_BYTES), [last],
+        return ctx.add(GPU_CAST, f"qgz_dequantize:f{f.index}", _quant_s(ctx, s / g, "int4_dequant"), [last],
                        phase=G, category=Category.CAST, layer=f.unit, group=f.index)
 
 
