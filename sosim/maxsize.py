@@ -12,6 +12,7 @@ from typing import Literal
 
 from sosim.config import ModelSpec, Scenario
 from sosim.errors import InfeasibleError
+from sosim.machine import Machine
 from sosim.memory import Feasibility, check_fit
 from sosim.model import total_params
 from sosim.schedules import SCHEDULES
@@ -35,7 +36,7 @@ class MaxSize:
 
 
 def fits(sc: Scenario) -> Feasibility:
-    return check_fit(SCHEDULES[sc.schedule.system].memory_usage(sc), sc.hardware)
+    return check_fit(SCHEDULES[sc.schedule.system].memory_usage(sc), sc.hardware, Machine.from_scenario(sc))
 
 
 def _with_model(sc: Scenario, **changes: object) -> Scenario:

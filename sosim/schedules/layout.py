@@ -137,7 +137,7 @@ def ulysses_all_to_all_s(sc: Scenario, costs: CostModel) -> float:
     if sp <= 1:
         return 0.0
     n_bytes = 4.0 * tokens_per_gpu(sc) * sc.model.hidden * BF16_BYTES
-    return costs.collective_s("all_to_all", n_bytes * sp, sp)
+    return costs.collective_s("all_to_all", n_bytes, sp)  # each rank's buffer; (P-1)/P of it leaves the GPU
 
 
 def build_units(sc: Scenario, costs: CostModel) -> list[Unit]:
