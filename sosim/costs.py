@@ -24,7 +24,8 @@ CollectiveKind = Literal["all_reduce", "reduce_scatter", "all_gather", "all_to_a
 # Fraction of the full s x s attention work a causal flash-attention kernel actually performs (the same
 # fraction the FLOP metrics count: sosim.model).
 CAUSAL_WORK_FRACTION = tm.CAUSAL_ATTENTION_FRACTION
-# Adam reads p, g, m, v and writes p, m, v in fp32 (28 B) plus the bf16 copy of p (2 B) (ZeRO-Offload, Ren et al., USENIX ATC'21).
+# Adam reads p, g, m, v and writes p, m, v in fp32 (28 B)
+# plus the bf16 copy of p (2 B) (ZeRO-Offload, Ren et al., USENIX ATC'21).
 GPU_ADAM_BYTES_PER_PARAM = 30.0
 # fp32 -> bf16 cast reads 4 B and writes 2 B per element (bf16 -> fp32 the reverse): 6 B either way.
 CAST_BYTES_PER_ELEMENT = 6.0
