@@ -40,9 +40,10 @@ from typing import Any
 
 from sosim import load_scenario, simulate
 from sosim.config import Scenario
-from sosim.engine import run_plan
-from sosim.fastpath import duplex_may_bite, list_times, opposite_copies_touch
-from sosim.simulate import _simulate
+from sosim.contention import node_plan
+from sosim.engine import effective_contention, run_plan_detailed
+from sosim.machine import Machine
+from sosim.simulate import simulate_with
 
 ROOT = Path(__file__).resolve().parent.parent
 CASES = {
@@ -76,7 +77,7 @@ def simpy_simulate(sc: Scenario) -> object:
     paused = gc.isenabled()
     gc.disable()
     try:
-        return _simulate(sc, None, run_plan)
+        return simulate_with(sc, None, run_plan_detailed)
     finally:
         if paused:
             gc.enable()
@@ -89,8 +90,9 @@ def bench_case(name: str, seconds: float, repeats: int, layers: int) -> dict[str
     sc = load_scenario(path, overrides)
     result = simulate(sc)
     plan = result.plan
-    start, end = list_times(plan)
-    path_taken = "simpy" if duplex_may_bite(plan) and opposite_copies_touch(plan, start, end) else "list"
+    machine = Machine.from_scenario(sc)
+    node, contention, _ranks = node_plan(sc, machine, plan)
+    path_taken = "list" if effective_contention(node, contention) is None else "replay"
     return {
         "case": name, "scenario": stem, "overrides": overrides, "system": sc.schedule.system,
         "implementation": str(getattr(sc.schedule, "implementation", "n/a")), "ops": len(plan.ops),

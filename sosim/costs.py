@@ -24,7 +24,8 @@ CollectiveKind = Literal["all_reduce", "reduce_scatter", "all_gather", "all_to_a
 # Fraction of the full s x s attention work a causal flash-attention kernel actually performs (the same
 # fraction the FLOP metrics count: sosim.model).
 CAUSAL_WORK_FRACTION = tm.CAUSAL_ATTENTION_FRACTION
-# Adam reads p, g, m, v and writes p, m, v in fp32 (28 B) plus the bf16 copy of p (2 B): REFERENCE.md §1.
+# Adam reads p, g, m, v and writes p, m, v in fp32 (28 B)
+# plus the bf16 copy of p (2 B) (ZeRO-Offload, Ren et al., USENIX ATC'21).
 GPU_ADAM_BYTES_PER_PARAM = 30.0
 # fp32 -> bf16 cast reads 4 B and writes 2 B per element (bf16 -> fp32 the reverse): 6 B either way.
 CAST_BYTES_PER_ELEMENT = 6.0
@@ -217,7 +218,8 @@ class AnalyticCostModel:
 
     def head_bwd_s(self) -> float:
         gemm = self.gemm_shape_s(self.tokens_per_gpu, self.model.vocab, self.model.hidden)
-        return max(2.0 * gemm + self._loss_s(), 2.0 * tm.head_flops_fwd(self.model, self.tokens_per_gpu) / self._peak_flops)
+        roofline_s = 2.0 * tm.head_flops_fwd(self.model, self.tokens_per_gpu) / self._peak_flops
+        return max(2.0 * gemm + self._loss_s(), roofline_s)
 
     def gpu_adam_s(self, params: float) -> float:
         return params * GPU_ADAM_BYTES_PER_PARAM / self._hbm_Bps

@@ -1,24 +1,21 @@
-"""The engine's timeline without SimPy, where that is provably the same timeline (bit for bit).
+"""The engine's run of a plan without SimPy: the same start and end of every op, bit for bit.
 
-SimPy (:mod:`sosim.engine`) is the engine of record. Its only dynamic behaviour is contention between the two
-directions of a host link: a copy that *starts* while the opposite direction of the same link is busy runs
-at ``plan.duplex_factors[direction]`` of its speed. Everything else is list scheduling: an op starts when its
-resource has finished the previous op and all its dependencies have ended (:func:`sosim.plan.list_schedule`),
-and SimPy's clock computes exactly the same floats (``start = max(ends)``, ``end = start + duration``).
+SimPy (:mod:`sosim.engine`) is the engine of record; a search spends most of its time there, in SimPy's
+generic machinery (an event object per op and per wait, a generator per resource). :func:`engine_run` gives the
+engine's :class:`~sosim.engine.EngineRun` by one of two exact paths:
 
-So :func:`timeline` list-schedules the plan, then asks whether contention could have changed anything:
+* **no contention** (``effective_contention`` is None: no shared resource can ever be oversubscribed, e.g.
+  every single-GPU GH200 plan): the engine only waits for dependencies and timeouts, so an op starts at
+  ``max(end of its resource's previous op, ends of its dependencies)`` and ends at ``start + duration``,
+  floats SimPy's clock computes identically. :func:`list_times` does that in one pass in id order (a
+  topological order);
+* **contention** (shared link totals, uplinks, DRAM, cores that ops can oversubscribe): :func:`replay_engine`
+  replays the engine's workers as state machines on a queue ordered exactly like SimPy's (time, priority,
+  order of scheduling), with the engine's own fluid model running unchanged on it, so every rate is
+  computed by the same code from the same events in the same order.
 
-* no link direction is slowed by the other (every duplex factor is 1, or the plan copies one way only):
-  the list schedule *is* the engine's timeline;
-* otherwise, if no copy of positive length overlaps, even at a single instant (closed intervals), a copy
-  of the opposite direction on the same link instance, no copy ever starts while the other direction is
-  busy, and the list schedule is again the engine's timeline. Why: the two runs agree up to the first
-  slowed copy; that copy starts, at the same time in both, while an opposite copy is running, and their
-  intervals overlap in the list schedule, which the check rejects. Ties (one copy starting exactly as the
-  other ends) are rejected too, because which of the two SimPy processes first is an event-order detail;
-* otherwise the plan goes to SimPy.
-
-``tests/test_fastpath.py`` checks the identity over every shipped scenario and a hypothesis sample.
+``tests/test_fastpath.py`` checks the identity against SimPy on every shipped scenario and a hypothesis
+sample of scenarios; ``tests/test_fastpath_fluid.py`` on random contended plans.
 """
 
 from __future__ import annotations
@@ -30,11 +27,8 @@ from typing import Any
 
 import numpy as np
 
-from sosim.engine import run_plan
-from sosim.plan import Plan, Resource, ResourceKind
-
-# Link directions that slow each other (the engine's rule).
-_OPPOSITE = {ResourceKind.H2D: ResourceKind.D2H, ResourceKind.D2H: ResourceKind.H2D}
+from sosim.engine import Contention, EngineRun, _Fluid, effective_contention
+from sosim.plan import Plan, Resource
 
 
 def list_times(plan: Plan) -> tuple[list[float], list[float]]:
@@ -73,55 +67,18 @@ def list_times(plan: Plan) -> tuple[list[float], list[float]]:
     return start, end
 
 
-def duplex_may_bite(plan: Plan) -> bool:
-    """Whether a link direction is slowed by the other at all (a factor below 1 on a direction the plan uses
-    while the plan also uses its opposite)."""
-    slowed = {k for k, f in plan.duplex_factors.items() if f < 1.0}
-    if not slowed:
-        return False
-    kinds = {op.resource.kind for op in plan.ops}
-    return any(k in kinds and _OPPOSITE.get(k) in kinds for k in slowed)
-
-
-def opposite_copies_touch(plan: Plan, start: list[float], end: list[float]) -> bool:
-    """Whether a positive-length copy overlaps, or touches, a positive-length copy of the opposite direction
-    on the same link instance (closed intervals), in the given timeline."""
-    by_link: dict[tuple[int, ResourceKind], list[tuple[float, float]]] = {}
-    for op in plan.ops:
-        kind = op.resource.kind
-        if kind in _OPPOSITE and op.duration_s > 0.0:
-            by_link.setdefault((op.resource.instance, kind), []).append((start[op.id], end[op.id]))
-    for (instance, kind), spans in by_link.items():
-        if kind is not ResourceKind.H2D:
-            continue
-        other = by_link.get((instance, ResourceKind.D2H))
-        if other and _touch(spans, other):
-            return True
-    return False
-
-
-def _touch(a: list[tuple[float, float]], b: list[tuple[float, float]]) -> bool:
-    """Whether an interval of ``a`` meets one of ``b``; each list holds one serial resource's intervals, so
-    it is already sorted and disjoint (a sweep over both)."""
-    i = j = 0
-    while i < len(a) and j < len(b):
-        (s1, e1), (s2, e2) = a[i], b[j]
-        if s1 <= e2 and s2 <= e1:
-            return True
-        if e1 < e2:
-            i += 1
-        else:
-            j += 1
-    return False
-
-
-def timeline(plan: Plan) -> tuple[np.ndarray, np.ndarray]:
-    """The engine's (start_s, end_s) arrays for ``plan``: from list scheduling where that is provably the same
-    timeline, else from SimPy (:func:`sosim.engine.run_plan`)."""
-    start, end = list_times(plan)
-    if duplex_may_bite(plan) and opposite_copies_touch(plan, start, end):
-        return run_plan(plan)
-    return np.array(start), np.array(end)
+def engine_run(plan: Plan, contention: Contention | None = None) -> EngineRun:
+    """What :func:`sosim.engine.run_plan_detailed` returns for ``plan`` under ``contention``, without SimPy."""
+    active = effective_contention(plan, contention)
+    if active is None:
+        start, end = list_times(plan)
+        return EngineRun(np.array(start), np.array(end), {})
+    start, end, by_index = replay_engine(plan, active, _Fluid)
+    stretch: dict[str, float] = {}
+    for k, s in by_index.items():  # the engine's attribution, in the same order
+        if s > 0:
+            stretch[active.names[k]] = stretch.get(active.names[k], 0.0) + s
+    return EngineRun(np.array(start), np.array(end), stretch)
 
 
 # --- the engine's run under shared-resource contention, without SimPy -------------------------------------------

@@ -13,8 +13,8 @@ Conventions (stated once, used everywhere):
   ours x (6N + 12*L*h*s) / (6N + 6*L*h*s) (:func:`model_flops_per_step` with ``causal=False``).
 * Backward = 2 x forward FLOPs. Activation checkpointing re-runs one forward per layer: it adds hardware
   FLOPs, not model FLOPs.
-* Model FLOPs per step = 6*N*tokens + 6*L*h*s*tokens, N = all parameters (DESIGN.md "Metric names",
-  attention causal).
+* Model FLOPs per step = 6*N*tokens + 6*L*h*s*tokens, N = the parameters that do FLOPs (all but an untied
+  input-embedding table, :func:`flop_params`), attention causal (docs/model.md, "Metrics").
 """
 
 from __future__ import annotations

@@ -41,6 +41,7 @@ BREAKDOWN_COLORS: dict[str, str] = {
     "exposed_d2h_s": "#55a868",
     "exposed_h2d_s": "#8cc79a",
     "exposed_comm_s": "#8172b3",
+    "exposed_nvme_s": "#937860",
     "idle_s": "#bbbbbb",
 }
 FALLBACK_COLOR = "#999999"

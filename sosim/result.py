@@ -34,7 +34,10 @@ EXPOSED_ORDER: tuple[tuple[str, frozenset[ResourceKind], frozenset[Category] | N
     ("exposed_d2h_s", frozenset({ResourceKind.D2H}), None),
     ("exposed_h2d_s", frozenset({ResourceKind.H2D}), None),
     ("exposed_comm_s", frozenset({ResourceKind.NET}), None),
+    ("exposed_nvme_s", frozenset({ResourceKind.NVME_READ, ResourceKind.NVME_WRITE}), None),
 )
+# Resource kinds whose time counts as the GPU being busy (compute stream and side streams).
+GPU_KINDS: frozenset[ResourceKind] = frozenset({ResourceKind.GPU, ResourceKind.GPU_CAST})
 BREAKDOWN_KEYS: tuple[str, ...] = (
     "gpu_compute_s",
     "gpu_other_s",
@@ -63,6 +66,7 @@ _BREAKDOWN_DOC = {
     "exposed_d2h_s": "GPU idle while a device-to-host copy runs",
     "exposed_h2d_s": "GPU idle while a host-to-device copy runs",
     "exposed_comm_s": "GPU idle while a collective runs",
+    "exposed_nvme_s": "GPU idle while NVMe reads or writes run",
     "idle_s": "GPU idle with nothing else busy",
 }
 
@@ -114,8 +118,6 @@ _op_kind = attrgetter("resource.kind")
 _op_category = attrgetter("category")
 
 
-
-
 def _member_table(codes: dict[int, int], members: frozenset[ResourceKind] | frozenset[Category] | None) -> np.ndarray:
     """A boolean table over codes: ``table[code_array]`` is the membership mask (np.isin costs ~20x more)."""
     table = np.zeros(len(codes), dtype=bool)
@@ -128,6 +130,7 @@ def _member_table(codes: dict[int, int], members: frozenset[ResourceKind] | froz
 
 _EXPOSED_TABLES = tuple((key, _member_table(_KIND_CODE, kinds), _member_table(_CATEGORY_CODE, only))
                         for key, kinds, only in EXPOSED_ORDER)
+_GPU_TABLE = _member_table(_KIND_CODE, GPU_KINDS)
 
 
 def step_breakdown(plan: Plan, start: np.ndarray, end: np.ndarray, t0: float, t1: float) -> dict[str, float]:
@@ -149,7 +152,9 @@ def step_breakdown(plan: Plan, start: np.ndarray, end: np.ndarray, t0: float, t1
     gpu = res == _KIND_CODE[id(ResourceKind.GPU)]
     compute = cat == _CATEGORY_CODE[id(Category.COMPUTE)]
     gpu_compute = _active(s[gpu & compute], e[gpu & compute], mids)
-    gpu_any = _active(s[gpu], e[gpu], mids)
+    # GPU work on a side stream (casts) keeps the GPU busy too: it is "other" GPU work, never idle time.
+    on_gpu = _GPU_TABLE[res]
+    gpu_any = _active(s[on_gpu], e[on_gpu], mids)
     out["gpu_compute_s"] = float(widths[gpu_compute].sum())
     out["gpu_other_s"] = float(widths[gpu_any & ~gpu_compute].sum())
     free = ~gpu_any

@@ -4,17 +4,23 @@ from __future__ import annotations
 
 import gc
 from collections.abc import Callable
+from typing import cast
 
-import numpy as np
-
+from sosim.collectives import TopologyCosts
 from sosim.config import Scenario
+from sosim.contention import node_plan
 from sosim.costs import AnalyticCostModel, CostModel
-from sosim.fastpath import timeline
+from sosim.engine import Contention, EngineRun
+from sosim.fastpath import engine_run
+from sosim.machine import Machine
 from sosim.memory import check_fit
 from sosim.plan import Plan
 from sosim.result import Result, compute_metrics
 from sosim.schedules import SCHEDULES
 from sosim.schedules.layout import tokens_per_gpu
+
+# The engine's contract: a node plan and its contention in, every op's start and end (and stretch) out.
+Engine = Callable[[Plan, Contention | None], EngineRun]
 
 
 def make_cost_model(sc: Scenario) -> CostModel:
@@ -37,22 +43,36 @@ def simulate(sc: Scenario, costs: CostModel | None = None) -> Result:
     paused = gc.isenabled()
     gc.disable()
     try:
-        return _simulate(sc, costs, timeline)
+        # The engine's run, bit for bit, without SimPy's overhead (sosim/fastpath.py); SimPy's
+        # run_plan_detailed is the engine of record (tests/test_fastpath.py holds them equal).
+        return simulate_with(sc, costs, engine_run)
     finally:
         if paused:
             gc.enable()
 
 
-def _simulate(sc: Scenario, costs: CostModel | None, run: Callable[[Plan], tuple[np.ndarray, np.ndarray]]) -> Result:
-    """simulate() with ``run`` giving the timeline (the fast path; SimPy's ``run_plan`` in the benchmark)."""
-    costs = make_cost_model(sc) if costs is None else costs
+def simulate_with(sc: Scenario, costs: CostModel | None, engine: Engine) -> Result:
+    """:func:`simulate` with ``engine`` running the node plan (scripts/bench_sim.py passes SimPy's)."""
+    machine = Machine.from_scenario(sc)
+    base = make_cost_model(sc) if costs is None else costs
+    costs = base if machine.legacy else cast(CostModel, TopologyCosts(base, machine))
     module = SCHEDULES[sc.schedule.system]
     usage = module.memory_usage(sc)
+    # One rank's plan, expanded to the ranks of one node that share a host, with the node's shared resources
+    # handed to the engine (sosim/contention.py).
     plan = module.build_plan(sc, costs)
-    start, end = run(plan)  # the engine's timeline
-    fit = check_fit(usage, sc.hardware)
+    node, contention, ranks = node_plan(sc, machine, plan)
+    run = engine(node, contention)
+    # Metrics, spans and trace are rank 0's view (its ops are every ranks-th op of the node plan).
+    start, end = run.start_s[::ranks], run.end_s[::ranks]
+    fit = check_fit(usage, sc.hardware, machine)
     metrics = compute_metrics(sc, plan, start, end, usage, fit)
-    return Result(sc, metrics, plan, start, end, usage, provenance(sc, costs, module.choices(sc)))
+    prov = provenance(sc, costs, module.choices(sc))
+    prov.update({k: str(v) for k, v in machine.describe().items()})
+    # The FLOP convention behind model_tflops / mfu (sosim/model.py): long-sequence anchors hinge on it.
+    prov["attention_flops"] = "causal (half the s x s matrix; x2 for Megatron/paper-style full counting)"
+    prov.update({f"contention_{k}_s": f"{v:.6g}" for k, v in run.stretch_s.items()})
+    return Result(sc, metrics, plan, start, end, usage, prov)
 
 
 def provenance(sc: Scenario, costs: CostModel, choices: dict[str, str]) -> dict[str, str]:

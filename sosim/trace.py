@@ -32,6 +32,8 @@ RESOURCE_LABELS: dict[ResourceKind, str] = {
     ResourceKind.CPU_OPT: "CPU optimizer",
     ResourceKind.CPU_MAIN: "CPU main process",
     ResourceKind.NET: "Collectives (NCCL)",
+    ResourceKind.NVME_READ: "NVMe reads",
+    ResourceKind.NVME_WRITE: "NVMe writes",
 }
 PID = 1
 US_PER_S = 1e6

@@ -1,7 +1,6 @@
 """The plain-Python replay of the engine under shared-resource contention (``sosim.fastpath.replay_engine``)
 gives the SimPy engine's timeline and stretch bit for bit: random plans with random shared resources (ties are
-frequent: durations from a small set), and hand cases. Runs once the engine takes a contention model
-(``sosim.engine.Contention``); skipped before."""
+frequent: durations from a small set), and a hand case."""
 
 from __future__ import annotations
 
@@ -11,18 +10,17 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from sosim import engine
+from sosim.engine import Contention
 from sosim.fastpath import replay_engine
 from sosim.plan import CPU_MAIN, CPU_OPT, D2H, GPU, H2D, Phase, Plan, Resource, ResourceKind
 
-Contention = getattr(engine, "Contention", None)
-pytestmark = pytest.mark.skipif(Contention is None, reason="the engine has no contention model yet")
 F = Phase.FORWARD
 
 
-def _replay(plan: Plan, contention: object) -> tuple[np.ndarray, np.ndarray, dict[str, float]]:
-    active = engine.effective_contention(plan, contention)  # type: ignore[attr-defined]
+def _replay(plan: Plan, contention: Contention) -> tuple[np.ndarray, np.ndarray, dict[str, float]]:
+    active = engine.effective_contention(plan, contention)
     assert active is not None
-    start, end, stretch = replay_engine(plan, active, engine._Fluid)  # type: ignore[attr-defined]
+    start, end, stretch = replay_engine(plan, active, engine._Fluid)
     named: dict[str, float] = {}
     for k, s in stretch.items():
         if s > 0:
@@ -31,7 +29,7 @@ def _replay(plan: Plan, contention: object) -> tuple[np.ndarray, np.ndarray, dic
 
 
 @st.composite
-def contended_plans(draw: st.DrawFn) -> tuple[Plan, object]:
+def contended_plans(draw: st.DrawFn) -> tuple[Plan, Contention]:
     resources = [GPU, H2D, D2H, CPU_OPT, CPU_MAIN, Resource(ResourceKind.H2D, 1), Resource(ResourceKind.D2H, 1)]
     plan = Plan()
     n = draw(st.integers(2, 30))
@@ -50,17 +48,16 @@ def contended_plans(draw: st.DrawFn) -> tuple[Plan, object]:
             # An op alone never exceeds a capacity (the contention model's contract).
             scale = min(1.0, *(capacity[r] / d for r, d in demand))
             uses[op.id] = tuple((r, d * scale) for r, d in demand)
-    assert Contention is not None
     return plan, Contention(tuple(f"r{i}" for i in range(k)), capacity, uses)
 
 
 @settings(max_examples=300, deadline=None)
 @given(contended_plans())
-def test_replay_equals_simpy_under_contention(case: tuple[Plan, object]) -> None:
+def test_replay_equals_simpy_under_contention(case: tuple[Plan, Contention]) -> None:
     plan, contention = case
-    if engine.effective_contention(plan, contention) is None:  # type: ignore[attr-defined]
+    if engine.effective_contention(plan, contention) is None:
         return  # never oversubscribed: the list path (tests/test_fastpath.py)
-    ref = engine.run_plan_detailed(plan, contention)  # type: ignore[attr-defined]
+    ref = engine.run_plan_detailed(plan, contention)
     start, end, stretch = _replay(plan, contention)
     assert np.array_equal(start, ref.start_s) and np.array_equal(end, ref.end_s)
     assert stretch == ref.stretch_s
@@ -71,7 +68,6 @@ def test_two_copies_share_a_link_by_hand() -> None:
     plan = Plan()
     plan.add(H2D, "up", 1.0, phase=F)
     plan.add(D2H, "down", 1.0, phase=F)
-    assert Contention is not None
     link = Contention(("bidir",), (1e9,), {0: ((0, 1e9),), 1: ((0, 1e9),)})
     start, end, stretch = _replay(plan, link)
     assert start.tolist() == [0.0, 0.0] and end.tolist() == pytest.approx([2.0, 2.0], rel=1e-12)

@@ -9,7 +9,7 @@ from helpers import tiny_scenario
 
 from sosim import load_scenario, simulate
 from sosim import model as tm
-from sosim.engine import run_plan
+from sosim.engine import Contention, run_plan
 from sosim.plan import (
     D2H,
     H2D,
@@ -106,13 +106,18 @@ def test_phases_of_a_zero_offload_step() -> None:
 
 
 def test_duplex_slowdown_only_between_directions_of_the_same_link_instance() -> None:
+    """A link's bidirectional total is a shared resource of that link only (sosim/contention.py builds one
+    per rank's link); the engine contends it. Directions 1 GB/s each, 1 GB/s together: 'down' and 'up link
+    0' share it at half speed until 'up' is done (2 s); 'down' then runs its last second alone (3 s)."""
     f = Phase.GRADIENT
-    plan = Plan(duplex_factors={ResourceKind.H2D: 0.5, ResourceKind.D2H: 0.5})
+    plan = Plan()
     plan.add(D2H, "down link 0", 2.0, phase=f)
     plan.add(Resource(ResourceKind.H2D, 1), "up link 1", 1.0, phase=f)  # another link: full speed
-    plan.add(H2D, "up link 0", 1.0, phase=f)  # same link as 'down': half speed
-    _start, end = run_plan(plan)
-    assert end.tolist() == [2.0, 1.0, 2.0]
+    plan.add(H2D, "up link 0", 1.0, phase=f)  # same link as 'down': half speed while both run
+    gb = 1e9
+    link = Contention(("link0.bidir", "link1.bidir"), (gb, gb), {0: ((0, gb),), 1: ((1, gb),), 2: ((0, gb),)})
+    _start, end = run_plan(plan, link)
+    assert end.tolist() == pytest.approx([3.0, 1.0, 2.0], rel=1e-12)
 
 
 def test_resource_labels() -> None:

@@ -138,7 +138,7 @@ def ulysses_all_to_all_s(sc: Scenario, costs: CostModel) -> float:
     if sp <= 1:
         return 0.0
     n_bytes = 4.0 * tokens_per_gpu(sc) * sc.model.hidden * BF16_BYTES
-    return costs.collective_s("all_to_all", n_bytes * sp, sp)
+    return costs.collective_s("all_to_all", n_bytes, sp)  # each rank's buffer; (P-1)/P of it leaves the GPU
 
 
 def build_units(sc: Scenario, costs: CostModel) -> list[Unit]:
@@ -178,9 +178,9 @@ def _param_units(m: ModelSpec) -> tuple[Unit, ...]:
     # Cached: a search checks the memory of many settings of one model (units are immutable).
     emb = m.vocab * m.hidden
     layer_p = tm.layer_params(m)
-    return ((Unit(0, "embed", emb, 0.0, 0.0),)
-            + tuple(Unit(i, f"layer{i - 1}", layer_p, 0.0, 0.0) for i in range(1, m.layers + 1))
-            + (Unit(m.layers + 1, "head", tm.embedding_params(m) - emb, 0.0, 0.0),))
+    return (Unit(0, "embed", emb, 0.0, 0.0),
+            *(Unit(i, f"layer{i - 1}", layer_p, 0.0, 0.0) for i in range(1, m.layers + 1)),
+            Unit(m.layers + 1, "head", tm.embedding_params(m) - emb, 0.0, 0.0))
 
 
 # --- parameter tensors ------------------------------------------------------------------------------------
