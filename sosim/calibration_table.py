@@ -12,7 +12,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
@@ -71,6 +71,29 @@ class CalibrationTable:
     sha256: str
     # (op, variant) -> column name -> float array (NaN where the CSV cell was empty).
     columns_by_op: Mapping[tuple[str, str], Mapping[str, Array]] = field(repr=False, compare=False)
+    # The files this table was merged from, in order: (path, sha256) each; empty for one file.
+    parts: tuple[tuple[Path, str], ...] = ()
+    # (op, variant) -> the file whose rows answer it (merged tables only).
+    origin: Mapping[tuple[str, str], Path] = field(default_factory=dict, repr=False, compare=False)
+
+    @classmethod
+    def merged(cls, tables: Sequence[CalibrationTable]) -> CalibrationTable:
+        """One table from several measured on different days: a later table adds the (op, variant)
+        measurements the earlier ones lack and replaces those it measured again (a measurement is one
+        session's rows, never a mix of two sessions). sha256 is that of the parts' digests in order."""
+        if not tables:
+            raise ValueError("merged() needs at least one table")
+        if len(tables) == 1:
+            return tables[0]
+        columns: dict[tuple[str, str], Mapping[str, Array]] = {}
+        origin: dict[tuple[str, str], Path] = {}
+        for t in tables:
+            for key, cols in t.columns_by_op.items():
+                columns[key] = cols
+                origin[key] = t.path
+        digest = hashlib.sha256("".join(t.sha256 for t in tables).encode()).hexdigest()
+        return cls(path=tables[0].path, sha256=digest, columns_by_op=columns,
+                   parts=tuple((t.path, t.sha256) for t in tables), origin=origin)
 
     @classmethod
     def from_csv(cls, path: str | Path) -> CalibrationTable:

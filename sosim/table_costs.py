@@ -59,6 +59,11 @@ def _read_table(path: str, mtime_ns: int, size: int) -> CalibrationTable:
     return CalibrationTable.from_csv(path)
 
 
+def load_tables(paths: list[str]) -> CalibrationTable:
+    """The profile's tables as one (see :meth:`CalibrationTable.merged`: later tables add ops)."""
+    return CalibrationTable.merged([load_table(p) for p in paths])
+
+
 def load_table(path: str) -> CalibrationTable:
     try:
         st = os.stat(path)
@@ -103,16 +108,24 @@ def find_baseline(hw: HardwareProfile) -> tuple[HardwareProfile | None, str]:
     """
     if hw.calibration is None:
         return None, ""
-    target = Path(hw.calibration).resolve()
+    target = [Path(p).resolve() for p in hw.calibration_paths]
+    # A profile naming exactly these tables first; else one whose tables include all of them (a profile
+    # pointed at one of the tables of a calibrated machine is rescaled from that machine's numbers).
+    containing: tuple[HardwareProfile, str] | None = None
     for path in _candidate_files(hw.name):
         try:
             st = path.stat()
         except OSError:
             continue
         prof = _profile_file(str(path), st.st_mtime_ns, st.st_size)
-        if prof is not None and prof.calibration is not None and Path(prof.calibration).resolve() == target:
+        if prof is None:
+            continue
+        theirs = [Path(p).resolve() for p in prof.calibration_paths]
+        if theirs == target:
             return prof, str(path)
-    return None, ""
+        if containing is None and theirs and all(t in theirs for t in target):
+            containing = (prof, str(path))
+    return containing if containing is not None else (None, "")
 
 
 def hardware_changes(base: HardwareProfile, now: HardwareProfile) -> dict[str, tuple[Any, Any]]:
@@ -189,11 +202,11 @@ class TableCostModel(AnalyticCostModel):
     @classmethod
     def from_profile(cls, analytic: AnalyticCostModel) -> TableCostModel:
         """The profile's table, with the profile file that names it as the baseline (see find_baseline)."""
-        path = analytic.hw.calibration
-        if path is None:
+        paths = analytic.hw.calibration_paths
+        if not paths:
             raise ValueError(f"profile '{analytic.hw.name}' names no calibration table")
         baseline, source = find_baseline(analytic.hw)
-        return cls.from_analytic(analytic, load_table(path), baseline, source)
+        return cls.from_analytic(analytic, load_tables(paths), baseline, source)
 
     # --- spread (issue 11): the same model over other timings of the same table ------------------------------
     def at_quantile(self, q: float) -> TableCostModel:
@@ -409,8 +422,10 @@ class TableCostModel(AnalyticCostModel):
         out = {
             "cost_model": "table",
             "profile": self.hw.name,
-            "calibration": str(Path(self.table.path).name),
+            "calibration": table_names(self.table),
             "calibration_sha256": self.table.sha256,
+            **({"calibration_parts": "; ".join(f"{_short(p)} sha256 {sha}" for p, sha in self.table.parts)}
+               if self.table.parts else {}),
             "calibration_timings": self.timings,
             "calibration_baseline": self.baseline_source
             or "the scenario's own profile (no profile file names this table)",
@@ -430,6 +445,18 @@ class TableCostModel(AnalyticCostModel):
         sections = _KIND_SECTIONS.get(_family(kind), _HW_SECTIONS)
         changed = [k for k in self._changes if k.split(".")[0] in sections]
         return "analytic ratio for " + (", ".join(changed) if changed else "the changed hardware")
+
+
+def _short(path: Path) -> str:
+    """A table by its folder and file name (every session's file is called measurements.csv)."""
+    return f"{path.parent.name}/{path.name}"
+
+
+def table_names(table: CalibrationTable) -> str:
+    """How provenance names a table: its file name; a merged table lists each part by folder and file."""
+    if table.parts:
+        return ", ".join(_short(p) for p, _ in table.parts)
+    return str(Path(table.path).name)
 
 
 def _duplex_factor(direction: str, a: AnalyticCostModel) -> float:
