@@ -139,13 +139,17 @@ class BlockingCopy:
     ``system`` selects the measured variant (ZeRO-3's or SuperOffload's thread split)."""
 
     system: str
+    # Threads doing the cast: None = the training process's bulk cores (its OpenMP pool: all cores, also under
+    # SuperOffload, whose affinity call confines only the main thread: docs/calibration.md "Affinities").
+    threads: float | None = None
 
     def __call__(self, ctx: Ctx, g: Group, deps: list[int]) -> int:
         shard, layer = _shard(ctx, g), _layer(ctx, g)
         if g.on_gpu:
             return ctx.gpu_op(f"param_cast_bf16:g{g.index}", ctx.costs.gpu_cast_s(shard), deps, phase=R,
                               category=Category.CAST, layer=layer, group=g.index)
-        dur = ctx.costs.ds_refresh_s(shard, ctx.cpu.bulk_cores, False, self.system)
+        threads = ctx.cpu.bulk_cores if self.threads is None else self.threads
+        dur = ctx.costs.ds_refresh_s(shard, threads, False, self.system)
         return ctx.add(H2D, f"param_refresh_copy_:g{g.index}", dur, [*deps, ctx.host_issue], phase=R,
                        category=Category.TRANSFER, layer=layer, group=g.index, n_bytes=shard * BF16_BYTES)
 
@@ -266,14 +270,19 @@ class Stage3Step:
     handed_off: bool  # SuperOffload with gradient_clipping 0: CPU sub-groups were updated during backward
     _async: dict[int, int] = field(default_factory=dict)
 
-    def _worker_update(self, ctx: Ctx, g: Group, deps: list[int]) -> int:
-        """One sub-group through the Adam worker: hand-off, gradient copy, CPU Adam, result copy."""
-        extra = ctx.costs.so_worker_roundtrip_s(_shard(ctx, g))
+    def _worker_update(self, ctx: Ctx, g: Group, deps: list[int], with_copies: bool = False) -> int:
+        """One sub-group through the Adam worker: hand-off, gradient copy, CPU Adam, result copy.
+        ``with_copies``: the main process is still copying gradients meanwhile (so_worker with_copies)."""
+        extra = ctx.costs.so_worker_roundtrip_s(_shard(ctx, g), with_copies)
         return cpu_adam(ctx, g, deps, name="worker_adam", extra_s=extra)
 
     def on_done(self, ctx: Ctx, group: Group, arrival: int) -> None:
         if self.handed_off and not group.on_gpu:
-            self._async[group.index] = self._worker_update(ctx, group, [arrival])
+            # A sub-group completed before the last flush is updated while the main process still copies (and
+            # casts) the later flushes' gradients: the worker's round trip as measured under those copies.
+            last_flush = len(ctx.layout.flushes) - 1
+            busy = ctx.layout.done_after.get(group.index, last_flush) < last_flush
+            self._async[group.index] = self._worker_update(ctx, group, [arrival], with_copies=busy)
 
     def run(self, ctx: Ctx, arrivals: dict[int, int], backward_end: int) -> dict[int, list[int]]:
         groups = ctx.layout.groups
@@ -288,7 +297,10 @@ class Stage3Step:
                 last = gpu_adam(ctx, g, [ctx.gpu_op(f"unscale_clip:g{g.index}", ctx.costs.gpu_cast_s(_shard(ctx, g)),
                                                     [last], phase=OPT, category=Category.OPTIMIZER, group=g.index)])
             else:
-                last = cpu_pass(ctx, g, "unscale_clip", [last])
+                shard = _shard(ctx, g)
+                last = ctx.add(ctx.cpu.bulk, f"unscale_clip:g{g.index}", ctx.costs.ds_unscale_clip_s(shard, self.system),
+                               [last], phase=OPT, category=Category.OPTIMIZER, layer=_layer(ctx, g), group=g.index,
+                               n_bytes=8.0 * shard)
                 if self.worker and not self.handed_off:
                     last = self._worker_update(ctx, g, [last])
                 elif not self.worker:
