@@ -299,8 +299,8 @@ class Stage3Step:
             else:
                 shard = _shard(ctx, g)
                 unscale = ctx.costs.ds_unscale_clip_s(shard, self.system)
-                last = ctx.add(ctx.cpu.bulk, f"unscale_clip:g{g.index}", unscale, [last], phase=OPT, category=Category.OPTIMIZER, layer=_layer(ctx, g), group=g.index,
-                               n_bytes=8.0 * shard)
+                last = ctx.add(ctx.cpu.bulk, f"unscale_clip:g{g.index}", unscale, [last], phase=OPT,
+                               category=Category.OPTIMIZER, layer=_layer(ctx, g), group=g.index, n_bytes=8.0 * shard)
                 if self.worker and not self.handed_off:
                     last = self._worker_update(ctx, g, [last])
                 elif not self.worker:
