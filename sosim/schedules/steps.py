@@ -229,7 +229,8 @@ class Speculative:
 @dataclass
 class Stage2Step:
     """DeepSpeed ZeRO-1/2 with ``offload_optimizer`` (``stage_1_and_2.py`` ``step``): the norm was
-    accumulated on the GPU during backward; step() unscales/clips the fp32 gradients on the CPU, runs
+    accumulated on the GPU during backward; step() unscales/clips the fp32 gradients on the CPU (only with
+    clipping or an fp16 loss scale: 0.19.8 skips the pass otherwise), runs
     DeepSpeed CPU-Adam over the partition, then casts it to bf16 on the CPU into a pinned staging buffer and
     copies it to the GPU (2 B/param), after the whole update."""
 
@@ -241,9 +242,14 @@ class Stage2Step:
     def run(self, ctx: Ctx, arrivals: dict[int, int], backward_end: int) -> dict[int, list[int]]:
         del backward_end
         p = ctx.layout.p_total / ctx.dp
-        unscale = ctx.add(ctx.cpu.bulk, "unscale_clip", 2.0 * ctx.costs.cpu_norm_s(p), list(arrivals.values()),
-                          phase=OPT, category=Category.OPTIMIZER, n_bytes=8.0 * p)
-        adams = [cpu_adam(ctx, g, [unscale]) for g in ctx.layout.groups]
+        t = ctx.sc.training
+        gate = list(arrivals.values())
+        # 0.19.8 ``unscale_and_clip_grads`` returns at once when clip_grad == 0 and loss_scale == 1 (bf16); the
+        # runs' timer inside step() reads 2.5 us (calibration/nvidia-h200-2026-11-30, ZeRO-2 runs).
+        if t.gradient_clipping > 0 or t.precision == "fp16":
+            gate = [ctx.add(ctx.cpu.bulk, "unscale_clip", 2.0 * ctx.costs.cpu_norm_s(p), gate, phase=OPT,
+                            category=Category.OPTIMIZER, n_bytes=8.0 * p)]
+        adams = [cpu_adam(ctx, g, gate) for g in ctx.layout.groups]
         return {g.index: [self.refresh(ctx, g, adams[-1:])] for g in ctx.layout.groups}
 
 
