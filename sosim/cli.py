@@ -1,4 +1,4 @@
-"""Command line: ``sosim run|examples|profiles|maxsize|compare|sweep|ablation|validate|calibrate``.
+"""Command line: ``sosim run|examples|profiles|maxsize|compare|sweep|ablation|validate|tune|calibrate``.
 
 ``main(argv) -> int`` never raises for user mistakes: they are printed to stderr, one problem per line
 (``file:line: key.path: message``), with exit status 2. ``--format json`` prints exactly one JSON object on
@@ -27,6 +27,7 @@ from sosim.output import (
     format_value,
     plot_suffixes,
     print_json,
+    provenance_fields,
     write_output,
 )
 
@@ -36,10 +37,12 @@ EXIT_INTERNAL = 70  # EX_SOFTWARE: a bug in sosim, not the input
 DEBUG_ENV = "SOSIM_DEBUG"  # set to 1 to see the traceback of an internal error
 
 # Subcommands that live beside the code they drive; each module defines register_cli(subparsers).
-SUBCOMMAND_MODULES: tuple[str, ...] = ("sosim.compare", "sosim.sweep", "sosim.ablation", "sosim.validate")
+SUBCOMMAND_MODULES: tuple[str, ...] = ("sosim.compare", "sosim.sweep", "sosim.ablation", "sosim.validate", "sosim.tune")
 
-MFU_DEFINITION = ("model FLOPs per step (6 x parameters x tokens + 12 x layers x hidden x seq_len x tokens, "
-                  "no recomputation) / step time / (GPUs x peak dense bf16 FLOP/s)")
+# As sosim.model.model_flops_per_step counts them: causal attention (half the score matrix), no recomputation.
+MFU_DEFINITION = ("model FLOPs per step (6 x parameters x tokens + 6 x layers x hidden x seq_len x tokens: "
+                  "causal attention, no recomputation) / step time / (GPUs x peak dense bf16 FLOP/s); papers "
+                  "counting the full attention matrix (12 x ...) report a higher MFU at long sequences")
 
 
 # -------------------------------------------------------------------------------------------- helpers
@@ -153,8 +156,12 @@ def cmd_run(args: argparse.Namespace) -> int:
     trace = check_output_path(args.trace, "--trace") if args.trace is not None else None
     plot = check_output_path(args.plot, "--plot", plot_suffixes()) if args.plot is not None else None
     sc, ds_mapping = dsconfig.scenario_for_run(args)  # a scenario file, or --ds-config + --model
+    if args.scenario is not None:
+        from sosim.loader import profile_notes
+
+        _print_notes(profile_notes(args.scenario, args.overrides, getattr(args, "profiles", [])))
     result = simulate(sc)
-    check_finite_result(sc.name, result.metrics)
+    check_finite_result(args.scenario or args.ds_config or sc.name, result.metrics)
     ds_extra = dsconfig.finish_run(args, sc, ds_mapping)  # mapping report, --emit-ds-config
     if trace is not None:
         from sosim.trace import write_trace
@@ -166,9 +173,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         write_output(plot, "--plot", lambda p: plot_result(result, p))
     if args.format == "json":
         gpu_usable, cpu_usable = usable_memory_gib(sc)
-        print_json({"scenario": sc.name, "system": sc.schedule.system,
-                    "implementation": getattr(sc.schedule, "implementation", None), "profile": sc.hardware.name,
-                    "calibration": sc.hardware.calibration, **result.metrics,
+        print_json({"scenario": sc.name, "system": sc.schedule.system, **provenance_fields(sc), **result.metrics,
                     "gpu_mem_usable_gib": gpu_usable, "cpu_mem_usable_gib": cpu_usable,
                     "provenance": result.provenance, **ds_extra})
     else:
@@ -202,7 +207,7 @@ def cmd_profiles(args: argparse.Namespace) -> int:
     from sosim.loader import load_profile, profile_files
 
     rows = []
-    for name, files in profile_files().items():
+    for name, files in profile_files(getattr(args, "profiles", [])).items():
         used = files[0]
         row: dict[str, Any] = {"name": name, "path": str(used.path), "origin": used.origin,
                                "shadows": [str(f.path) for f in files[1:]]}
@@ -238,10 +243,11 @@ def cmd_maxsize(args: argparse.Namespace) -> int:
     _print_notes(notes)
     found = find_max_size(sc, args.grow)
     result = simulate(found.scenario)
-    check_finite_result(sc.name, result.metrics)
+    check_finite_result(args.scenario, result.metrics)
     m = found.model
     out = {
-        "scenario": sc.name, "system": sc.schedule.system, "hardware": sc.hardware.name, "grow": args.grow,
+        "scenario": sc.name, "system": sc.schedule.system, "hardware": sc.hardware.name, **provenance_fields(sc),
+        "grow": args.grow,
         "max_params_b": found.params_b, "layers": m.layers, "hidden": m.hidden, "heads": m.heads,
         "model_name": m.name, "next_size_fails_because": found.next_fit.reason,
         "gpu_mem_peak_gib": result.metrics["gpu_mem_peak_gib"], "cpu_mem_peak_gib": result.metrics["cpu_mem_peak_gib"],

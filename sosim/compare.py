@@ -10,7 +10,14 @@ from pathlib import Path
 
 import pandas as pd
 
-from sosim.output import format_value, print_json
+from sosim.output import (
+    check_output_path,
+    format_value,
+    plot_suffixes,
+    print_json,
+    provenance_fields,
+    write_output,
+)
 from sosim.result import BREAKDOWN_KEYS, Result
 
 # Rows of the table, in order; the breakdown follows so that the reader sees why one is faster.
@@ -40,7 +47,9 @@ def compare_frame(results: Sequence[Result], labels: Sequence[str] | None = None
         m = r.metrics
         tps = float(m["tokens_per_s"])
         speedup = tps / base if base > 0 else math.nan
+        prov = provenance_fields(r.scenario)
         rows.append({"label": label, "system": r.scenario.schedule.system, "hardware": r.scenario.hardware.name,
+                     "implementation": prov["implementation"], "calibration": prov["calibration"] or "none",
                      **{k: m[k] for k in KEY_METRICS}, "speedup": speedup, "reason": m["reason"]})
     return pd.DataFrame(rows).set_index("label")
 
@@ -60,14 +69,15 @@ def format_table(frame: pd.DataFrame) -> str:
 def cmd_compare(args: argparse.Namespace) -> int:
     from sosim import load_scenario, simulate
 
+    plot = check_output_path(args.plot, "--plot", plot_suffixes()) if args.plot is not None else None
     # Load everything first so that a typo in the last file is reported before any simulation runs.
     scenarios = [load_scenario(path, args.overrides) for path in args.scenarios]
     results = [simulate(sc) for sc in scenarios]
     frame = compare_frame(results, unique_labels(results, args.scenarios))
-    if args.plot:
+    if plot is not None:
         from sosim.plot import plot_compare
 
-        plot_compare(results, args.plot, list(frame.index))
+        write_output(plot, "--plot", lambda p: plot_compare(results, p, list(frame.index)))
     if args.format == "json":
         rows = [{"label": label, **row} for label, row in frame.to_dict(orient="index").items()]
         print_json({"baseline": frame.index[0], "scenarios": rows})

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from sosim.errors import ConfigError
-from sosim.loader import KeyPath, Located
+from sosim.loader import KeyPath, Located, read_text
 
 _WS = re.compile(r"[ \t\n\r]*")
 # A JSON number or literal: the scanner only needs to step over it (json.loads has validated it).
@@ -113,8 +113,13 @@ def parse_json(text: str, origin: str) -> Located:
         raise ConfigError([f"{origin}:{exc.lineno}: JSON syntax error: {exc.msg} (column {exc.colno}){hint}"]) from None
     except ValueError as exc:
         raise ConfigError([f"{origin}:1: JSON error: {exc}"]) from None
+    except RecursionError:
+        raise ConfigError([f"{origin}:1: (top level): JSON nested too deeply"]) from None
     indexer = _Indexer(text, origin)
-    indexer.value(0, ())
+    try:
+        indexer.value(0, ())
+    except RecursionError:
+        raise ConfigError([f"{origin}:1: (top level): JSON nested too deeply"]) from None
     if indexer.duplicates:
         raise ConfigError(indexer.duplicates)
     return Located(data=data, origin=origin, lines=indexer.lines)
@@ -122,11 +127,7 @@ def parse_json(text: str, origin: str) -> Located:
 
 def read_json(path: str | Path) -> Located:
     p = Path(path)
-    try:
-        text = p.read_text()
-    except OSError as exc:
-        raise ConfigError([f"{p}: cannot read file: {exc.strerror or exc}"]) from None
-    return parse_json(text, str(p))
+    return parse_json(read_text(p), str(p))  # bounded size, UTF-8 with the line of a bad byte
 
 
 @dataclass(frozen=True)

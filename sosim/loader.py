@@ -43,6 +43,8 @@ MAX_YAML_NODES = 1_000_000
 # Layers x micro-batches x iterations the event simulation walks. A pass is 10-30 ops and the engine runs
 # ~100,000 ops/s on one core (scripts/bench_sim.py), so this bound is roughly ten seconds of simulation.
 MAX_LAYER_PASSES = 100_000
+# Calibration tables are tens of KB (calibration/*/measurements.csv); a larger file is not one.
+MAX_TABLE_BYTES = 64 * 1024 * 1024
 
 # User profile folders (os.pathsep-separated) searched before the shipped ones. SOSIM_PROFILE_PATH is the
 # older name, still read.
@@ -67,16 +69,32 @@ class Located:
         for i in range(len(path), -1, -1):
             if path[:i] in self.overridden:
                 return f"--set {self.overridden[path[:i]]}"
+        # Keys are indexed as YAML wrote them (text); a key YAML read as a number (grid: {1: ...}) is found
+        # by its text too.
+        as_text: dict[tuple[str, ...], tuple[str, int]] | None = None
         for i in range(len(path), -1, -1):
             prefix = path[:i]
-            if prefix in self.lines:
-                origin, line = self.lines[prefix]
-                return f"{origin}:{line}"
+            found = self.lines.get(prefix)
+            if found is None:
+                if as_text is None:
+                    as_text = {tuple(map(str, k)): v for k, v in self.lines.items()}
+                found = as_text.get(tuple(map(str, prefix)))
+            if found is not None:
+                return f"{found[0]}:{found[1]}"
         return f"{self.origin}:1"
 
 
+def _key_text(key: str | int) -> str:
+    text = str(key)
+    # A key that would not read back as one (empty, spaces, a colon or dot inside) is shown quoted.
+    if not text or text != text.strip() or any(c in text for c in ": \t\n\r") or not text.isprintable():
+        return repr(text)
+    return text
+
+
 def dotted(path: KeyPath) -> str:
-    return ".".join(str(p) for p in path) or "(top level)"
+    """``('a', 'b', 0)`` -> ``a.b.0``; the key path as messages show it."""
+    return ".".join(_key_text(p) for p in path) or "(top level)"
 
 
 class _YamlSyntaxError(ConfigError):
@@ -189,7 +207,12 @@ def _check_events(text: str, origin: str, prefix: KeyPath = ()) -> None:
         mark = exc.problem_mark
         line = mark.line + 1 if mark is not None else 1
         raise _YamlSyntaxError([f"{_at(origin, line)}: YAML syntax error: {exc.problem}"]) from None
-    except yaml.YAMLError as exc:  # reader errors (control characters): no line mark
+    except yaml.reader.ReaderError as exc:  # a control character: located by its position in the text
+        line = text.count("\n", 0, exc.position) + 1
+        char = exc.character if isinstance(exc.character, str) else chr(exc.character)
+        raise _YamlSyntaxError([f"{_at(origin, line)}: YAML syntax error: character U+{ord(char):04X} is not "
+                                "allowed in YAML (a control character)"]) from None
+    except yaml.YAMLError as exc:
         raise _YamlSyntaxError([f"{_at(origin, 1)}: YAML error: {exc}"]) from None
     if problems:
         raise ConfigError(problems)
@@ -245,8 +268,8 @@ def decode_text(raw: bytes, origin: str) -> str:
         return raw.decode("utf-8-sig")
     except UnicodeDecodeError as exc:
         line = raw.count(b"\n", 0, exc.start) + 1
-        raise ConfigError([f"{origin}:{line}: not UTF-8 text (byte 0x{raw[exc.start]:02x}); save the file as "
-                           "UTF-8 (for example: iconv -f latin1 -t utf-8)"]) from None
+        raise ConfigError([f"{origin}:{line}: not UTF-8 text: byte 0x{raw[exc.start]:02x}; save the file as UTF-8 "
+                           "(iconv -f latin1 -t utf-8 converts a Latin-1 file)"]) from None
 
 
 def read_text(path: str | Path, what: str = "file") -> str:
@@ -258,8 +281,8 @@ def read_text(path: str | Path, what: str = "file") -> str:
     except OSError as exc:
         raise ConfigError([f"{p}: cannot read {what}: {exc.strerror or exc}"]) from None
     if len(raw) > MAX_YAML_BYTES:
-        raise ConfigError([f"{p}: larger than {MAX_YAML_BYTES // 2**20} MiB: not a scenario, profile or sweep "
-                           "file"])
+        raise ConfigError([f"{p}: larger than {MAX_YAML_BYTES // 2**20} MiB: not a {what} sosim reads "
+                           "(scenario, profile, sweep, config)"])
     return decode_text(raw, str(p))
 
 
@@ -333,20 +356,53 @@ def resolve_profile_path(ref: str, relative_to: Path | None, user_dirs: Sequence
     return files[0].path
 
 
+def profile_notes(source: str | Path, overrides: Iterable[str] = (),
+                  user_dirs: Sequence[str | Path] = ()) -> list[str]:
+    """The notes load_scenario(source, overrides) gives about the profile it picks (a name found in several
+    folders), for callers that load through another path. Never raises: problems are the loader's to report."""
+    notes: list[str] = []
+    try:
+        ref: Any = None
+        for text in overrides:
+            key, sep, value = text.partition("=")
+            if sep and key.strip() == "hardware":
+                ref = value.strip()
+        path = resolve_scenario_path(source)
+        if ref is None:
+            data = read_yaml(path).data
+            ref = data.get("hardware") if isinstance(data, dict) else None
+        if isinstance(ref, str):
+            resolve_profile_path(ref, path.resolve().parent, user_dirs, notes)
+    except (ConfigError, KeyError, OSError):
+        return []
+    return notes
+
+
 # ------------------------------------------------------------------------------------------ overrides
+
+
+def shown_override(text: str) -> str:
+    """An override as messages show it: control characters escaped, so a message stays one line."""
+    return text if text.isprintable() else text.encode("unicode_escape").decode("ascii")
 
 
 def parse_override(text: str) -> tuple[KeyPath, Any]:
     """``a.b.c=value`` -> (("a","b","c"), parsed value). The value is parsed as YAML (numbers, lists...)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:  # bytes from the command line that are not UTF-8 (kept as surrogates)
+        shown = text.encode("utf-8", "backslashreplace").decode()
+        raise ConfigError([f"--set {shown}: not UTF-8 text"]) from None
+    shown = shown_override(text)
     if "=" not in text:
-        raise ConfigError([f"--set {text}: expected key.path=value"])
+        raise ConfigError([f"--set {shown}: expected key.path=value"])
     key, _, raw = text.partition("=")
     parts = key.strip().split(".")
     if not key.strip() or any(not p.strip() for p in parts):
-        raise ConfigError([f"--set {text}: empty key in '{key}'"])
-    path: KeyPath = tuple(int(p) if p.isdigit() else p.strip() for p in parts)
+        raise ConfigError([f"--set {shown}: empty key in '{shown_override(key)}'"])
+    path: KeyPath = tuple(int(p) if p.isascii() and p.isdigit() else p.strip() for p in parts)
     try:
-        value = _compose(raw, f"--set {text}", path)[1] if raw.strip() else ""
+        value = _compose(raw, f"--set {shown}", path)[1] if raw.strip() else ""
     except _YamlSyntaxError:
         value = raw  # not YAML: the text itself (a name with a colon, say)
     return path, value
@@ -376,13 +432,19 @@ def _set_path(data: dict[str, Any], path: KeyPath, value: Any, text: str) -> Non
 # ---------------------------------------------------------------------------------------- validation
 
 
-def _format_validation(exc: ValidationError, loc: Located, prefix: KeyPath = ()) -> list[str]:
+def _format_validation(exc: ValidationError, loc: Located, prefix: KeyPath = (),
+                       skip: Iterable[KeyPath] = ()) -> list[str]:
+    """pydantic's errors as ``file:line: key: message``; errors at the paths in ``skip`` (already reported)
+    are left out."""
+    skipped = set(skip)
     problems = []
     for err in exc.errors():
         # Drop the discriminator tag pydantic inserts for tagged unions (e.g. 'zero_offload').
         raw_path = tuple(p for p in err["loc"] if not (isinstance(p, str) and "[" in p))
         path: KeyPath = (*prefix, *raw_path)
         path = tuple(p for p in path if p not in SYSTEM_NAMES)
+        if path in skipped:
+            continue
         msg = err["msg"]
         if err["type"] == "extra_forbidden":
             msg = "unknown key (check the spelling; see docs/scenarios.md)"
@@ -432,11 +494,14 @@ def load_profile(ref: str | Path, relative_to: Path | None = None, *, profile_di
                  notes: list[str] | None = None) -> HardwareProfile:
     """Load a hardware profile by name (``--profiles`` folders, $SOSIM_PROFILES, then the shipped ones) or path."""
     located = _load_profile_located(str(ref), relative_to, user_dirs=profile_dirs, notes=notes)
+    raw_bad = dict(_non_finite(located.data, ()))
+    nan_problems = [f"{located.where(p)}: {dotted(p)}: not a finite number ({v}); give a finite value"
+                    for p, v in raw_bad.items()]
     try:
         profile = HardwareProfile.model_validate(located.data)
     except ValidationError as exc:
-        raise ConfigError(_format_validation(exc, located)) from None
-    problems = finite_problems(profile, located)
+        raise ConfigError(nan_problems + _format_validation(exc, located, skip=raw_bad)) from None
+    problems = nan_problems or finite_problems(profile, located)
     if problems:
         raise ConfigError(problems)
     return profile
@@ -464,7 +529,7 @@ def _load_profile_located(ref: str, relative_to: Path | None, where: str = "",
                            f"--profiles DIR or ${PROFILES_ENV})"]) from None
     located = read_yaml(path)
     if not isinstance(located.data, dict):
-        raise ConfigError([f"{path}:1: a hardware profile must be a mapping"])
+        raise ConfigError([f"{path}:1: (top level): a hardware profile must be a mapping of keys to values"])
     cal = located.data.get("calibration")
     if isinstance(cal, str):
         resolved = _resolve_calibration(cal, path)
@@ -490,6 +555,14 @@ def _load_profile_located(ref: str, relative_to: Path | None, where: str = "",
 def _check_calibration(table: Path, where: str) -> None:
     """A profile naming a missing or malformed table is a load error that names both files."""
     from sosim.table_costs import load_table  # pandas-backed reader; only profiles with a table need it
+
+    # A device or a folder (/dev/zero, /tmp) would be read without end or fail obscurely: a regular file only,
+    # of a plausible size (tables are tens of KB).
+    if table.exists() and not table.is_file():
+        raise ConfigError([f"{where}: calibration: {table}: not a regular file"])
+    if table.is_file() and table.stat().st_size > MAX_TABLE_BYTES:
+        raise ConfigError([f"{where}: calibration: {table}: larger than {MAX_TABLE_BYTES // 2**20} MiB: not a "
+                           "calibration table"])
 
     try:
         load_table(str(table))
@@ -534,9 +607,9 @@ def load_scenario(
             raise
         base_dir = path.resolve().parent
     if not isinstance(located.data, dict):
-        raise ConfigError([f"{located.origin}:1: a scenario must be a mapping of keys to values"])
+        raise ConfigError([f"{located.origin}:1: (top level): a scenario must be a mapping of keys to values"])
     data = located.data
-    parsed = [(parse_override(o), o) for o in (overrides or [])]
+    parsed = [(parse_override(o), shown_override(o)) for o in (overrides or [])]
 
     # Overrides of 'hardware' itself pick another profile before it is resolved.
     for (key_path, value), text in parsed:
@@ -566,11 +639,15 @@ def load_scenario(
             _check_calibration(Path(value), f"--set {text}")
         _set_path(data, key_path, value, text)
         located.overridden[key_path] = text
+    # inf/NaN written as numbers (.inf, .nan, 1e999 in flow YAML) are named as such, not as a failed bound.
+    raw_bad = dict(_non_finite(data, ()))
+    nan_problems = [f"{located.where(p)}: {dotted(p)}: not a finite number ({v}); give a finite value"
+                    for p, v in raw_bad.items()]
     try:
         sc = Scenario.model_validate(data)
     except ValidationError as exc:
-        raise ConfigError(_format_validation(exc, located)) from None
-    problems = finite_problems(sc, located) or _work_problems(sc, located)
+        raise ConfigError(nan_problems + _format_validation(exc, located, skip=raw_bad)) from None
+    problems = nan_problems or finite_problems(sc, located) or _work_problems(sc, located)
     if problems:
         raise ConfigError(problems)
     return sc

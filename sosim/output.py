@@ -94,3 +94,10 @@ def check_finite_result(name: str, metrics: dict[str, Any]) -> None:
     if bad:
         raise SosimError(f"{name}: the simulation gave non-finite {', '.join(bad)}: some input is outside the "
                          "range the model handles (an extreme bandwidth, FLOP rate, latency or size)")
+
+
+def provenance_fields(sc: Any) -> dict[str, Any]:
+    """What produced a result, for every output: implementation (None where a system has one), the hardware
+    profile's name, and the calibration table's path (None: the analytic cost model)."""
+    return {"implementation": getattr(sc.schedule, "implementation", None), "profile": sc.hardware.name,
+            "calibration": sc.hardware.calibration}

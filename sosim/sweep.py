@@ -43,7 +43,7 @@ import pandas as pd
 from sosim.config import Scenario
 from sosim.errors import ConfigError, SosimError
 from sosim.loader import KeyPath, Located, dotted, read_yaml, resolve_scenario_path
-from sosim.output import check_output_path, non_finite_metrics, print_json
+from sosim.output import check_output_path, non_finite_metrics, print_json, provenance_fields
 
 Point = dict[str, Any]  # dotted key path -> value
 Row = dict[str, Any]
@@ -54,7 +54,9 @@ IN_FLIGHT_PER_WORKER = 3
 MAX_CHUNK = 250  # points per task: ~1.5 s of work, so per-task IPC (~ms) is noise
 ID_COLUMN = "point_id"
 ERROR_COLUMN = "error"
-TEXT_COLUMNS = ("scenario", "system", "reason", ERROR_COLUMN)
+# Provenance of every row: the system, its implementation, the hardware profile and the calibration table.
+PROVENANCE_COLUMNS = ("system", "implementation", "profile", "calibration")
+TEXT_COLUMNS = ("scenario", *PROVENANCE_COLUMNS, "reason", ERROR_COLUMN)
 # Points in one sweep. Points, their ids and overrides are held in memory (~2 KB each); a million is ~2 GB
 # and a day of simulation on a 16-core machine. Larger studies: several sweep files.
 MAX_SWEEP_POINTS = 1_000_000
@@ -93,7 +95,8 @@ def _metrics_row(sc: Scenario) -> Row:
     if bad:  # not an answer: an error row, never a number that is not one
         return {ERROR_COLUMN: f"the simulation gave non-finite {', '.join(bad)}: an input is outside the range "
                               "the model handles"}
-    return {"scenario": sc.name, "system": sc.schedule.system, **result.metrics, ERROR_COLUMN: None}
+    return {"scenario": sc.name, "system": sc.schedule.system, **provenance_fields(sc), **result.metrics,
+            ERROR_COLUMN: None}
 
 
 def _simulate_point(base: Mapping[str, Any] | None, target: list[str] | Scenario) -> Row:
@@ -139,6 +142,12 @@ def _where(loc: Located, path: KeyPath) -> str:
     return loc.where(path)
 
 
+def hardware_data(sc: Scenario) -> dict[str, Any]:
+    """The resolved profile as data for the workers: only the fields the profile states. Fields left at their
+    defaults stay out, or the profile check would ask for a source for numbers the profile never gave."""
+    return sc.hardware.model_dump(mode="json", exclude_unset=True)
+
+
 def _base_data(base_path: Path) -> tuple[dict[str, Any], Scenario]:
     """The base as raw YAML data plus its resolved hardware.
 
@@ -150,21 +159,21 @@ def _base_data(base_path: Path) -> tuple[dict[str, Any], Scenario]:
     sc = load_scenario(base_path)
     raw = read_yaml(base_path).data
     data = dict(raw) if isinstance(raw, dict) else {}
-    data["hardware"] = sc.hardware.model_dump(mode="json")
+    data["hardware"] = hardware_data(sc)
     return data, sc
 
 
 def _structure_problems(loc: Located) -> list[str]:
     data = loc.data
     if not isinstance(data, dict):
-        return [f"{loc.origin}:1: a sweep file must be a mapping with 'base' and 'grid' and/or 'points'"]
-    problems = [f"{_where(loc, (k,))}: {k}: unknown key (expected one of {', '.join(SWEEP_KEYS)})"
+        return [f"{loc.origin}:1: (top level): a sweep file must be a mapping with 'base' and 'grid' and/or 'points'"]
+    problems = [f"{_where(loc, (k,))}: {dotted((k,))}: unknown key (expected one of {', '.join(SWEEP_KEYS)})"
                 for k in data if k not in SWEEP_KEYS]
     if not isinstance(data.get("base"), str):
         problems.append(f"{_where(loc, ('base',))}: base: missing (the scenario YAML, relative to this file)")
     grid, points, fixed = data.get("grid"), data.get("points"), data.get("set")
     if grid is None and points is None:
-        problems.append(f"{loc.origin}:1: nothing to sweep: give 'grid' and/or 'points'")
+        problems.append(f"{loc.origin}:1: (top level): nothing to sweep: give 'grid' and/or 'points'")
     if grid is not None:
         if not isinstance(grid, dict):
             problems.append(f"{_where(loc, ('grid',))}: grid: must be a mapping of key.path: [values]")
@@ -173,7 +182,8 @@ def _structure_problems(loc: Located) -> list[str]:
         else:
             for key, values in grid.items():
                 if not isinstance(values, list) or not values:
-                    problems.append(f"{_where(loc, ('grid', key))}: grid.{key}: must be a non-empty list of values")
+                    where = _where(loc, ("grid", key))
+                    problems.append(f"{where}: {dotted(('grid', key))}: must be a non-empty list of values")
     if points is not None:
         if not isinstance(points, list) or not points:
             problems.append(f"{_where(loc, ('points',))}: points: must be a non-empty list of mappings")
@@ -255,15 +265,15 @@ def _map_problem(problem: str, texts: Mapping[str, str], where: Mapping[str, str
         prefix = f"--set {text}: "
         if problem.startswith(prefix):
             rest = problem[len(prefix):]
-            dotted, sep, msg = rest.partition(": ")
-            message = msg if sep and _related(dotted, key) else rest
-            return key, f"{where[key]}: {key}: {message}"
+            named, sep, msg = rest.partition(": ")
+            message = msg if sep and _related(named, key) else rest
+            return key, f"{where[key]}: {dotted((key,))}: {message}"
     # '<dict>:N: dotted.path: message' (a whole-section check): blame the swept key it concerns, if any.
     _, _, rest = problem.partition(": ")
-    dotted, _, msg = rest.partition(": ")
+    named, _, msg = rest.partition(": ")
     for key in where:
-        if _related(dotted, key):
-            return key, f"{where[key]}: {key}: {msg or rest}"
+        if _related(named, key):
+            return key, f"{where[key]}: {dotted((key,))}: {msg or rest}"
     return None, problem
 
 
@@ -308,10 +318,11 @@ def sweep_spec(base: str | Path | Scenario | Mapping[str, Any], points: Iterable
 
     if isinstance(base, Scenario):
         data = base.model_dump(mode="json")
+        data["hardware"] = hardware_data(base)
     elif isinstance(base, Mapping):
         # Resolve a profile name once here rather than once per point in the workers.
         data = dict(base)
-        data["hardware"] = load_scenario(base).hardware.model_dump(mode="json")
+        data["hardware"] = hardware_data(load_scenario(base))
     else:
         data, _ = _base_data(Path(base))
     pts = []
@@ -438,7 +449,7 @@ def _column_dtypes(keys: Sequence[str], points: Sequence[Mapping[str, Any]], met
             dtypes[key] = "float64"
         else:
             dtypes[key] = "string"
-    for col in ("scenario", "system", *metric_keys, ERROR_COLUMN):
+    for col in ("scenario", *PROVENANCE_COLUMNS, *metric_keys, ERROR_COLUMN):
         value = sample.get(col)
         if col in TEXT_COLUMNS or isinstance(value, str):
             dtypes[col] = "string"
@@ -735,7 +746,7 @@ def _check_scheduler(address: str) -> None:
         ok = scheme in ("tcp", "tls", "ws", "wss", "inproc", "ucx") and bool(rest.strip("/"))
     else:
         host, colon, port = address.rpartition(":")
-        ok = bool(colon and host and port.isdigit())
+        ok = bool(colon and host and port.isascii() and port.isdigit())
     if not ok:
         raise SosimError(f"--scheduler {address}: expected a Dask scheduler address like tcp://HOST:8786")
 
@@ -802,6 +813,16 @@ def _raise_terminated(signum: int, frame: object) -> None:
     raise _Terminated()
 
 
+def _provenance_line(frame: pd.DataFrame) -> str:
+    """``# system: ... | implementation: ... | profile: ... | calibration: ...`` over the rows (values that
+    vary between rows are listed, and shown as columns too)."""
+    parts = []
+    for col in PROVENANCE_COLUMNS:
+        values = sorted({str(v) for v in frame[col].dropna()}) if col in frame else []
+        parts.append(f"{col}: {', '.join(values) if values else 'none'}")
+    return "# " + " | ".join(parts)
+
+
 def _print_summary(summary: dict[str, Any], fmt: str, frame: pd.DataFrame | None) -> None:
     if fmt == "json":
         obj = dict(summary)
@@ -840,10 +861,13 @@ def cmd_sweep(args: argparse.Namespace) -> int:
             summary = {"out": None, "points": len(frame), "skipped": 0, "ran": len(frame),
                        "errors": int(frame[ERROR_COLUMN].notna().sum()) if ERROR_COLUMN in frame else 0,
                        "infeasible": int((frame["feasible"] == False).sum()) if "feasible" in frame else 0}  # noqa: E712
-            shown = frame.drop(columns=[ID_COLUMN]) if args.format == "table" else frame
+            shown = frame
             if args.format == "table":
-                cols = [*spec.keys, "tokens_per_s", "step_time_s", "mfu", "feasible", ERROR_COLUMN]
-                shown = frame[[c for c in cols if c in frame]]
+                print(_provenance_line(frame))
+                # Provenance columns only where they vary (a swept hardware or implementation).
+                varying = [c for c in PROVENANCE_COLUMNS if c in frame and frame[c].nunique() > 1]
+                cols = [*spec.keys, *varying, "tokens_per_s", "step_time_s", "mfu", "feasible", ERROR_COLUMN]
+                shown = frame[[c for c in dict.fromkeys(cols) if c in frame]]
             _print_summary(summary, args.format, shown)
         aborted = False
     except KeyboardInterrupt as exc:

@@ -10,15 +10,17 @@ ROOT = Path(__file__).resolve().parent.parent
 def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addoption("--update-golden", action="store_true", help="rewrite tests/golden/*.csv from the model")
     parser.addoption("--benchmark", action="store_true", help="run speed benchmarks (marker 'benchmark')")
+    parser.addoption("--slow", action="store_true", help="run long tests (marker 'slow'), e.g. the full fuzz run")
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    if config.getoption("--benchmark"):
-        return
-    skip = pytest.mark.skip(reason="benchmark: run with --benchmark")
-    for item in items:
-        if "benchmark" in item.keywords:
-            item.add_marker(skip)
+    for marker, option in (("benchmark", "--benchmark"), ("slow", "--slow")):
+        if config.getoption(option):
+            continue
+        skip = pytest.mark.skip(reason=f"{marker}: run with {option}")
+        for item in items:
+            if marker in item.keywords:
+                item.add_marker(skip)
 
 
 @pytest.fixture

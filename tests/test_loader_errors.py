@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+import time
 from pathlib import Path
 
 import pytest
@@ -128,3 +130,148 @@ def test_profile_with_missing_or_malformed_calibration_table(tmp_path: Path) -> 
     ppath.write_text(yaml.safe_dump(prof, sort_keys=False))
     with pytest.raises(ConfigError, match=r"bad\.csv"):
         load_scenario(spath)
+
+
+# ------------------------------------------------------------------ inputs that could hurt (issue 8, section 6)
+
+
+def test_duplicate_keys_name_both_lines(tmp_path: Path) -> None:
+    path = _write(tmp_path, "s.yaml", GOOD + "model: {layers: 3, hidden: 256, heads: 4}\n")
+    with pytest.raises(ConfigError) as exc:
+        load_scenario(path)
+    assert exc.value.problems == [f"{path}:6: model: duplicate key (first at line 3); each key may appear once"]
+
+
+def test_duplicate_keys_inside_one_flow_mapping(tmp_path: Path) -> None:
+    path = _write(tmp_path, "s.yaml", GOOD.replace("{seq_len: 128,", "{seq_len: 128, seq_len: 64,"))
+    with pytest.raises(ConfigError, match=r"s.yaml:4: training.seq_len: duplicate key \(first at column 12\)"):
+        load_scenario(path)
+
+
+def test_latin1_file_names_the_line(tmp_path: Path) -> None:
+    path = tmp_path / "s.yaml"
+    path.write_bytes(GOOD.replace("name: t", "name: caf\xe9").encode("latin-1"))
+    with pytest.raises(ConfigError) as exc:
+        load_scenario(path)
+    assert exc.value.problems[0].startswith(f"{path}:1: not UTF-8 text: byte 0xe9")
+
+
+def test_recursive_alias_is_refused(tmp_path: Path) -> None:
+    path = _write(tmp_path, "s.yaml", "&a [*a]")
+    with pytest.raises(ConfigError, match=r"s.yaml:1: 0: recursive alias \*a"):
+        load_scenario(path)
+
+
+def test_alias_bomb_is_refused_quickly(tmp_path: Path) -> None:
+    # 10 levels of 10 aliases each: 10^10 values once expanded, from ~450 bytes.
+    text = "a0: &a0 [x, x, x, x, x, x, x, x, x, x]\n" + "".join(
+        f"a{i}: &a{i} [{', '.join([f'*a{i - 1}'] * 10)}]\n" for i in range(1, 10))
+    path = _write(tmp_path, "s.yaml", text)
+    start = time.perf_counter()
+    with pytest.raises(ConfigError, match="expands to more than 1,000,000 values"):
+        load_scenario(path)
+    assert time.perf_counter() - start < 2.0
+
+
+def test_deep_nesting_is_refused_not_a_crash(tmp_path: Path) -> None:
+    path = _write(tmp_path, "s.yaml", "a: " + "[" * 5000 + "]" * 5000 + "\n")
+    with pytest.raises(ConfigError, match="nested more than 64 levels deep"):
+        load_scenario(path)
+
+
+def test_oversized_input_is_not_read_to_the_end() -> None:
+    if not Path("/dev/zero").exists():
+        pytest.skip("no /dev/zero here")
+    with pytest.raises(ConfigError, match="larger than 16 MiB"):
+        load_scenario("/dev/zero")
+
+
+@pytest.mark.parametrize("value", [".inf", "-.inf", ".nan", "'inf'", "1e999"])
+def test_non_finite_numbers_are_refused_with_file_line_and_key(tmp_path: Path, value: str) -> None:
+    path = _write(tmp_path, "s.yaml", GOOD.replace("schedule: {system: zero_offload}",
+                                                   f"schedule:\n  system: zero_offload\n  bucket_mb: {value}"))
+    with pytest.raises(ConfigError) as exc:
+        load_scenario(path)
+    assert exc.value.problems[0].startswith(f"{path}:7: schedule.bucket_mb: not a finite number")
+
+
+def test_non_finite_override_names_the_override() -> None:
+    with pytest.raises(ConfigError) as exc:
+        load_scenario("gh200_zero_offload_4b", ["hardware.link.h2d_GBps=.inf"])
+    assert exc.value.problems == ["--set hardware.link.h2d_GBps=.inf: hardware.link.h2d_GBps: not a finite number "
+                                  "(inf); give a finite value"]
+
+
+def test_plan_too_large_is_refused_before_simulating() -> None:
+    start = time.perf_counter()
+    with pytest.raises(ConfigError) as exc:
+        load_scenario("gh200_zero_offload_4b", ["model.layers=1000000"])
+    assert time.perf_counter() - start < 2.0
+    (problem,) = exc.value.problems
+    assert problem.startswith("--set model.layers=1000000: model.layers: 1,000,000 layers x 1 micro-batches")
+    assert "3,000,000 layer passes" in problem
+    # Just under the bound still loads.
+    assert load_scenario("gh200_zero_offload_4b", ["model.layers=33333"]).model.layers == 33333
+
+
+def test_override_values_get_the_same_protection() -> None:
+    with pytest.raises(ConfigError, match=r"--set name=&a \[\*a\]: name.0: recursive alias"):
+        load_scenario("gh200_zero_offload_4b", ["name=&a [*a]"])
+    with pytest.raises(ConfigError, match=r"--set name=\\r: expected|--set a\\rb: expected"):
+        load_scenario("gh200_zero_offload_4b", ["a\rb"])
+    with pytest.raises(ConfigError, match="not UTF-8 text"):
+        load_scenario("gh200_zero_offload_4b", ["name=\udce9"])
+
+
+def test_control_character_names_its_line(tmp_path: Path) -> None:
+    path = _write(tmp_path, "s.yaml", GOOD.replace("name: t", "name: t\x01"))
+    with pytest.raises(ConfigError, match=r"s.yaml:1: YAML syntax error: character U\+0001"):
+        load_scenario(path)
+
+
+# ------------------------------------------------------------------------------ profile folders
+
+
+def test_user_profile_folder_shadows_the_shipped_profile_and_says_so(tmp_path: Path) -> None:
+    from sosim.resources import shipped_profiles_dir
+
+    mine = tmp_path / "profiles"
+    mine.mkdir()
+    text = re.sub(r"(?m)^  hbm_gib: .*$", "  hbm_gib: 144", (shipped_profiles_dir() / "gh200.yaml").read_text())
+    (mine / "gh200.yaml").write_text(text)
+    notes: list[str] = []
+    sc = load_scenario("gh200_zero_offload_4b", profile_dirs=[mine], notes=notes)
+    assert sc.hardware.gpu.hbm_gib == 144
+    assert len(notes) == 1 and f"using {mine / 'gh200.yaml'} (--profiles)" in notes[0] and "shadows" in notes[0]
+    assert load_scenario("gh200_zero_offload_4b").hardware.gpu.hbm_gib != 144  # nothing global changed
+
+
+def test_profiles_from_the_environment(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    prof = dict(TINY_PROFILE, name="envprof")
+    (tmp_path / "envprof.yaml").write_text(yaml.safe_dump(prof, sort_keys=False))
+    monkeypatch.setenv("SOSIM_PROFILES", str(tmp_path))
+    path = _write(tmp_path, "s.yaml", GOOD.replace("hardware: gh200", "hardware: envprof"))
+    assert load_scenario(path).hardware.name == "envprof"
+
+
+def test_copied_calibrated_profile_keeps_its_table(tmp_path: Path) -> None:
+    """A shipped profile copied elsewhere names its table relative to the shipped folder: still found."""
+    from sosim.resources import shipped_profiles_dir
+
+    (tmp_path / "mine.yaml").write_text((shipped_profiles_dir() / "h200-pcie-gen5-x86.yaml").read_text())
+    sc = load_scenario("h200_x86_llama1.1b_zero2_measured", ["hardware=" + str(tmp_path / "mine.yaml")])
+    assert sc.hardware.calibration is not None and Path(sc.hardware.calibration).is_file()
+    assert Path(sc.hardware.calibration).name == "measurements.csv"
+
+
+def test_shipped_examples_load_by_name() -> None:
+    assert load_scenario("gh200_zero_offload_4b").name == load_scenario("scenarios/gh200_zero_offload_4b.yaml").name
+    with pytest.raises(ConfigError, match="nor a shipped example"):
+        load_scenario("no_such_example")
+
+
+def test_unicode_digits_in_a_key_path_are_names_not_indices() -> None:
+    # '²'.isdigit() is True but int('²') fails: found by the fuzz run.
+    with pytest.raises(ConfigError, match=r"--set model.²=1: model.²: unknown key"):
+        load_scenario("gh200_zero_offload_4b", ["model.²=1"])
+

@@ -5,12 +5,17 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import signal
+import subprocess
+import sys
 import textwrap
+import time
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 import pandas as pd
 import pytest
+import yaml
 
 from sosim import load_scenario, simulate, sweep
 from sosim.cli import main
@@ -214,3 +219,189 @@ def test_dask_executor_same_rows_as_local(tmp_path: Path, capsys: pytest.Capture
                      "--out", str(out), "--format", "json"]) == 0
         assert json.loads(capsys.readouterr().out)["ran"] == 4
         assert len(pd.read_csv(out)) == 4
+
+
+# ------------------------------------------------------------------- inputs that could hurt (issue 8, §6)
+
+
+def test_duplicate_grid_keys_name_both_lines(tmp_path: Path) -> None:
+    path = _write(tmp_path, f"""
+        base: {BASE}
+        grid:
+          training.micro_batch: [1, 2]
+          training.micro_batch: [4]
+        """)
+    with pytest.raises(ConfigError) as err:
+        load_sweep(path)
+    assert err.value.problems == [f"{path}:4: grid.training.micro_batch: duplicate key (first at line 3); "
+                                  "each key may appear once"]
+
+
+def test_keys_must_be_strings_and_numbers_finite(tmp_path: Path) -> None:
+    path = _write(tmp_path, f"""
+        base: {BASE}
+        grid:
+          1: [1, 2]
+          training.micro_batch: [1, .inf]
+        set: {{schedule.bucket_mb: .nan}}
+        """)
+    with pytest.raises(ConfigError) as err:
+        load_sweep(path)
+    assert sorted(err.value.problems) == sorted([
+        f"{path}:3: grid.1: a key must be a key.path string, not 1",
+        f"{path}:4: grid.training.micro_batch.1: not a finite number (inf); give a finite value",
+        f"{path}:5: set.schedule.bucket_mb: not a finite number (nan); give a finite value",
+    ])
+
+
+def test_huge_grid_is_refused_before_it_is_built(tmp_path: Path) -> None:
+    keys = "".join(f"  k{i}: [0, 1, 2, 3, 4, 5, 6, 7, 8, 9]\n" for i in range(12))
+    path = tmp_path / "huge.yaml"
+    path.write_text(f"base: {BASE}\ngrid:\n{keys}")
+    start = time.perf_counter()
+    with pytest.raises(ConfigError) as err:
+        load_sweep(path)
+    assert time.perf_counter() - start < 2.0
+    assert err.value.problems[0].startswith(f"{path}:2: grid: 10 x 10 x ")
+    assert "= 1,000,000,000,000 points, more than the 1,000,000 one sweep runs" in err.value.problems[0]
+
+
+@pytest.mark.parametrize(("option", "message"), [
+    (["--workers", "-1"], "--workers -1: must be at least 1"),
+    (["--workers", "0"], "--workers 0: must be at least 1"),
+    (["--workers", "100000"], "--workers 100000: more than 4 per core"),
+    (["--scheduler", "notaurl"], "--scheduler notaurl: expected a Dask scheduler address like tcp://HOST:8786"),
+    (["--scheduler", "http://x:1"], "--scheduler http://x:1: expected a Dask scheduler address"),
+    (["--chunk-size", "0"], "--chunk-size must be at least 1"),
+    (["--out", "results.txt"], "--out results.txt: use a .csv or .parquet name"),
+])
+def test_bad_options_are_one_line_before_any_work(option: list[str], message: str, tmp_path: Path,
+                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["sweep", str(_small(tmp_path)), *option]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"sosim: {message}") and "Traceback" not in err
+
+
+def test_out_under_a_file_or_a_folder_named_csv(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    (tmp_path / "afile").write_text("x")
+    assert main(["sweep", str(_small(tmp_path)), "--out", str(tmp_path / "afile" / "r.csv")]) == 2
+    assert "is not a folder" in capsys.readouterr().err
+    (tmp_path / "d.csv").mkdir()
+    assert main(["sweep", str(_small(tmp_path)), "--out", str(tmp_path / "d.csv"), "--resume"]) == 2
+    assert "is a folder" in capsys.readouterr().err
+
+
+def test_parquet_without_pyarrow_says_how_to_install(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "pyarrow" else real(name, *a))
+    assert main(["sweep", str(_small(tmp_path)), "--out", str(tmp_path / "r.parquet")]) == 2
+    assert "Parquet output needs pyarrow: pip install pyarrow" in capsys.readouterr().err
+
+
+def test_resume_into_a_foreign_file_is_a_message(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "r.csv"
+    out.write_bytes(b"caf\xe9,x\n1,2\n")
+    assert main(["sweep", str(_small(tmp_path)), "--out", str(out), "--resume"]) == 2
+    assert "use another --out" in capsys.readouterr().err
+    junk = tmp_path / "j.parquet"
+    junk.mkdir()
+    (junk / "part-00000.parquet").write_text("not parquet")
+    assert main(["sweep", str(_small(tmp_path)), "--out", str(junk), "--resume"]) == 2
+    assert "cannot read its part files" in capsys.readouterr().err
+
+
+def test_rows_are_in_point_order_whatever_the_workers(tmp_path: Path) -> None:
+    spec = load_sweep(_small(tmp_path))
+    outs = []
+    for workers, chunk in ((1, 1), (2, 1), (2, 3)):
+        out = tmp_path / f"r{workers}{chunk}.csv"
+        with ProcessPoolExecutor(max_workers=workers) as pool:
+            run_sweep(spec, out, executor=pool, chunk_size=chunk)
+        outs.append(out.read_bytes())
+    assert outs[0] == outs[1] == outs[2]  # byte for byte
+    ids = list(pd.read_csv(tmp_path / "r11.csv")["point_id"])
+    assert ids == [point_id(spec.full_point(p)) for p in spec.points]
+
+
+def test_sigterm_stops_the_workers_and_prints_the_resume_hint(tmp_path: Path) -> None:
+    # A sweep that takes a while: 400 points of a 32-layer scenario in chunks of 5, two workers.
+    sweep_file = _write(tmp_path, f"""
+        base: {BASE}
+        grid:
+          training.micro_batch: [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20]
+          schedule.bucket_mb: [50, 60, 70, 80, 90, 100, 110, 120, 130, 140, 150, 160, 170, 180, 190, 200, 210, 220,
+                               230, 240]
+        """)
+    out = tmp_path / "r.csv"
+    cmd = [sys.executable, "-m", "sosim", "sweep", str(sweep_file), "--out", str(out), "--workers", "2",
+           "--chunk-size", "5"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and not (out.exists() and out.stat().st_size > 0):
+        time.sleep(0.1)
+    children = _children(proc.pid)
+    assert children, "the pool's workers should be running"
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=30)
+    assert proc.returncode == 143 and "Traceback" not in err
+    assert "terminated (SIGTERM)" in err and "rerun the same command with --resume to continue" in err
+    time.sleep(0.5)
+    assert not [pid for pid in children if _alive(pid)], "pool workers left running"
+    # The hint works: --resume finishes the sweep and the file ends up complete and in point order.
+    done = subprocess.run([*cmd, "--resume"], capture_output=True, text=True, check=False)
+    assert done.returncode == 0, done.stderr
+    frame = pd.read_csv(out)
+    spec = load_sweep(sweep_file)
+    assert list(frame["point_id"]) == [point_id(spec.full_point(p)) for p in spec.points]
+
+
+def _children(pid: int) -> list[int]:
+    kids = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[1]) == pid:
+            kids.append(int(stat.parent.name))
+    return kids
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
+
+
+def test_shipped_sweep_by_name() -> None:
+    spec = load_sweep("sweeps/gh200_zero_offload_buckets")
+    assert len(spec.points) == 12
+
+
+def test_rows_name_system_implementation_profile_and_calibration(tmp_path: Path) -> None:
+    frame = sweep(load_sweep(_small(tmp_path)))
+    implementation = load_scenario(BASE).schedule.implementation  # type: ignore[union-attr]
+    assert set(frame["system"]) == {"zero_offload"} and set(frame["implementation"]) == {implementation}
+    assert set(frame["profile"]) == {"gh200"} and frame["calibration"].isna().all()  # analytic: no table
+    calibrated = sweep("scenarios/h200_x86_llama1.1b_zero2_measured.yaml", [{"training.micro_batch": 1}])
+    assert calibrated["calibration"].iloc[0].endswith("measurements.csv")
+
+
+def test_profile_that_leaves_fields_at_their_defaults_sweeps(tmp_path: Path) -> None:
+    """Found by the fuzz run: the resolved profile travelled with its defaulted fields, which then needed a
+    source each, so every point of a sweep over such a profile was an error row."""
+    from helpers import TINY_PROFILE, tiny_scenario
+
+    (tmp_path / "tiny.yaml").write_text(yaml.safe_dump(TINY_PROFILE))
+    scenario = tiny_scenario({"system": "zero_offload"})
+    scenario["hardware"] = "tiny.yaml"
+    (tmp_path / "s.yaml").write_text(yaml.safe_dump(scenario))
+    path = _write(tmp_path, "base: s.yaml\ngrid:\n  training.micro_batch: [1, 2]\n")
+    frame = sweep(load_sweep(path))
+    assert frame["error"].isna().all(), list(frame["error"])
+    assert sweep(load_scenario(tmp_path / "s.yaml"), [{"training.micro_batch": 1}])["error"].isna().all()

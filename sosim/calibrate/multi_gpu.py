@@ -66,10 +66,16 @@ def run_ranks(
             if time.monotonic() > deadline_s:
                 problem = f"timed out after {timeout_s:.0f} s"
                 break
-            if not any(child.is_alive() for child in children) and results.empty():
-                problem = problem or "ranks exited before finishing"
-                break
-            continue
+            if not any(child.is_alive() for child in children):
+                # A queue's feeder thread may still be flushing what the exited ranks put (Queue.empty() is
+                # unreliable across processes): give it a grace period before declaring them lost.
+                try:
+                    item = results.get(timeout=5.0)
+                except queue.Empty:
+                    problem = problem or "ranks exited before finishing"
+                    break
+            else:
+                continue
         kind, payload = item
         if kind == "done":
             done += 1

@@ -60,7 +60,9 @@ def footprint(sc: Scenario, *, weight_flow: bool, offload_checkpoints: bool, gpu
         # Only the layers being computed or prefetched are resident; embedding and head stay.
         gpu["bf16_params_working_set"] = (1 + prefetch_layers) * layer_bytes + tm.embedding_params(m) * BF16_BYTES
         cpu["bf16_params"] = BF16_BYTES * p
-        act = tm.activation_bytes_peak(m, t, layers_on_gpu=0 if offload_checkpoints else None,
+        # Only checkpoints can be offloaded: without checkpointing every layer keeps its activations in HBM.
+        offload_acts = offload_checkpoints and t.activation_checkpointing
+        act = tm.activation_bytes_peak(m, t, layers_on_gpu=0 if offload_acts else None,
                                        sequence_parallel=sc.cluster.sequence_parallel)
         if offload_checkpoints and t.activation_checkpointing:
             cpu["activation_checkpoints"] = m.layers * m.hidden * BF16_BYTES * tokens

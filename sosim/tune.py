@@ -1,0 +1,1067 @@
+"""``sosim tune``: the fastest configuration of a training run that fits, and why it wins.
+
+Given a scenario (or the user's DeepSpeed config + model config + hardware profile), the tuner searches the
+system (gpu_only, zero_offload, the ZeRO-3 family, SuperOffload...), the implementation knobs of each system
+(:mod:`sosim.tune_space`: one declarative table), activation checkpointing, the micro-batch / gradient
+accumulation split at a fixed global batch, and the data / sequence parallel split where there are several
+GPUs. Only configurations that fit in memory on every side are ranked.
+
+How it stays cheap (every number it prints says how many candidates were simulated):
+
+1. *Memory before simulation.* Each candidate's footprint on both sides is computed without simulating
+   (the schedule's own ``memory_usage`` and the same ``check_fit`` verdict ``simulate`` uses); one that
+   does not fit is counted (with its side and largest item) and never simulated. Of the micro-batches that
+   fit, only the ``micro_batches_kept`` largest are simulated: at a fixed global batch a smaller micro-batch
+   only adds accumulation steps of smaller, less efficient kernels.
+2. *Structure first, knobs second.* Stage 1 crosses the structural choices (system, checkpointing,
+   micro-batch, parallel split, weight placement) with every other knob at its default. Stage 2 starts
+   coordinate descent over the remaining knobs from the ``beam`` best structural points of each system
+   (all knob values of one knob at a time, repeated until nothing changes). A system whose whole grid is
+   small (``exhaustive_limit``) is searched exhaustively instead. Stage 3 refines numeric knobs between the
+   neighbours of their best coarse value.
+3. *A budget.* At most ``budget`` simulations; the output says when the budget cut the search short.
+
+Order is deterministic: candidates are generated in table order, ties are broken by the candidate's
+settings, and parallel results are sorted before any decision. Ctrl-C stops the search and keeps the best
+configuration found so far (``TuneResult.interrupted``).
+"""
+
+from __future__ import annotations
+
+import copy
+import itertools
+import json
+import math
+import os
+import sys
+from collections import Counter
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from concurrent.futures import Executor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+from sosim.config import Scenario
+from sosim.errors import ConfigError, SosimError
+from sosim.loader import load_scenario
+from sosim.tune_space import BATCH_KEYS, PARALLEL_KEYS, SEARCH_SPACE, TRAINING_KNOBS, Knob, refine_values
+
+Objective = Literal["tokens_per_s", "time_to_tokens"]
+Settings = dict[str, Any]  # dotted scenario key -> value
+EXIT_INTERRUPTED = 130  # the shell's convention for a run stopped by SIGINT
+# Batches at least this large go to the process pool (a pool round trip costs ~ms per chunk).
+PARALLEL_MIN_BATCH = 24
+# Scores are compared to this many significant digits: differences below ~0.05% are noise next to the model's
+# error (docs/validation.md) and should not pull a knob away from its default.
+SCORE_DIGITS = 4
+# Memory checks (~0.3 ms each, no simulation) spent looking for a fitting variant of one structural point.
+RESCUE_CHECKS = 80
+
+
+@dataclass(frozen=True)
+class TuneOptions:
+    """What to search and how hard. ``None`` means: take it from the base scenario."""
+
+    global_batch: int | None = None  # sequences per optimizer step (DeepSpeed train_batch_size)
+    gpus: int | None = None
+    objective: Objective = "tokens_per_s"
+    token_budget: float | None = None  # tokens to train, for objective time_to_tokens
+    systems: tuple[str, ...] | None = None  # None: every system of the schema
+    implementation: str | None = None  # None: the base scenario's (DeepSpeed for a DeepSpeed config)
+    budget: int = 2000  # simulations at most
+    beam: int = 3  # structural points per system that coordinate descent starts from
+    micro_batches_kept: int = 3
+    exhaustive_limit: int = 64  # a system with at most this many grid points is searched exhaustively
+    max_passes: int = 3  # coordinate-descent passes over the knobs
+    refine_rounds: int = 3
+    max_host_ram_gib: float | None = None  # per GPU; a cap below the profile's usable host memory
+    max_hbm_gib: float | None = None  # per GPU; a cap below the profile's usable HBM
+    jobs: int = 1  # worker processes for large batches (1: in this process)
+    progress: bool | None = False  # tqdm bar on stderr; None: only when stderr is a terminal
+
+    def check(self) -> None:
+        problems = []
+        if self.objective == "time_to_tokens" and not (self.token_budget and self.token_budget > 0):
+            problems.append("--objective time_to_tokens needs --token-budget T (tokens to train, > 0)")
+        if self.objective not in ("tokens_per_s", "time_to_tokens"):
+            problems.append(f"--objective: expected tokens_per_s or time_to_tokens, got {self.objective!r}")
+        for name in ("budget", "beam", "micro_batches_kept", "jobs"):
+            if getattr(self, name) < 1:
+                problems.append(f"{name}: must be at least 1, got {getattr(self, name)}")
+        for name in ("global_batch", "gpus"):
+            value = getattr(self, name)
+            if value is not None and value < 1:
+                problems.append(f"{name}: must be at least 1, got {value}")
+        for name in ("max_host_ram_gib", "max_hbm_gib"):
+            value = getattr(self, name)
+            if value is not None and not value > 0:
+                problems.append(f"{name}: must be > 0 GiB, got {value}")
+        if problems:
+            raise ConfigError(problems)
+
+
+@dataclass
+class Evaluation:
+    """One candidate: its settings and what became of it (memory verdict, simulation, score)."""
+
+    system: str
+    settings: Settings
+    key: str
+    scenario: Scenario | None = None
+    gpu_mem_gib: float | None = None  # per GPU, from the memory check (or the simulation)
+    cpu_mem_gib: float | None = None  # per GPU (rank), host side
+    fits: bool = False
+    reason: str = ""  # why it does not fit / is not valid (empty otherwise)
+    reason_key: str = ""  # the summary class of ``reason`` ("GPU memory (largest: activations)")
+    metrics: dict[str, Any] | None = None  # simulated metrics
+    score: float | None = None  # higher is better; None: not ranked
+    is_base: bool = False
+    # False for the user's own configuration when it lies outside the searched space (another implementation,
+    # another global batch): shown for comparison, never ranked.
+    in_space: bool = True
+
+    @property
+    def simulated(self) -> bool:
+        return self.metrics is not None
+
+    @property
+    def ranked(self) -> bool:
+        return self.score is not None
+
+
+@dataclass
+class SystemMemory:
+    """The 'will it fit' answer for one system."""
+
+    system: str
+    best: Evaluation | None  # best feasible configuration of the system
+    candidates_checked: int
+    fitting: int
+    # Smallest host memory (per GPU) of the configurations of this system that fit in HBM, and the
+    # installed host RAM that needs (usage + the profile's reserved memory); None if none fits in HBM.
+    min_host_gib: float | None
+    min_host_installed_gib: float | None
+    min_hbm_gib: float | None  # same for HBM over the configurations that fit in host memory
+    min_hbm_installed_gib: float | None
+    unavailable: str = ""  # why the system was not searched at all
+
+
+@dataclass
+class TuneResult:
+    base: Evaluation | None  # the user's own configuration as given
+    ranked: list[Evaluation]  # feasible, simulated, best first
+    evaluations: list[Evaluation]  # every candidate considered, in generation order
+    systems: list[SystemMemory]
+    options: TuneOptions
+    global_batch: int
+    tokens_per_step: int
+    gpus: int
+    simulated: int
+    memory_rejected: int
+    invalid: int
+    interrupted: bool = False
+    budget_exhausted: bool = False
+    search_space: dict[str, list[str]] = field(default_factory=dict)  # system -> searched knob keys
+    dropped_knobs: dict[str, list[str]] = field(default_factory=dict)  # system -> keys not in this schema
+    hbm_usable_gib: float = 0.0
+    host_usable_gib: float = 0.0
+    hbm_reserved_gib: float = 0.0
+    host_reserved_gib: float = 0.0
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def best(self) -> Evaluation | None:
+        return self.ranked[0] if self.ranked else None
+
+    def infeasible_summary(self) -> list[tuple[str, int]]:
+        """(reason class, count) of every candidate that did not fit or was not valid, most common first."""
+        counts = Counter(e.reason_key for e in self.evaluations if not e.fits and e.reason_key)
+        return sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))
+
+
+# ------------------------------------------------------------------------------------------------- helpers
+
+
+def divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def canonical_key(system: str, settings: Mapping[str, Any]) -> str:
+    return json.dumps([system, sorted(settings.items())], default=str)
+
+
+def _set_dotted(data: dict[str, Any], key: str, value: Any) -> None:
+    node = data
+    parts = key.split(".")
+    for p in parts[:-1]:
+        node = node.setdefault(p, {})
+    node[parts[-1]] = value
+
+
+def _get_dotted(sc: Scenario, key: str) -> Any:
+    node: Any = sc
+    for p in key.split("."):
+        node = getattr(node, p)
+    return node
+
+
+def _reason_class(reason: str, gpu_items: Mapping[str, float] | None = None,
+                  cpu_items: Mapping[str, float] | None = None) -> str:
+    """A short class for a memory verdict: the side(s) and their largest item."""
+    classes = []
+    for part in reason.split("; "):
+        side = part.split(":", 1)[0].strip()
+        items = gpu_items if side.startswith("GPU") else cpu_items if side.startswith("CPU") else None
+        if items:
+            biggest = max(sorted(items), key=lambda k: items[k])
+            classes.append(f"{side} (largest item: {biggest})")
+        elif "(" in part and side.endswith("memory"):
+            # "GPU memory: needs 150.3 GiB (activations 90.1, ...) > ...": the first item is the largest.
+            first = part.split("(", 1)[1].split(" ", 1)[0]
+            classes.append(f"{side} (largest item: {first})")
+        else:
+            classes.append(side[:80])
+    return " + ".join(classes)
+
+
+def memory_check(sc: Scenario) -> tuple[float, float, bool, str, str]:
+    """(HBM GiB, host GiB, fits, reason, reason class) without simulating.
+
+    Uses the schedule's own ``memory_usage`` and ``check_fit``, which is exactly how ``simulate`` decides
+    ``feasible`` (sosim/simulate.py); a build without them falls back to a simulation (slower, same answer).
+    """
+    try:
+        from sosim.memory import check_fit
+        from sosim.schedules import SCHEDULES
+        from sosim.units import GIB
+
+        usage = SCHEDULES[sc.schedule.system].memory_usage(sc)
+    except (ImportError, AttributeError, KeyError, TypeError):  # pragma: no cover - a reshaped build
+        from sosim.simulate import simulate
+
+        m = simulate(sc).metrics
+        reason = str(m.get("reason") or "")
+        return (float(m["gpu_mem_peak_gib"]), float(m["cpu_mem_peak_gib"]), bool(m["feasible"]), reason,
+                _reason_class(reason) if reason else "")
+    fit = check_fit(usage, sc.hardware)
+    reason_class = _reason_class(fit.reason, usage.gpu_bytes, usage.cpu_bytes) if not fit.feasible else ""
+    return usage.gpu_peak_bytes / GIB, usage.cpu_peak_bytes / GIB, fit.feasible, fit.reason, reason_class
+
+
+def simulate_metrics(sc: Scenario) -> dict[str, Any]:
+    """The metrics of one simulation (the default evaluator; tests inject their own)."""
+    from sosim.simulate import simulate
+
+    return dict(simulate(sc).metrics)
+
+
+def _ignore_sigint() -> None:
+    """Worker initializer: Ctrl-C is the parent's to handle (it keeps the best so far)."""
+    import signal
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+# -------------------------------------------------------------------------------------------------- search
+
+
+@dataclass(frozen=True)
+class _SystemSpace:
+    system: str
+    implementation: str | None
+    schedule_base: dict[str, Any]  # the schedule dict every candidate of the system starts from
+    structural: tuple[Knob, ...]
+    knobs: tuple[Knob, ...]  # coordinate-descent knobs
+    dropped: tuple[str, ...]  # table keys this schema does not have
+    defaults: dict[str, Any] = field(default_factory=dict)  # knob key -> the schema's default here
+
+
+@dataclass
+class _Chain:
+    """One coordinate-descent run: its current best candidate and the values tried per knob."""
+
+    space: _SystemSpace
+    current: Evaluation
+    tried: dict[str, list[Any]] = field(default_factory=dict)
+
+
+class _Interrupted(Exception):
+    pass
+
+
+class _BudgetExhausted(Exception):
+    pass
+
+
+class Tuner:
+    """One search. ``evaluate`` maps a scenario to its metrics (``simulate`` by default)."""
+
+    def __init__(self, base: Scenario, options: TuneOptions | None = None, *,
+                 evaluate: Callable[[Scenario], dict[str, Any]] | None = None,
+                 executor: Executor | None = None) -> None:
+        self.options = options or TuneOptions()
+        self.options.check()
+        # Looked up at call time, so a test can replace the module's evaluator.
+        self.evaluate_fn = evaluate or simulate_metrics
+        self.parallel_ok = evaluate is None  # a custom evaluator may not pickle: keep it in this process
+        self.executor = executor
+        self._own_executor = False
+        base = self._with_gpus(base)
+        self.base_sc = base
+        self.base_data: dict[str, Any] = base.model_dump(mode="python", exclude_unset=True)
+        t, c = base.training, base.cluster
+        self.gpus = c.gpus
+        self.global_batch = self.options.global_batch or t.micro_batch * t.grad_accum * c.dp
+        self.seq_len = t.seq_len
+        self.tokens_per_step = self.global_batch * self.seq_len
+        self.evals: dict[str, Evaluation] = {}
+        self.order: list[str] = []
+        self.simulated = 0
+        self.interrupted = False
+        self.budget_exhausted = False
+        self.notes: list[str] = []
+        self.unavailable: dict[str, str] = {}
+        self.bar: Any = None
+        hw = base.hardware
+        self.hbm_reserved = float(hw.gpu.reserved_gib)
+        self.host_reserved = float(hw.cpu.reserved_gib)
+        self.hbm_usable = float(hw.gpu.hbm_gib) - self.hbm_reserved
+        self.host_usable = float(hw.cpu.mem_gib) - self.host_reserved
+        self.splits = self._parallel_splits()
+        if not self.splits:
+            raise ConfigError([f"global batch {self.global_batch}: no split over {self.gpus} GPU(s) works: "
+                               "micro-batch x accumulation x data-parallel ranks must equal it (and Ulysses "
+                               "sequence parallelism must divide the heads and the sequence)"])
+        self.spaces = self._spaces()
+
+    # ---- setup
+    def _with_gpus(self, base: Scenario) -> Scenario:
+        gpus = self.options.gpus
+        if gpus is None or gpus == base.cluster.gpus:
+            return base
+        data = base.model_dump(mode="python", exclude_unset=True)
+        data["cluster"] = {**data.get("cluster", {}), "gpus": gpus, "data_parallel": None, "sequence_parallel": 1}
+        return load_scenario(data)
+
+    def _parallel_splits(self) -> list[tuple[int, int]]:
+        """(data_parallel, sequence_parallel) pairs: sp divides the GPUs, the heads and the sequence."""
+        heads = self.base_sc.model.heads
+        out = []
+        for sp in divisors(self.gpus):
+            dp = self.gpus // sp
+            if heads % sp or self.seq_len % sp or self.global_batch % dp:
+                continue
+            out.append((dp, sp))
+        return out
+
+    def _systems(self) -> list[str]:
+        try:
+            from sosim.schedules import SYSTEM_NAMES
+
+            known = list(SYSTEM_NAMES)
+        except ImportError:  # pragma: no cover - a reshaped build: the table's systems
+            known = list(SEARCH_SPACE)
+        wanted = list(self.options.systems) if self.options.systems else known
+        unknown = [s for s in wanted if s not in known]
+        if unknown:
+            raise ConfigError([f"--systems: unknown system(s) {', '.join(unknown)}; known: {', '.join(known)}"])
+        return wanted
+
+    def _schedule_base(self, system: str) -> tuple[dict[str, Any], Scenario | None]:
+        """The schedule dict every candidate of ``system`` starts from, validated (None: not valid here)."""
+        base_sched = self.base_sc.schedule
+        base_impl = getattr(base_sched, "implementation", None)
+        impl = self.options.implementation or base_impl
+        if system == base_sched.system and impl == base_impl:
+            sched = base_sched.model_dump(mode="python", exclude_unset=True)
+            return sched, self._validate(sched)
+        # Carried over: what describes the user's software and machine use, not a tunable choice. A value
+        # this system rejects (no such field, an optimizer the profile cannot time) is left out: the largest
+        # subset that validates wins (at most 8 tries, in a fixed order).
+        carried = {k: v for k, v in (("implementation", impl), ("cpu_adam", getattr(base_sched, "cpu_adam", None)),
+                                     ("pin_memory", getattr(base_sched, "pin_memory", None))) if v is not None}
+        names = list(carried)
+        for size in range(len(names), -1, -1):
+            for subset in itertools.combinations(names, size):
+                sched = {"system": system, **{k: carried[k] for k in subset}}
+                sc = self._validate(sched)
+                if sc is not None:
+                    return sched, sc
+        return {"system": system}, None
+
+    def _validate(self, sched: dict[str, Any]) -> Scenario | None:
+        try:
+            return load_scenario({**self.base_data, "schedule": sched})
+        except SosimError:
+            return None
+
+    def _spaces(self) -> list[_SystemSpace]:
+        spaces = []
+        for system in self._systems():
+            sched, sc = self._schedule_base(system)
+            if sc is None:
+                try:
+                    load_scenario({**self.base_data, "schedule": sched})
+                except SosimError as exc:
+                    self.unavailable[system] = str(exc).splitlines()[0].split(": ", 1)[-1]
+                continue
+            impl = getattr(sc.schedule, "implementation", None)
+            fields = {
+                "schedule": set(type(sc.schedule).model_fields),
+                "training": set(type(sc.training).model_fields),
+                "cluster": set(type(sc.cluster).model_fields),
+            }
+            table = (*TRAINING_KNOBS, *SEARCH_SPACE.get(system, ()))
+            active, dropped = [], []
+            for knob in table:
+                section, _, name = knob.key.partition(".")
+                if name not in fields.get(section, set()):
+                    dropped.append(knob.key)
+                elif impl is not None and impl not in knob.implementations:
+                    continue
+                else:
+                    active.append(knob)
+            defaults = {k.key: _get_dotted(sc, k.key) for k in active}
+            spaces.append(_SystemSpace(
+                system=system, implementation=impl, schedule_base=sched,
+                structural=tuple(k for k in active if k.structural),
+                knobs=tuple(k for k in active if not k.structural), dropped=tuple(dropped), defaults=defaults))
+        if not spaces:
+            raise ConfigError(["no system can be searched: " + "; ".join(f"{s}: {r}" for s, r in
+                                                                          self.unavailable.items())])
+        return spaces
+
+    # ---- candidates
+    def _scenario_data(self, space: _SystemSpace, settings: Mapping[str, Any]) -> dict[str, Any]:
+        data = dict(self.base_data)
+        data["training"] = dict(self.base_data.get("training", {}))
+        data["cluster"] = dict(self.base_data.get("cluster", {}))
+        data["schedule"] = copy.deepcopy(space.schedule_base)
+        for key, value in settings.items():
+            section, _, name = key.partition(".")
+            if section in ("training", "cluster", "schedule"):
+                data[section][name] = value
+            else:
+                _set_dotted(data, key, value)
+        return data
+
+    def _check(self, space: _SystemSpace, settings: Settings) -> Evaluation:
+        """Validate and memory-check one candidate (cached by its settings)."""
+        key = canonical_key(space.system, settings)
+        if key in self.evals:
+            return self.evals[key]
+        ev = Evaluation(system=space.system, settings=dict(settings), key=key)
+        try:
+            sc = load_scenario(self._scenario_data(space, settings))
+        except SosimError as exc:
+            first = str(exc).splitlines()[0]
+            ev.reason = first
+            # "<dict>:1: schedule.x: message" -> "invalid: schedule.x: message"
+            ev.reason_key = "not valid: " + first.split(": ", 1)[-1][:100]
+        else:
+            ev.scenario = sc
+            gpu, cpu, fits, reason, klass = memory_check(sc)
+            ev.gpu_mem_gib, ev.cpu_mem_gib = gpu, cpu
+            fits, reason, klass = self._caps(gpu, cpu, fits, reason, klass)
+            ev.fits, ev.reason, ev.reason_key = fits, reason, klass
+        self.evals[key] = ev
+        self.order.append(key)
+        return ev
+
+    def _caps(self, gpu: float, cpu: float, fits: bool, reason: str, klass: str) -> tuple[bool, str, str]:
+        o = self.options
+        extra_r, extra_k = [], []
+        if o.max_hbm_gib is not None and gpu > o.max_hbm_gib:
+            extra_r.append(f"HBM {gpu:.1f} GiB > --max-hbm {o.max_hbm_gib:g} GiB")
+            extra_k.append("HBM over --max-hbm")
+        if o.max_host_ram_gib is not None and cpu > o.max_host_ram_gib:
+            extra_r.append(f"host memory {cpu:.1f} GiB > --max-host-ram {o.max_host_ram_gib:g} GiB")
+            extra_k.append("host memory over --max-host-ram")
+        if not extra_r:
+            return fits, reason, klass
+        return False, "; ".join([r for r in (reason,) if r] + extra_r), " + ".join([k for k in (klass,) if k] + extra_k)
+
+    def _score(self, metrics: Mapping[str, Any]) -> float:
+        if self.options.objective == "time_to_tokens":
+            assert self.options.token_budget is not None
+            steps = math.ceil(self.options.token_budget / self.tokens_per_step)
+            return -steps * float(metrics["step_time_s"])
+        return float(metrics["tokens_per_s"])
+
+    def time_to_tokens_s(self, ev: Evaluation) -> float | None:
+        if ev.metrics is None or not self.options.token_budget:
+            return None
+        steps = math.ceil(self.options.token_budget / self.tokens_per_step)
+        return steps * float(ev.metrics["step_time_s"])
+
+    def _record(self, ev: Evaluation, metrics: Mapping[str, Any] | None, error: str | None) -> None:
+        if error is not None or metrics is None:
+            ev.fits = False
+            ev.reason = error or "simulation failed"
+            ev.reason_key = "simulation error: " + (error or "")[:80]
+            return
+        ev.metrics = dict(metrics)
+        ev.gpu_mem_gib = float(metrics["gpu_mem_peak_gib"])
+        ev.cpu_mem_gib = float(metrics["cpu_mem_peak_gib"])
+        fits, reason = bool(metrics["feasible"]), str(metrics.get("reason") or "")
+        klass = _reason_class(reason) if not fits else ""
+        fits, reason, klass = self._caps(ev.gpu_mem_gib, ev.cpu_mem_gib, fits, reason, klass)
+        ev.fits, ev.reason, ev.reason_key = fits, reason, klass
+        step = float(metrics["step_time_s"])
+        ev.score = self._score(metrics) if fits and math.isfinite(step) and step > 0 else None
+
+    def _simulate(self, evs: list[Evaluation]) -> None:
+        """Simulate every fitting, not yet simulated candidate of ``evs`` (within the budget)."""
+        todo = [e for e in evs if e.fits and e.metrics is None and e.scenario is not None]
+        todo = list({e.key: e for e in todo}.values())
+        room = self.options.budget - self.simulated
+        if len(todo) > room:
+            todo = todo[:max(room, 0)]
+            self.budget_exhausted = True
+        if not todo:
+            if self.budget_exhausted:
+                raise _BudgetExhausted
+            return
+        if self.bar is not None:
+            self.bar.total = (self.bar.total or 0) + len(todo)
+            self.bar.refresh()
+        try:
+            executor = self._executor() if len(todo) >= PARALLEL_MIN_BATCH else None
+            if executor is None:
+                for ev in todo:
+                    assert ev.scenario is not None
+                    try:
+                        metrics = self.evaluate_fn(ev.scenario)
+                    except SosimError as exc:
+                        self._record(ev, None, str(exc))
+                    else:
+                        self._record(ev, metrics, None)
+                    self.simulated += 1
+                    if self.bar is not None:
+                        self.bar.update(1)
+            else:
+                self._simulate_parallel(executor, todo)
+        except KeyboardInterrupt:
+            self.interrupted = True
+            raise _Interrupted from None
+        if self.budget_exhausted:
+            raise _BudgetExhausted
+
+    def _executor(self) -> Executor | None:
+        if not self.parallel_ok:  # the workers run simulate(), not a custom evaluator
+            return None
+        if self.executor is not None:
+            return self.executor
+        if self.options.jobs <= 1:
+            return None
+        from concurrent.futures import ProcessPoolExecutor
+
+        self.executor = ProcessPoolExecutor(max_workers=self.options.jobs, initializer=_ignore_sigint)
+        self._own_executor = True
+        return self.executor
+
+    def _simulate_parallel(self, executor: Executor, todo: list[Evaluation]) -> None:
+        from sosim.sweep import ERROR_COLUMN, ID_COLUMN, run_items
+
+        by_key = {e.key: e for e in todo}
+        items: list[tuple[str, list[str] | Scenario]] = [(e.key, e.scenario) for e in todo if e.scenario is not None]
+        finished: list[dict[str, Any]] = []
+
+        def sink(rows: list[dict[str, Any]]) -> None:
+            finished.extend(rows)
+            if self.bar is not None:
+                self.bar.update(len(rows))
+
+        workers = max(1, self.options.jobs)
+        chunk = max(1, min(50, math.ceil(len(items) / (workers * 3))))
+        try:
+            run_items(None, items, sink, executor=executor, chunk_size=chunk, progress=False)
+        finally:
+            # Decisions never depend on completion order: record in generation order.
+            done = {r[ID_COLUMN]: r for r in finished}
+            for key, ev in by_key.items():
+                row = done.get(key)
+                if row is None:
+                    continue
+                self.simulated += 1
+                error = row.get(ERROR_COLUMN)
+                metrics = {k: v for k, v in row.items() if k not in (ID_COLUMN, ERROR_COLUMN, "scenario", "system")}
+                self._record(ev, None if error else metrics, error if error else None)
+
+    # ---- stages
+    def _batch_splits(self, dp: int) -> list[tuple[int, int]]:
+        per_rank = self.global_batch // dp
+        return [(mb, per_rank // mb) for mb in sorted(divisors(per_rank), reverse=True)]
+
+    def _knobs(self, space: _SystemSpace, settings: Mapping[str, Any]) -> list[Knob]:
+        """The descent knobs that apply to a point (ZeRO++ needs data parallelism)."""
+        dp = int(settings.get("cluster.data_parallel", 1))
+        return [k for k in space.knobs if k.applies(dp)]
+
+    def _defaults(self, space: _SystemSpace, point: Mapping[str, Any]) -> Settings:
+        """The point with every applicable knob at its default, made explicit (so keys are canonical)."""
+        return {**point, **{k.key: space.defaults[k.key] for k in self._knobs(space, point)}}
+
+    def _rescue(self, space: _SystemSpace, point: Settings) -> Evaluation | None:
+        """A fitting variant of a point that does not fit at its defaults: other values of the knobs that
+        change memory, fewest changes first, in table order (at most ``RESCUE_CHECKS`` memory checks)."""
+        knobs = [k for k in self._knobs(space, point) if k.memory]
+        checks = 0
+        for n_changes in range(1, len(knobs) + 1):
+            for subset in itertools.combinations(knobs, n_changes):
+                grids = [[v for v in k.values if v != point.get(k.key)] for k in subset]
+                for combo in itertools.product(*grids):
+                    ev = self._check(space, {**point, **{k.key: v for k, v in zip(subset, combo)}})
+                    checks += 1
+                    if ev.fits:
+                        return ev
+                    if checks >= RESCUE_CHECKS:
+                        return None
+        return None
+
+    def _structural_points(self, space: _SystemSpace) -> list[Evaluation]:
+        """Every structural combination with its largest fitting micro-batches, knobs at their defaults (or
+        at the nearest values that fit where the defaults do not)."""
+        out: list[Evaluation] = []
+        for dp, sp in self.splits:
+            struct = [k for k in space.structural if k.applies(dp)]
+            grids = [[(k.key, v) for v in k.values_for(dp)] for k in struct]
+            for combo in itertools.product(*grids):
+                settings: Settings = {"cluster.data_parallel": dp, "cluster.sequence_parallel": sp, **dict(combo)}
+                kept = 0
+                for mb, ga in self._batch_splits(dp):
+                    point = self._defaults(space, {**settings, "training.micro_batch": mb, "training.grad_accum": ga})
+                    ev: Evaluation | None = self._check(space, point)
+                    if ev is not None and not ev.fits:
+                        ev = self._rescue(space, point)
+                    if ev is not None and ev.fits:
+                        out.append(ev)
+                        kept += 1
+                        if kept >= self.options.micro_batches_kept:
+                            break
+        return out
+
+    def _grid_size(self, space: _SystemSpace, n_points: int) -> int:
+        size = n_points
+        for k in space.knobs:
+            size *= len(k.values)
+        return size
+
+    def _exhaustive(self, space: _SystemSpace, points: list[Settings]) -> list[Evaluation]:
+        """Every knob combination of every structural point."""
+        evs = []
+        for point in points:
+            knobs = self._knobs(space, point)
+            for combo in itertools.product(*[[(k.key, v) for v in k.values] for k in knobs]):
+                evs.append(self._check(space, {**point, **dict(combo)}))
+        return evs
+
+    def _rank_key(self, ev: Evaluation) -> tuple[float, int, int, str]:
+        """Best first. Scores equal to 4 significant digits (a knob worth less than ~0.05% here) count as a
+        tie, which goes to the knobs' preferred values, then to the configuration closest to the defaults,
+        then to the settings' order."""
+        space = next((s for s in self.spaces if s.system == ev.system), None)
+        changed = 0 if space is None else sum(1 for k, v in space.defaults.items()
+                                              if k in ev.settings and ev.settings[k] != v)
+        preference = 0
+        if space is not None:
+            dp = int(ev.settings.get("cluster.data_parallel", 1))
+            for knob in space.structural + space.knobs:
+                values = knob.values_for(dp)
+                if knob.prefer_first and ev.settings.get(knob.key) in values:
+                    preference += values.index(ev.settings[knob.key])
+        return (-float(f"{ev.score or 0.0:.{SCORE_DIGITS}g}"), preference, changed, ev.key)
+
+    def _best(self, evs: Iterable[Evaluation]) -> Evaluation | None:
+        ranked = [e for e in evs if e.ranked]
+        if not ranked:
+            return None
+        return min(ranked, key=self._rank_key)
+
+    def run(self) -> TuneResult:
+        o = self.options
+        from tqdm import tqdm
+
+        self.bar = tqdm(total=0, unit="cfg", desc="tune", file=sys.stderr, dynamic_ncols=True,
+                        disable=None if o.progress is None else not o.progress)
+        try:
+            self._search()
+        except _Interrupted:
+            self.notes.append("interrupted (Ctrl-C): the best configuration found so far is shown")
+        except _BudgetExhausted:
+            self.notes.append(f"search budget of {o.budget} simulations reached: the search stopped early "
+                              "(raise --budget for a fuller search)")
+        finally:
+            self.bar.close()
+            if self._own_executor and self.executor is not None:
+                self.executor.shutdown(wait=not self.interrupted, cancel_futures=True)
+        return self._result()
+
+    def _base_evaluation(self) -> Evaluation:
+        sc = self.base_sc
+        space = next((s for s in self.spaces if s.system == sc.schedule.system
+                      and s.implementation == getattr(sc.schedule, "implementation", None)), None)
+        keys = [*BATCH_KEYS, *PARALLEL_KEYS]
+        settings = {k: _get_dotted(sc, k) for k in keys}
+        settings["cluster.data_parallel"] = sc.cluster.dp
+        if space is not None:
+            for k in (*space.structural, *space.knobs):
+                if k.applies(sc.cluster.dp):
+                    settings[k.key] = _get_dotted(sc, k.key)
+            ev = self._check(space, settings)
+        else:
+            key = canonical_key(sc.schedule.system, settings)
+            ev = Evaluation(system=sc.schedule.system, settings=settings, key=key, scenario=sc, in_space=False)
+            gpu, cpu, fits, reason, klass = memory_check(sc)
+            ev.gpu_mem_gib, ev.cpu_mem_gib = gpu, cpu
+            ev.fits, ev.reason, ev.reason_key = self._caps(gpu, cpu, fits, reason, klass)
+            self.evals[key] = ev
+            self.order.append(key)
+        ev.is_base = True
+        return ev
+
+    def _step(self, space: _SystemSpace, settings: Settings, knob: Knob, value: Any) -> Evaluation:
+        """One descent candidate: ``knob`` set to ``value``. A memory knob's value that does not fit at this
+        micro-batch is tried at the next smaller micro-batches (more accumulation steps, same global batch):
+        the trade between activation memory and, say, optimizer state kept in HBM is a move of its own, which
+        one knob at a time would never make."""
+        ev = self._check(space, {**settings, knob.key: value})
+        if ev.fits or not knob.memory or ev.scenario is None:
+            return ev
+        dp, mb = int(settings["cluster.data_parallel"]), int(settings["training.micro_batch"])
+        for smaller, ga in self._batch_splits(dp):
+            if smaller >= mb:
+                continue
+            trial = self._check(space, {**settings, knob.key: value, "training.micro_batch": smaller,
+                                        "training.grad_accum": ga})
+            if trial.fits:
+                return trial
+        return ev
+
+    def _diverse(self, space: _SystemSpace, evs: list[Evaluation], n: int) -> list[Evaluation]:
+        """The ``n`` starting points of coordinate descent: the best point of each structural class (weight
+        placement, checkpointing, parallel split...; the micro-batch left out) in rank order, then the next
+        best points, so that the beam covers different basins rather than one class at several micro-batches."""
+        ranked = sorted((e for e in evs if e.ranked), key=self._rank_key)
+        structural = {k.key for k in space.structural} | set(PARALLEL_KEYS)
+
+        def klass(ev: Evaluation) -> str:
+            return json.dumps(sorted((k, v) for k, v in ev.settings.items() if k in structural), default=str)
+
+        chosen: list[Evaluation] = []
+        seen: set[str] = set()
+        for ev in ranked:
+            if klass(ev) not in seen:
+                seen.add(klass(ev))
+                chosen.append(ev)
+        chosen += [ev for ev in ranked if ev not in chosen]
+        return chosen[:n]
+
+    def _search(self) -> None:
+        o = self.options
+        base = self._base_evaluation()
+        self.base_eval: Evaluation | None = base
+        self._simulate([base])
+        # Stage 1: structural points of every system, knobs at their defaults.
+        starts: dict[str, list[Evaluation]] = {}
+        exhaustive: dict[str, list[Evaluation]] = {}
+        for space in self.spaces:
+            points = self._structural_points(space)
+            if self._grid_size(space, len(points)) <= o.exhaustive_limit:
+                knob_keys = {k.key for k in space.knobs}
+                structure = [{k: v for k, v in p.settings.items() if k not in knob_keys} for p in points]
+                exhaustive[space.system] = self._exhaustive(space, structure)
+            else:
+                starts[space.system] = points
+        stage1 = [e for evs in (*exhaustive.values(), *starts.values()) for e in evs]
+        self._simulate(stage1)
+        # Stage 2: coordinate descent from the best structural points of each staged system.
+        chains: list[_Chain] = []
+        for space in self.spaces:
+            if space.system in exhaustive:
+                best = self._best(exhaustive[space.system])
+                if best is not None:
+                    chains.append(_Chain(space, best, {k.key: list(k.values) for k in space.knobs}))
+                continue
+            for ev in self._diverse(space, starts.get(space.system, []), o.beam):
+                chains.append(_Chain(space, ev))
+        descend = [c for c in chains if c.space.system not in exhaustive]
+        for _ in range(o.max_passes):
+            changed = False
+            n_knobs = max((len(c.space.knobs) for c in descend), default=0)
+            for i in range(n_knobs):
+                batch: list[tuple[_Chain, list[Evaluation]]] = []
+                for chain in descend:
+                    if i >= len(chain.space.knobs):
+                        continue
+                    knob = chain.space.knobs[i]
+                    if knob not in self._knobs(chain.space, chain.current.settings):
+                        continue
+                    values = list(knob.values)
+                    chain.tried.setdefault(knob.key, [])
+                    for v in values:
+                        if v not in chain.tried[knob.key]:
+                            chain.tried[knob.key].append(v)
+                    batch.append((chain, [self._step(chain.space, chain.current.settings, knob, v) for v in values]))
+                self._simulate([e for _, evs in batch for e in evs])
+                for chain, evs in batch:
+                    best = self._best([chain.current, *evs])
+                    if best is not None and best.key != chain.current.key:
+                        chain.current = best
+                        changed = True
+            if not changed:
+                break
+        # Stage 3: refine numeric knobs between the neighbours of their best value.
+        for _ in range(o.refine_rounds):
+            batch = []
+            for chain in chains:
+                for knob in chain.space.knobs:
+                    if knob.refine is None or knob not in self._knobs(chain.space, chain.current.settings):
+                        continue
+                    grid = chain.tried.setdefault(knob.key, list(knob.values))
+                    best_value = chain.current.settings.get(knob.key)
+                    new = refine_values(knob, grid, best_value)
+                    grid.extend(new)
+                    if new:
+                        batch.append((chain, [self._step(chain.space, chain.current.settings, knob, v) for v in new]))
+            if not batch:
+                break
+            self._simulate([e for _, evs in batch for e in evs])
+            for chain, evs in batch:
+                best = self._best([chain.current, *evs])
+                if best is not None:
+                    chain.current = best
+
+    # ---- result
+    def _result(self) -> TuneResult:
+        evals = [self.evals[k] for k in self.order]
+        base = getattr(self, "base_eval", None)
+        in_batch = [e for e in evals if e.ranked and e.in_space and self._same_batch(e)]
+        ranked = sorted(in_batch, key=self._rank_key)
+        systems = [self._system_memory(s.system, evals, ranked) for s in self.spaces]
+        systems += [SystemMemory(s, None, 0, 0, None, None, None, None, unavailable=r)
+                    for s, r in self.unavailable.items()]
+        return TuneResult(
+            base=base, ranked=ranked, evaluations=evals, systems=systems, options=self.options,
+            global_batch=self.global_batch, tokens_per_step=self.tokens_per_step, gpus=self.gpus,
+            simulated=self.simulated,
+            memory_rejected=sum(1 for e in evals if e.scenario is not None and not e.fits and not e.simulated),
+            invalid=sum(1 for e in evals if e.scenario is None),
+            interrupted=self.interrupted, budget_exhausted=self.budget_exhausted,
+            search_space={s.system: [k.key for k in (*s.structural, *s.knobs)] for s in self.spaces},
+            dropped_knobs={s.system: list(s.dropped) for s in self.spaces if s.dropped},
+            hbm_usable_gib=self.hbm_usable, host_usable_gib=self.host_usable,
+            hbm_reserved_gib=self.hbm_reserved, host_reserved_gib=self.host_reserved, notes=list(self.notes),
+        )
+
+    def _same_batch(self, ev: Evaluation) -> bool:
+        s = ev.settings
+        try:
+            return int(s["training.micro_batch"]) * int(s["training.grad_accum"]) * int(
+                s["cluster.data_parallel"]) == self.global_batch
+        except KeyError:
+            return False
+
+    def _system_memory(self, system: str, evals: list[Evaluation], ranked: list[Evaluation]) -> SystemMemory:
+        mine = [e for e in evals if e.system == system and e.gpu_mem_gib is not None and e.cpu_mem_gib is not None]
+        best = next((e for e in ranked if e.system == system), None)
+        hbm_cap = min(self.hbm_usable, self.options.max_hbm_gib or math.inf)
+        host_cap = min(self.host_usable, self.options.max_host_ram_gib or math.inf)
+        gpu_ok = [e for e in mine if (e.gpu_mem_gib or 0.0) <= hbm_cap]
+        cpu_ok = [e for e in mine if (e.cpu_mem_gib or 0.0) <= host_cap]
+        min_host = min((e.cpu_mem_gib or 0.0 for e in gpu_ok), default=None)
+        min_hbm = min((e.gpu_mem_gib or 0.0 for e in cpu_ok), default=None)
+        return SystemMemory(
+            system=system, best=best, candidates_checked=len(mine), fitting=sum(1 for e in mine if e.fits),
+            min_host_gib=min_host, min_host_installed_gib=None if min_host is None else min_host + self.host_reserved,
+            min_hbm_gib=min_hbm, min_hbm_installed_gib=None if min_hbm is None else min_hbm + self.hbm_reserved,
+        )
+
+
+def tune(base: Scenario | str | Path | Mapping[str, Any], options: TuneOptions | None = None, *,
+         overrides: Sequence[str] | None = None, executor: Executor | None = None,
+         evaluate: Callable[[Scenario], dict[str, Any]] | None = None) -> TuneResult:
+    """Search the fastest configuration of ``base`` that fits (see the module docstring).
+
+    ``base`` is a Scenario, a scenario YAML path or dict (``overrides`` apply as with ``load_scenario``).
+    ``executor`` (any ``concurrent.futures.Executor``) evaluates large batches in parallel; by default
+    ``options.jobs`` worker processes are started when ``jobs > 1``.
+    """
+    sc = base if isinstance(base, Scenario) else load_scenario(base, list(overrides or []))
+    if isinstance(base, Scenario) and overrides:
+        sc = load_scenario(base.model_dump(mode="python", exclude_unset=True), list(overrides))
+    return Tuner(sc, options, evaluate=evaluate, executor=executor).run()
+
+
+
+
+# ---------------------------------------------------------------------------------------------------- CLI
+
+DEFAULT_OUT = "ds_config.tuned.json"
+
+
+def write_ds_config(result: TuneResult, out: str | Path, base_ds: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """Write the winner as a DeepSpeed config (the user's own config's other keys kept); say if a file was
+    replaced. Returns what was written: path, overwrote, not_expressible."""
+    from sosim import dsconfig
+
+    best = result.best
+    if best is None or best.scenario is None:
+        return {"path": None, "skipped": "no configuration fits"}
+    emitted = dsconfig.ds_config_from_scenario(best.scenario, base_ds)
+    path = Path(out)
+    overwrote = path.exists()
+    try:
+        dsconfig.write_ds_config(emitted, path)
+    except OSError as exc:
+        raise ConfigError([f"--out {out}: cannot write: {exc.strerror or exc}"]) from None
+    return {"path": str(path), "overwrote": overwrote, "not_expressible": list(emitted.not_expressible)}
+
+
+def _positive_float(text: str) -> float:
+    import argparse
+
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}") from None
+    if not (value > 0 and math.isfinite(value)):
+        raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}")
+    return value
+
+
+def _positive_int(text: str) -> int:
+    import argparse
+
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
+    return value
+
+
+def add_tune_parser(subparsers: Any) -> None:
+    """Register ``sosim tune`` on the CLI's sub-parsers."""
+    p = subparsers.add_parser(
+        "tune", help="search the fastest configuration that fits; write it as a DeepSpeed config",
+        description="Search system, knobs, checkpointing, micro-batch x accumulation at a fixed global batch and "
+                    "the parallel split; rank what fits in memory; write the winner as a DeepSpeed config.")
+    p.add_argument("scenario", nargs="?", help="scenario YAML file (or use --ds-config)")
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY.PATH=VALUE",
+                   help="override a scenario (or hardware.*) value before tuning; repeatable")
+    g = p.add_argument_group("your own DeepSpeed config (instead of a scenario file)")
+    g.add_argument("--ds-config", metavar="DS.json", help="a DeepSpeed config (JSON) to start from")
+    g.add_argument("--model", metavar="CONFIG.json", help="Hugging Face config.json (or its folder) of the model")
+    g.add_argument("--hardware", metavar="PROFILE", help="hardware profile name or path (see sosim profiles)")
+    g.add_argument("--seq", type=_positive_int, help="training sequence length (default 2048)")
+    g.add_argument("--micro-batch", type=_positive_int, help="micro-batch per GPU where the config says auto")
+    g.add_argument("--grad-accum", type=_positive_int, help="gradient accumulation where the config says auto")
+    g.add_argument("--precision", choices=["bf16", "fp16"], help="when the config leaves it to the HF Trainer")
+    s = p.add_argument_group("search")
+    s.add_argument("--gpus", type=_positive_int, help="GPUs (default: the scenario's / implied by the config)")
+    s.add_argument("--global-batch", type=_positive_int, metavar="B",
+                   help="sequences per optimizer step, kept fixed (default: the base's micro x accum x dp)")
+    s.add_argument("--objective", choices=["tokens_per_s", "time_to_tokens"], default="tokens_per_s")
+    s.add_argument("--token-budget", type=_positive_float, metavar="T", help="tokens to train (time_to_tokens)")
+    s.add_argument("--systems", metavar="A,B", help="systems to search (default: all)")
+    s.add_argument("--implementation", choices=["ideal", "deepspeed"],
+                   help="implementation of the offload systems (default: the base's)")
+    s.add_argument("--budget", type=_positive_int, default=TuneOptions.budget, metavar="N",
+                   help=f"simulations at most (default {TuneOptions.budget})")
+    s.add_argument("--jobs", type=_positive_int, default=None,
+                   help="worker processes for large batches (default: CPU count, at most 8)")
+    s.add_argument("--max-host-ram", type=_positive_float, metavar="GIB",
+                   help="host memory per GPU the run may use (a cap below the profile's usable memory)")
+    s.add_argument("--max-hbm", type=_positive_float, metavar="GIB", help="HBM per GPU the run may use")
+    o = p.add_argument_group("output")
+    o.add_argument("--top", type=_positive_int, default=5, metavar="K", help="configurations shown (default 5)")
+    o.add_argument("--out", metavar="DS.json", default=DEFAULT_OUT,
+                   help=f"where the winner's DeepSpeed config goes (default ./{DEFAULT_OUT}; an existing file is "
+                        "replaced and the output says so)")
+    o.add_argument("--no-write", action="store_true", help="do not write a DeepSpeed config")
+    o.add_argument("--format", choices=["table", "json"], default="table")
+    o.add_argument("--progress", action=argparse_bool(), default=None,
+                   help="progress bar on stderr (default: when stderr is a terminal)")
+    p.set_defaults(func=run_tune)
+
+
+def argparse_bool() -> Any:
+    import argparse
+
+    return argparse.BooleanOptionalAction
+
+
+register_cli = add_tune_parser  # the hook sosim.cli's sub-command registry calls
+
+
+def _base_from_args(args: Any) -> tuple[Scenario, dict[str, Any] | None]:
+    """The scenario to tune and, for --ds-config, the user's DeepSpeed config (kept keys in the output)."""
+    ds_only = {"model": args.model, "hardware": args.hardware, "seq": args.seq, "micro-batch": args.micro_batch,
+               "grad-accum": args.grad_accum, "precision": args.precision}
+    if args.ds_config is None:
+        used = [f"--{k}" for k, v in ds_only.items() if v is not None]
+        if used:
+            raise ConfigError([f"{', '.join(used)}: only with --ds-config"])
+        if args.scenario is None:
+            raise ConfigError(["give a scenario file, or --ds-config DS.json --model CONFIG.json --hardware PROFILE"])
+        return load_scenario(args.scenario, args.overrides), None
+    if args.scenario is not None:
+        raise ConfigError([f"{args.scenario}: give either a scenario file or --ds-config, not both"])
+    from sosim import dsconfig
+    from sosim.jsonio import read_json
+
+    missing = [f"--{n}" for n in ("model", "hardware") if not getattr(args, n)]
+    if missing:
+        raise ConfigError([f"--ds-config needs {' and '.join(missing)}"])
+    inputs = dsconfig.RunInputs(hardware=args.hardware, gpus=args.gpus, seq_len=args.seq,
+                                micro_batch=args.micro_batch, grad_accum=args.grad_accum, precision=args.precision,
+                                overrides=tuple(args.overrides))
+    mapping = dsconfig.load_ds_mapping(args.ds_config, args.model, inputs)
+    try:
+        sc = load_scenario(mapping.scenario, args.overrides)
+    except ConfigError as exc:
+        where = f"{mapping.ds_origin} (+ {mapping.model_origin})"
+        raise ConfigError([p.replace("<dict>:1", where, 1) for p in exc.problems]) from None
+    base_ds = read_json(args.ds_config).data
+    return sc, base_ds if isinstance(base_ds, dict) else None
+
+
+def run_tune(args: Any) -> int:
+    """``sosim tune``: 0 when a configuration was found, 1 when none fits, 130 when interrupted."""
+    import time
+
+    from sosim.output import print_json
+    from sosim.tune_report import format_text, to_json
+
+    if not args.no_write:
+        try:
+            from sosim.output import check_output_path
+
+            check_output_path(args.out, "--out", ["json"])  # refuse an unwritable path before the search
+        except ImportError:  # pragma: no cover - a build without the helper
+            pass
+    sc, base_ds = _base_from_args(args)
+    systems = tuple(s.strip() for s in args.systems.split(",") if s.strip()) if args.systems else None
+    jobs = args.jobs if args.jobs is not None else max(1, min(8, os.cpu_count() or 1))
+    options = TuneOptions(
+        global_batch=args.global_batch, gpus=args.gpus if args.ds_config is None else None,
+        objective=args.objective, token_budget=args.token_budget, systems=systems,
+        implementation=args.implementation, budget=args.budget, max_host_ram_gib=args.max_host_ram,
+        max_hbm_gib=args.max_hbm, jobs=jobs, progress=args.progress)
+    start = time.perf_counter()
+    result = Tuner(sc, options).run()
+    elapsed = time.perf_counter() - start
+    written = {"path": None, "skipped": "--no-write"} if args.no_write else write_ds_config(result, args.out, base_ds)
+    if args.format == "json":
+        print_json({"scenario": sc.name, "hardware": sc.hardware.name, **to_json(result, args.top, written, elapsed)})
+    else:
+        print(format_text(result, args.top, sc.name, sc.hardware.name, written, elapsed))
+    if result.interrupted:
+        return EXIT_INTERRUPTED
+    return 0 if result.ranked else 1
+
+
+__all__ = ["EXIT_INTERRUPTED", "Evaluation", "SystemMemory", "TuneOptions", "TuneResult", "Tuner", "add_tune_parser",
+           "run_tune", "tune", "write_ds_config"]
