@@ -218,7 +218,8 @@ def cmd_profiles(args: argparse.Namespace) -> int:
             continue
         rows.append({**row, "gpu": prof.gpu.name, "cpu": prof.cpu.name,
                      "link": f"{prof.link.kind} {prof.link.h2d_GBps:g}/{prof.link.d2h_GBps:g} GB/s",
-                     "calibrated": prof.calibration is not None, "calibration": prof.calibration,
+                     "calibrated": prof.calibration is not None,
+                     "calibration": ", ".join(prof.calibration_paths) or None,
                      "description": prof.description})
     if args.format == "json":
         print_json({"profiles": rows})
