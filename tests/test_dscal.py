@@ -128,3 +128,27 @@ def test_table_model_reads_pieces_only_when_all_are_there(tmp_path: Path) -> Non
                                      CalibrationTable.from_csv(ROOT / "calibration" / "nvidia-h200-2026-11-29"
                                                                / "measurements.csv"))
     assert t.ds_step_fixed_s(1e9, 10, "zero3_offload") == t._now.ds_step_fixed_s(1e9, 10, "zero3_offload")
+
+
+@pytest.mark.parametrize("waits", [False, True])
+def test_stage2_overflow_check_makes_the_backward_wait_for_each_flush(waits: bool) -> None:
+    """Three 1 s layers, three flushes (f0 after layer 1's backward, f1 and f2 at the end: overflow rule), each
+    1 s of GPU cast and 1 s of copy on a side stream (overlap_comm). Without the host wait the copies run
+    beside the backward: the last layer ends at 3 s, the copies at 6 s. With it (0.19.8's per-parameter
+    overflow check) layer 0 is issued only after f0's copy (4 s) and ends at 5 s; f1 runs 5-7 s and f2, queued
+    by the host after f1's check, 7-9 s."""
+    from sosim.schedules.driver import pass_op
+    from sosim.schedules.gradients import Stage2Gradients
+    from tests.test_blocks import _UnitCopies
+
+    ctx = _tiny({"system": "zero_offload"}, 3, 1)
+    ctx.costs = _UnitCopies()  # type: ignore[assignment]
+    grads = Stage2Gradients(overlap_comm=True, pinned=True, host_waits_for_copies=waits)
+    grads.start(ctx)
+    last_bwd = -1
+    for u in reversed(ctx.layout.units):
+        last_bwd = pass_op(ctx, u, Phase.BACKWARD, [])
+        grads.after_backward(ctx, u, last_bwd, lambda c, g, a: None)
+    _start, end = run_plan(ctx.plan)
+    assert float(end[last_bwd]) == pytest.approx(5.0 if waits else 3.0)
+    assert float(end.max()) == pytest.approx(9.0 if waits else 6.0)

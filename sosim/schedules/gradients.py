@@ -119,7 +119,9 @@ class Stage2Gradients:
         ready = _reduce_scatter(ctx, f, op)
         name, dur = f"grad_cast_fp32:f{f.index}", ctx.costs.gpu_cast_s(shard)
         if self.overlap_comm:
-            cast = ctx.add(GPU_CAST, name, dur, [ready], phase=G, category=Category.CAST, layer=f.unit,
+            # Queued by the host thread: after its last blocking wait (the previous flush's overflow check).
+            issue = ctx.host_issue if self.host_waits_for_copies else None
+            cast = ctx.add(GPU_CAST, name, dur, [ready, issue], phase=G, category=Category.CAST, layer=f.unit,
                            group=f.index)
         else:
             cast = ctx.gpu_op(name, dur, [ready], phase=G, category=Category.CAST, layer=f.unit, group=f.index)
