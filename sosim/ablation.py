@@ -2,8 +2,9 @@
 
 The baseline is SuperOffload's schedule with every technique off — DeepSpeed CPU-Adam, CPU-side casts,
 no speculation, 1000 MB buckets, nothing updated on the GPU — i.e. ZeRO-Offload's data movement on the
-stage-3 builder. The steps and the paper's incremental factors follow the paper's ablation (REFERENCE.md
-§3): GraceAdam x1.104, GPU casting x1.127, STV x1.45, bucketization x1.141 (about 2.06x together).
+stage-3 builder. The steps and the paper's incremental factors follow the paper's ablation (SuperOffload,
+ASPLOS'26, arXiv 2509.21271): GraceAdam x1.104, GPU casting x1.127, STV x1.45, bucketization x1.141
+(about 2.06x together).
 """
 
 from __future__ import annotations

@@ -41,7 +41,8 @@ SUBCOMMAND_MODULES: tuple[str, ...] = ("sosim.compare", "sosim.sweep", "sosim.ab
 
 # As sosim.model.model_flops_per_step counts them: causal attention (half the score matrix), no recomputation.
 MFU_DEFINITION = ("model FLOPs per step (6 x parameters x tokens + 6 x layers x hidden x seq_len x tokens: "
-                  "causal attention, no recomputation) / step time / (GPUs x peak dense bf16 FLOP/s); papers "
+                  "parameters without an untied input-embedding table, which is a lookup; causal attention, "
+                  "no recomputation) / step time / (GPUs x peak dense bf16 FLOP/s); papers "
                   "counting the full attention matrix (12 x ...) report a higher MFU at long sequences")
 
 
@@ -152,6 +153,7 @@ def _metrics_table(metrics: dict[str, Any]) -> str:
 
 def cmd_run(args: argparse.Namespace) -> int:
     from sosim import dsconfig, simulate
+    from sosim.bands import band_for_run, band_json
 
     trace = check_output_path(args.trace, "--trace") if args.trace is not None else None
     plot = check_output_path(args.plot, "--plot", plot_suffixes()) if args.plot is not None else None
@@ -162,22 +164,27 @@ def cmd_run(args: argparse.Namespace) -> int:
         _print_notes(profile_notes(args.scenario, args.overrides, getattr(args, "profiles", [])))
     result = simulate(sc)
     check_finite_result(args.scenario or args.ds_config or sc.name, result.metrics)
+    band, no_band = band_for_run(args, sc, result)  # p10/p50/p90 from component spread (sosim.bands)
     ds_extra = dsconfig.finish_run(args, sc, ds_mapping)  # mapping report, --emit-ds-config
     if trace is not None:
         from sosim.trace import write_trace
 
-        write_output(trace, "--trace", lambda p: write_trace(result, p))
+        # The band's markers only when there is a band (keeps write_trace's two-argument form otherwise).
+        write_output(trace, "--trace", lambda p: write_trace(result, p, band=band.metrics()) if band
+                     else write_trace(result, p))
     if plot is not None:
         from sosim.plot import plot_result
 
-        write_output(plot, "--plot", lambda p: plot_result(result, p))
+        write_output(plot, "--plot", lambda p: plot_result(result, p, band=band.metrics()) if band
+                     else plot_result(result, p))
     if args.format == "json":
         gpu_usable, cpu_usable = usable_memory_gib(sc)
         print_json({"scenario": sc.name, "system": sc.schedule.system, **provenance_fields(sc), **result.metrics,
                     "gpu_mem_usable_gib": gpu_usable, "cpu_mem_usable_gib": cpu_usable,
-                    "provenance": result.provenance, **ds_extra})
+                    **band_json(band, no_band), "provenance": result.provenance, **ds_extra})
     else:
         print(run_table(sc, result.metrics, result.provenance))
+        print(f"\nerror band: {band.line()}" if band is not None else f"\nerror band: none ({no_band})")
     return 0
 
 
@@ -281,6 +288,9 @@ def _register_builtin(sub: Any) -> None:
     add_ds_arguments(p)
     p.add_argument("--trace", metavar="OUT.json", help="write a Chrome/Perfetto trace")
     p.add_argument("--plot", metavar="OUT.png", help="write a timeline + breakdown figure (.png, .svg, .pdf...)")
+    from sosim.bands import add_arguments as add_band_arguments
+
+    add_band_arguments(p)
     p.set_defaults(func=cmd_run)
 
     p = sub.add_parser("examples", help="list the shipped example scenarios and sweeps")

@@ -63,10 +63,18 @@ class _Sourced(_Strict):
     def _every_number_has_a_source(self) -> _Sourced:
         missing = []
         for name, value in self:
-            # Defaults are neutral (no effect); only numbers the profile states need a source.
+            # Defaults are neutral (no effect); only numbers the profile states need a source. A value equal to
+            # its default states nothing either (a dumped and re-read profile carries its defaults).
             if name == "sources" or name not in self.model_fields_set:
                 continue
-            numeric = isinstance(value, (int, float, list, dict)) and not isinstance(value, bool)
+            if value == type(self).model_fields[name].default:
+                continue
+            # Nested sections carry their own sources.
+            if isinstance(value, BaseModel) or (isinstance(value, list) and value and isinstance(value[0], BaseModel)):
+                continue
+            # An empty list or mapping states nothing (a dumped and re-read profile carries its defaults).
+            numeric = isinstance(value, (int, float, list, dict)) and not isinstance(value, bool) and value != []
+            numeric = numeric and value != {}
             if numeric and value is not None and not self.sources.get(name):
                 missing.append(name)
         if missing:
@@ -149,6 +157,136 @@ class InterconnectSpec(_Sourced):
     latency_us: NonNegFloat
 
 
+# --- The node and the cluster (docs/model.md "Machine model") ------------------------------------------------
+# A profile's ``gpu``, ``cpu`` and ``link`` describe one GPU, one CPU socket and one GPU's own host link. The
+# optional ``node`` block says how many of each a node has and what they share; ``network`` joins nodes.
+# Without ``node`` a profile is the legacy single-GPU description: every GPU of a run gets its own copy of
+# ``cpu`` and ``link`` (what sosim did before nodes existed), with ``interconnect`` for collectives.
+
+CollectiveName = Literal["all_reduce", "reduce_scatter", "all_gather", "all_to_all"]
+NonNegInt = Annotated[int, Field(ge=0)]
+
+
+def _check_busbw(name: str, curves: dict[CollectiveName, Curve]) -> None:
+    for kind, curve in curves.items():
+        _check_curve(f"{name}.{kind}", curve)
+
+
+class UplinkSpec(_Sourced):
+    """A PCIe switch uplink or root port that the host copies of several GPUs share (x86 servers)."""
+
+    gpus: list[NonNegInt]  # node-local GPU indices behind this uplink
+    h2d_GBps: PosFloat
+    d2h_GBps: PosFloat
+    # Total of both directions when both are busy.
+    bidir_GBps: PosFloat
+
+    @model_validator(mode="after")
+    def _gpus(self) -> UplinkSpec:
+        if len(self.gpus) < 2 or len(set(self.gpus)) != len(self.gpus):
+            raise ValueError(f"gpus: an uplink is shared by two or more distinct GPUs, got {self.gpus}")
+        return self
+
+
+class SocketLinkSpec(_Sourced):
+    """Between the node's CPU sockets (UPI, Infinity Fabric, Grace-Grace): a rank reaching the memory of a
+    socket other than its own (CPU Adam on a neighbour Grace, a GPU attached to the other socket)."""
+
+    GBps: PosFloat  # per direction
+    latency_us: NonNegFloat = 0.0
+
+
+class FabricSpec(_Sourced):
+    """GPU-GPU links inside the node."""
+
+    kind: Literal["nvlink", "nvswitch", "pcie", "none"]
+    # Per GPU and direction into the fabric (NVLink: the links to one peer for a point-to-point mesh).
+    GBps: PosFloat
+    latency_us: NonNegFloat
+    # Measured NCCL bus bandwidth (nccl-tests' busbw) of the node's GPUs by message size: (MiB, GB/s) per
+    # collective. Measured beats analytic: collectives inside the node read these when present.
+    nccl_busbw_GBps_by_mib: dict[CollectiveName, Curve] = Field(default_factory=dict)
+
+    @model_validator(mode="after")
+    def _curves(self) -> FabricSpec:
+        _check_busbw("nccl_busbw_GBps_by_mib", self.nccl_busbw_GBps_by_mib)
+        return self
+
+
+class NicSpec(_Sourced):
+    """The node's network interfaces."""
+
+    count: PosInt
+    GBps: PosFloat  # per NIC and direction
+    # NIC index of each GPU (len = node.gpus); None: GPUs spread evenly, GPU i on NIC i * count // gpus.
+    gpu_nic: list[NonNegInt] | None = None
+
+
+class NetworkSpec(_Sourced):
+    """Between nodes: latency and, when measured, NCCL bus bandwidth over several nodes by message size."""
+
+    latency_us: NonNegFloat
+    nccl_busbw_GBps_by_mib: dict[CollectiveName, Curve] = Field(default_factory=dict)
+    # Nodes in that measurement (its busbw is turned into an efficiency of the analytic model at that size).
+    nccl_nodes: Annotated[int, Field(ge=2)] = 2
+
+    @model_validator(mode="after")
+    def _curves(self) -> NetworkSpec:
+        _check_busbw("nccl_busbw_GBps_by_mib", self.nccl_busbw_GBps_by_mib)
+        return self
+
+
+class NvmeSpec(_Sourced):
+    """The node's NVMe tier (one RAID-0 volume shared by the node's ranks, as ZeRO-Infinity uses it)."""
+
+    drives: PosInt
+    # Aggregate of the volume for large (~1 GB) direct-I/O transfers to/from pinned CPU buffers.
+    read_GBps: PosFloat
+    write_GBps: PosFloat
+    capacity_gib: PosFloat
+    latency_us: NonNegFloat
+    # GPUDirect Storage: NVMe <-> HBM without the host bounce buffer.
+    gds: bool = False
+
+
+class NodeSpec(_Sourced):
+    gpus: PosInt
+    cpu_sockets: PosInt = 1  # each socket is one ``cpu`` section: its cores, memory and bandwidth
+    # Socket (NUMA node) each GPU's host link attaches to; None: spread evenly, GPU i on i * sockets // gpus.
+    gpu_socket: list[NonNegInt] | None = None
+    # STREAM bandwidth of one socket's memory: the pool CPU Adam, casts and every DMA to/from that socket
+    # share. None: host memory bandwidth is not contended (legacy profiles).
+    dram_GBps: PosFloat | None = None
+    uplinks: list[UplinkSpec] = Field(default_factory=list)
+    socket_link: SocketLinkSpec | None = None
+    fabric: FabricSpec | None = None
+    nics: NicSpec | None = None
+    nvme: NvmeSpec | None = None
+
+    @model_validator(mode="after")
+    def _topology(self) -> NodeSpec:
+        if self.gpu_socket is not None:
+            if len(self.gpu_socket) != self.gpus:
+                raise ValueError(f"gpu_socket: needs one socket per GPU ({self.gpus}), got {len(self.gpu_socket)}")
+            if max(self.gpu_socket) >= self.cpu_sockets:
+                raise ValueError(f"gpu_socket: socket index out of range (cpu_sockets = {self.cpu_sockets})")
+        seen: set[int] = set()
+        for i, up in enumerate(self.uplinks):
+            if max(up.gpus) >= self.gpus:
+                raise ValueError(f"uplinks.{i}.gpus: GPU index out of range (node has {self.gpus})")
+            if seen & set(up.gpus):
+                raise ValueError(f"uplinks.{i}.gpus: a GPU sits behind one uplink only")
+            seen |= set(up.gpus)
+        nics = self.nics
+        if nics is not None and nics.gpu_nic is not None and (
+            len(nics.gpu_nic) != self.gpus or max(nics.gpu_nic) >= nics.count
+        ):
+            raise ValueError(f"nics.gpu_nic: needs one NIC index (< {nics.count}) per GPU ({self.gpus})")
+        if self.cpu_sockets > 1 and self.socket_link is None:
+            raise ValueError("socket_link: a node with several CPU sockets needs the link between them")
+        return self
+
+
 class HardwareProfile(_Strict):
     name: str
     description: str = ""
@@ -156,6 +294,8 @@ class HardwareProfile(_Strict):
     cpu: CpuSpec
     link: LinkSpec
     interconnect: InterconnectSpec | None = None
+    node: NodeSpec | None = None
+    network: NetworkSpec | None = None
     # Optional measured table(s) (see docs/calibration.md); resolved to absolute paths by the loader. A list:
     # later tables add the (op, variant) measurements the earlier ones lack and replace those they re-measure.
     calibration: str | list[str] | None = None
@@ -166,6 +306,19 @@ class HardwareProfile(_Strict):
         if self.calibration is None:
             return []
         return [self.calibration] if isinstance(self.calibration, str) else list(self.calibration)
+
+    @property
+    def gpus_per_node(self) -> int:
+        if self.node is not None:
+            return self.node.gpus
+        return self.interconnect.gpus_per_node if self.interconnect is not None else 1
+
+    @property
+    def has_collectives(self) -> bool:
+        """Whether collectives between GPUs can be timed (a fabric, NICs, or the legacy interconnect)."""
+        if self.interconnect is not None:
+            return True
+        return self.node is not None and (self.node.fabric is not None or self.node.nics is not None)
 
 
 class ModelSpec(_Strict):
@@ -266,6 +419,13 @@ class ClusterSpec(_Strict):
     gpus: PosInt = 1
     data_parallel: PosInt | None = None  # None: all GPUs data parallel
     sequence_parallel: PosInt = 1
+    # GPUs used on each node; None: every GPU of the profile's node (a 2-GPU run on a 4-GPU node fills one
+    # node). 1 with gpus: 2 = two hosts of one GPU each.
+    gpus_per_node: PosInt | None = None
+    # CPU threads of each rank (its OpenMP pool: CPU Adam, casts); None: the node's cores divided among the
+    # ranks on it, as DeepSpeed's launcher sets OMP_NUM_THREADS with --bind_cores_to_rank
+    # (deepspeed/launcher/launch.py, deepspeed/utils/numa.py get_numactl_cmd).
+    cpu_threads_per_rank: PosInt | None = None
 
     @model_validator(mode="after")
     def _product(self) -> ClusterSpec:
@@ -300,10 +460,31 @@ class Scenario(_Strict):
                 f"schedule.cpu_adam: '{sched.cpu_adam}' has no timing in profile '{self.hardware.name}' "
                 f"(cpu.adam_s_by_gparams has: {known})"
             )
-        if self.cluster.gpus > 1 and self.hardware.interconnect is None:
+        node = self.hardware.node
+        if getattr(type(sched), "NEEDS_NVME", False) and (node is None or node.nvme is None):
             raise ValueError(
-                f"cluster.gpus: {self.cluster.gpus} GPUs need an 'interconnect' section in profile "
-                f"'{self.hardware.name}'"
+                f"schedule.system: '{sched.system}' keeps state on NVMe, but profile '{self.hardware.name}' has no "
+                f"'node.nvme' volume"
+            )
+        if self.cluster.gpus > 1 and not self.hardware.has_collectives:
+            raise ValueError(
+                f"cluster.gpus: {self.cluster.gpus} GPUs need a 'node' section with a fabric or NICs (or the "
+                f"legacy 'interconnect' section) in profile '{self.hardware.name}'"
+            )
+        per_node = self.cluster.gpus_per_node
+        if per_node is not None and per_node > self.hardware.gpus_per_node:
+            raise ValueError(
+                f"cluster.gpus_per_node: {per_node} is more than the {self.hardware.gpus_per_node} GPUs of a "
+                f"'{self.hardware.name}' node"
+            )
+        used = per_node or min(self.cluster.gpus, self.hardware.gpus_per_node)
+        if self.cluster.gpus % used:
+            raise ValueError(f"cluster.gpus: {self.cluster.gpus} GPUs do not fill nodes of {used} evenly")
+        node = self.hardware.node
+        if self.cluster.gpus > used and node is not None and node.nics is None:
+            raise ValueError(
+                f"cluster.gpus: {self.cluster.gpus} GPUs span {self.cluster.gpus // used} nodes of "
+                f"'{self.hardware.name}', whose profile has no 'node.nics' to join them"
             )
         if self.cluster.sequence_parallel > 1 and self.model.heads % self.cluster.sequence_parallel:
             raise ValueError("cluster.sequence_parallel must divide model.heads (Ulysses splits heads)")

@@ -24,7 +24,8 @@ CollectiveKind = Literal["all_reduce", "reduce_scatter", "all_gather", "all_to_a
 # Fraction of the full s x s attention work a causal flash-attention kernel actually performs (the same
 # fraction the FLOP metrics count: sosim.model).
 CAUSAL_WORK_FRACTION = tm.CAUSAL_ATTENTION_FRACTION
-# Adam reads p, g, m, v and writes p, m, v in fp32 (28 B) plus the bf16 copy of p (2 B): REFERENCE.md §1.
+# Adam reads p, g, m, v and writes p, m, v in fp32 (28 B)
+# plus the bf16 copy of p (2 B) (ZeRO-Offload, Ren et al., USENIX ATC'21).
 GPU_ADAM_BYTES_PER_PARAM = 30.0
 # fp32 -> bf16 cast reads 4 B and writes 2 B per element (bf16 -> fp32 the reverse): 6 B either way.
 CAST_BYTES_PER_ELEMENT = 6.0
@@ -197,14 +198,20 @@ class AnalyticCostModel:
     def _min_fwd_s(self) -> float:
         return us_to_s(self.hw.gpu.layer_min_fwd_us)
 
+    @cached_property
+    def _layer_flops_fwd(self) -> float:
+        return tm.layer_flops_fwd(self.model, self.tokens_per_gpu, self.training.seq_len)
+
     def layer_fwd_s(self) -> float:
-        return max(sum(self._layer_parts_s), self._min_fwd_s)
+        # The whole layer obeys the roofline too: its parts are timed separately (GEMMs at an efficiency,
+        # elementwise by HBM bytes), but the FLOPs it is credited with may not run faster than the peak.
+        return max(sum(self._layer_parts_s), self._min_fwd_s, self._layer_flops_fwd / self._peak_flops)
 
     def layer_bwd_only_s(self) -> float:
         """Backward of one layer without recompute: dgrad + wgrad GEMMs = 2x forward, attention backward."""
         gemm, _, elem, over = self._layer_parts_s
         bwd = 2.0 * gemm + self.attention_bwd_s() + 2.0 * elem + 2.0 * over
-        return max(bwd, 2.0 * self._min_fwd_s)
+        return max(bwd, 2.0 * self._min_fwd_s, 2.0 * self._layer_flops_fwd / self._peak_flops)
 
     def layer_bwd_s(self) -> float:
         """Backward of one layer, plus its recompute (one more forward) when checkpointing."""
@@ -219,10 +226,13 @@ class AnalyticCostModel:
 
     def head_fwd_s(self) -> float:
         """Embedding gather + logits GEMM + softmax/cross-entropy."""
-        return self.gemm_shape_s(self.tokens_per_gpu, self.model.vocab, self.model.hidden) + self._loss_s()
+        gemm = self.gemm_shape_s(self.tokens_per_gpu, self.model.vocab, self.model.hidden)
+        return max(gemm + self._loss_s(), tm.head_flops_fwd(self.model, self.tokens_per_gpu) / self._peak_flops)
 
     def head_bwd_s(self) -> float:
-        return 2.0 * self.gemm_shape_s(self.tokens_per_gpu, self.model.vocab, self.model.hidden) + self._loss_s()
+        gemm = self.gemm_shape_s(self.tokens_per_gpu, self.model.vocab, self.model.hidden)
+        roofline_s = 2.0 * tm.head_flops_fwd(self.model, self.tokens_per_gpu) / self._peak_flops
+        return max(2.0 * gemm + self._loss_s(), roofline_s)
 
     def gpu_adam_s(self, params: float) -> float:
         return params * GPU_ADAM_BYTES_PER_PARAM / self._hbm_Bps

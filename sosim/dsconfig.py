@@ -151,12 +151,13 @@ _ZERO_IGNORED: dict[str, tuple[str, bool | str]] = {
     "max_reuse_distance": ("keeps a stage-3 parameter gathered when it is reused soon; sosim re-gathers per "
                            "pass", "dp"),
     "zero_hpz_partition_size": ("ZeRO++ hierarchical partitioning (secondary copy of the weights per node); "
-                                "sosim models flat all-gathers", "dp"),
-    "zero_quantized_weights": ("ZeRO++ quantized weight all-gathers; sosim's collectives move bf16", "dp"),
+                                "modelled for ZeRO-3 without offload (system zero3) only", "dp"),
+    "zero_quantized_weights": ("ZeRO++ quantized weight all-gathers; modelled for ZeRO-3 without offload "
+                               "(system zero3) only", "dp"),
     "zero_quantized_nontrainable_weights": ("ZeRO++ quantized frozen weights (LoRA); sosim trains all "
                                             "weights", "dp"),
-    "zero_quantized_gradients": ("ZeRO++ quantized gradient reduce-scatter; sosim's collectives move bf16",
-                                 "dp"),
+    "zero_quantized_gradients": ("ZeRO++ quantized gradient all-to-all; modelled for ZeRO-3 without offload "
+                                 "(system zero3) only", "dp"),
     "zeropp_loco_param": ("LoCo-ZeRO++ error feedback (0.19.6); not modelled", "dp"),
     "mics_shard_size": ("MiCS sharding (0.19.6); not modelled", "dp"),
     "mics_hierarchical_params_gather": ("MiCS (0.19.6); not modelled", "dp"),
@@ -213,7 +214,7 @@ _TOP_IGNORED: dict[str, tuple[str, bool | str]] = {
     "torch_autocast": ("torch autocast instead of bf16/fp16 master copies; not modelled", "enabled"),
     "compile": ("torch.compile / DeepCompile; not modelled (sosim's constants are for eager PyTorch)",
                 "enabled"),
-    "aio": ("async I/O settings for NVMe offload; sosim models no NVMe tier", False),
+    "aio": ("async I/O settings; used with NVMe offload (block_size, queue_depth, intra_op_parallelism)", False),
     "elasticity": ("elastic batch sizes; the batch keys given are used as they are", "enabled"),
     "pipeline": ("pipeline parallelism (PipelineModule); not modelled", True),
     "autotuning": ("the DeepSpeed autotuner's settings; no effect on a run", False),
@@ -735,9 +736,6 @@ def _read_zero(m: _Mapper, out: _Decided, model: dict[str, Any]) -> None:
             m.error(dev_path, f"expected \"none\", \"cpu\" or \"nvme\", got {json.dumps(dev)}")
             return "none", sec
         m.handled.add(dev_path)
-        if dev == "nvme":
-            m.error(dev_path, "\"nvme\": sosim models no NVMe tier (no NVMe bandwidth in the hardware profiles); "
-                    "use \"cpu\" to predict CPU offload")
         return dev, sec
 
     opt_dev, opt = device("offload_optimizer", "cpu_offload")
@@ -763,11 +761,33 @@ def _read_zero(m: _Mapper, out: _Decided, model: dict[str, Any]) -> None:
     if opt_dev == "cpu" and stage == 0:
         m.error((*z, "offload_optimizer"), "optimizer offload needs ZeRO stage 1, 2 or 3 (stage is 0)")
         return
-    if param_dev == "cpu" and opt_dev != "cpu" and stage == 3:
+    if "nvme" in (opt_dev, param_dev) and (stage != 3 or opt_dev != "nvme"):
+        m.error((*z, "offload_optimizer", "device"), "NVMe offload is modelled for ZeRO stage 3 with "
+                "offload_optimizer: {device: nvme} (sosim's zero_infinity_nvme); offload_param may be nvme, cpu or "
+                "none")
+        return
+    if param_dev == "cpu" and opt_dev not in ("cpu", "nvme") and stage == 3:
         m.error((*z, "offload_param"), "parameter offload without optimizer offload is not modelled by sosim "
                 "(add offload_optimizer: {device: cpu})")
         return
-    if opt_dev == "cpu" and stage in (1, 2):
+    if opt_dev == "nvme":
+        system = "zero_infinity_nvme"
+        why = (f"stage 3 + offload_optimizer nvme (+ offload_param {param_dev}): ZeRO-Infinity's NVMe tier "
+               "(runtime/swap_tensor)")
+        sched["offload_param"] = param_dev
+        for key in ("pipeline_read", "pipeline_write"):
+            if key in opt and not m.is_auto((*z, "offload_optimizer", key)):
+                sched[key] = bool(m.boolean((*z, "offload_optimizer", key)))
+                m.mapped((*z, "offload_optimizer", key), f"schedule.{key}", sched[key])
+        aio = m.get(("aio",))
+        if isinstance(aio, dict):
+            for key, knob in (("block_size", "aio_block_size"), ("queue_depth", "aio_queue_depth"),
+                              ("intra_op_parallelism", "aio_intra_op_parallelism"), ("thread_count",
+                                                                                     "aio_intra_op_parallelism")):
+                if key in aio and isinstance(aio[key], int) and not isinstance(aio[key], bool):
+                    sched[knob] = aio[key]
+                    m.mapped(("aio", key), f"schedule.{knob}", aio[key])
+    elif opt_dev == "cpu" and stage in (1, 2):
         system = "zero_offload"
         why = (f"stage {stage} + offload_optimizer cpu: ZeRO-Offload"
                + (" (stage 1 does not partition gradients across ranks; sosim's zero_offload is stage 2)"
@@ -781,11 +801,21 @@ def _read_zero(m: _Mapper, out: _Decided, model: dict[str, Any]) -> None:
     elif opt_dev == "cpu":
         system = "zero3_offload"
         why = "stage 3 + offload_optimizer cpu: ZeRO-3 offload"
+    elif stage == 3:
+        system = "zero3"
+        why = "stage 3 without offload: ZeRO-3 in HBM (weights gathered per layer, gradients reduce-scattered)"
+        for key, knob_type in (("zero_quantized_weights", bool), ("zero_hpz_partition_size", int),
+                               ("zero_quantized_gradients", bool)):
+            if key in zero and not m.is_auto((*z, key)):
+                value = zero[key]
+                if isinstance(value, knob_type) and not (knob_type is int and isinstance(value, bool)):
+                    sched[key] = value
+                    m.mapped((*z, key), f"schedule.{key}", value, "ZeRO++ (sosim/schedules/zero3.py)")
     else:
         system = "gpu_only"
         why = f"stage {stage} without offload: everything in HBM"
     sched["system"] = system
-    if system != "gpu_only":
+    if system not in ("gpu_only", "zero3"):
         sched["implementation"] = "deepspeed"
         why += "; implementation deepspeed (DeepSpeed 0.19's code path)"
     if system_path[-1] in zero:
@@ -825,6 +855,25 @@ def _read_zero(m: _Mapper, out: _Decided, model: dict[str, Any]) -> None:
                     m.ignored((*z, section, key), "no offload: no effect")
         if m.get(("optimizer",)) is not _MISSING:
             m.ignored(("optimizer",), "gpu_only times a fused GPU Adam step")
+        if m.get(("zero_force_ds_cpu_optimizer",)) is not _MISSING:
+            m.ignored(("zero_force_ds_cpu_optimizer",), "no CPU optimizer without offload")
+    elif system == "zero3":
+        # ZeRO-3 in HBM: the reduce bucket is the schedule's; offload sections and CPU optimizer do not apply.
+        if "reduce_bucket_size" in zero and not m.is_auto((*z, "reduce_bucket_size")):
+            n = zero["reduce_bucket_size"]
+            if isinstance(n, (int, float)) and not isinstance(n, bool) and n > 0:
+                sched["bucket_mb"] = float(n) * BF16_BYTES_PER_ELEMENT / 1e6
+                m.mapped((*z, "reduce_bucket_size"), "schedule.bucket_mb", sched["bucket_mb"])
+        for key in ("overlap_comm", "sub_group_size"):
+            if key in zero:
+                m.ignored((*z, key), "zero3 overlaps its collectives with compute; the GPU optimizer steps the "
+                          "whole partition")
+        for section, sec in (("offload_optimizer", opt), ("offload_param", param)):
+            for key in sec:
+                if (*z, section, key) not in m.handled:
+                    m.ignored((*z, section, key), "no offload: no effect")
+        if m.get(("optimizer",)) is not _MISSING:
+            m.ignored(("optimizer",), "zero3 times a GPU Adam step over each rank's partition")
         if m.get(("zero_force_ds_cpu_optimizer",)) is not _MISSING:
             m.ignored(("zero_force_ds_cpu_optimizer",), "no CPU optimizer without offload")
     else:
@@ -996,7 +1045,8 @@ def _read_offload_knobs(m: _Mapper, out: _Decided, zero: dict[str, Any], opt: di
     for section, sec in (("offload_optimizer", opt), ("offload_param", param)):
         for key in sec:
             if key in _OFFLOAD_NVME_ONLY and (*z, section, key) not in m.handled:
-                m.ignored((*z, section, key), "NVMe offload only; no effect with device cpu")
+                m.ignored((*z, section, key), "NVMe offload only; no effect with device cpu" if system !=
+                          "zero_infinity_nvme" else "not modelled (paths and buffer sizes: memory only)")
 
 
 def prefetch_layers_for(prefetch_elements: int, layer_params: int) -> int:
@@ -1261,11 +1311,18 @@ def _core_settings(sc: Scenario, base: Mapping[str, Any]) -> tuple[dict[KeyPath,
     for key in ("cpu_offload", "cpu_offload_param", "cpu_offload_use_pin_memory", "prefetch_bucket_size",
                 "stage3_prefetch_bucket_size"):
         out[(*z, key)] = _DELETE
-    if system == "gpu_only":
+    if system in ("gpu_only", "zero3"):
         out[o] = _DELETE
-    if system not in ("zero_infinity", "superoffload") or (system == "superoffload" and not _superoffload_flow(sc)):
+    nvme_params = system == "zero_infinity_nvme" and k.get("offload_param", "none") != "none"
+    if (system not in ("zero_infinity", "superoffload") or (system == "superoffload" and not _superoffload_flow(sc))) \
+            and not nvme_params:
         out[p] = _DELETE
-    if system == "gpu_only":
+    if system == "zero3":
+        out[(*z, "stage")] = 3
+        out[(*z, "reduce_bucket_size")] = round(k["bucket_mb"] * 1e6 / BF16_BYTES_PER_ELEMENT)
+        for key in ("zero_quantized_weights", "zero_hpz_partition_size", "zero_quantized_gradients"):
+            out[(*z, key)] = k[key]
+    elif system == "gpu_only":
         state = k["state_bytes_per_param"]
         per_stage = {0: 16.0, 1: 4.0 + 12.0 / dp, 2: 2.0 + 14.0 / dp, 3: 16.0 / dp}
         base_stage = zero_base.get("stage")
@@ -1317,6 +1374,23 @@ def _core_settings(sc: Scenario, base: Mapping[str, Any]) -> tuple[dict[KeyPath,
             out[(*o, "super_offload")] = _DELETE
             out[(*o, "ratio")] = _DELETE
             out[(*o, "cpuadam_cores_perc")] = _DELETE
+            if system == "zero_infinity_nvme":
+                # ZeRO-Infinity's NVMe tier (sosim/schedules/zero_infinity_nvme.py); the path is the user's.
+                out[(*o, "device")] = "nvme"
+                out[(*o, "nvme_path")] = "/local_nvme"
+                out[(*o, "pipeline_read")] = k["pipeline_read"]
+                out[(*o, "pipeline_write")] = k["pipeline_write"]
+                if nvme_params:
+                    out[(*p, "device")] = k["offload_param"]
+                    out[(*p, "pin_memory")] = k["pin_memory"]
+                    if k["offload_param"] == "nvme":  # type: ignore[union-attr]
+                        out[(*p, "nvme_path")] = "/local_nvme"
+                    layer = tm.layer_params(sc.model)
+                    out[(*z, "stage3_prefetch_bucket_size")] = int(k["prefetch_layers"] * layer)  # type: ignore[union-attr]
+                out[("aio", "block_size")] = k["aio_block_size"]
+                out[("aio", "queue_depth")] = k["aio_queue_depth"]
+                out[("aio", "intra_op_parallelism")] = k["aio_intra_op_parallelism"]
+                notes.append("nvme_path: /local_nvme is a placeholder; point it at the node's NVMe volume")
             if system == "zero_infinity":
                 out[(*p, "device")] = "cpu"
                 out[(*p, "pin_memory")] = k["pin_memory"]
@@ -1337,7 +1411,7 @@ def _core_settings(sc: Scenario, base: Mapping[str, Any]) -> tuple[dict[KeyPath,
                 notes.append(f"optimizer.type: {base_opt.get('type')!r} replaced by AdamW (sosim times Adam)")
         torch_adam = cpu_adam == "torch" and system != "superoffload"
         out[("optimizer", "params", "torch_adam")] = True if torch_adam else _DELETE
-    if system == "gpu_only" and not isinstance(base.get("optimizer"), dict):
+    if system in ("gpu_only", "zero3") and not isinstance(base.get("optimizer"), dict):
         out[("optimizer",)] = {"type": "AdamW"}
     notes.append("training.activation_checkpointing: "
                  + ("on: enable it in the model code (HF: model.gradient_checkpointing_enable() or "

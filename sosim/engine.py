@@ -1,65 +1,264 @@
-"""SimPy execution of a :class:`~sosim.plan.Plan`.
+"""SimPy execution of a :class:`~sosim.plan.Plan`, with shared resources contended as the run unfolds.
 
-One long-lived process per serial resource walks that resource's op list (a process per op is ~5x slower);
-cross-resource dependencies are pre-created events. The only dynamic behaviour is duplex contention on
-the host link: a copy that starts while the opposite direction is busy runs at
-``plan.duplex_factors[direction]`` of its speed for its whole length (a first-order model of a link whose
-bidirectional total is below the sum of its directions). Without contention the result equals
-:func:`sosim.plan.list_schedule`.
+Serial resources (a GPU stream, a copy engine, a CPU worker) each get one long-lived process walking its op
+list in order (a process per op is ~5x slower); cross-resource dependencies are pre-created events.
+
+*Shared* resources (a link direction and its bidirectional total, a PCIe uplink, a socket's DRAM bandwidth,
+a NIC, an NVMe volume) are not walked by anyone: they are capacities that the ops running at the same time
+draw on. A :class:`Contention` says which ops draw on which shared resource and how much per second at full
+speed. While ops compete, each runs at a *rate* r <= 1 of its full speed, chosen by progressive filling
+(max-min fairness): every op's throughput, in the unit of its first listed resource (bytes/s, or threads),
+rises together with the others'; an op reaching full speed stops there; the first resource to fill freezes
+its remaining users at an equal share; the rest continue. Every user of a saturated resource that could use
+more gets the same bytes per second, as the round-robin arbitration of a DMA engine, a PCIe switch or a
+memory controller gives it. Rates are recomputed whenever an op starts or ends, so an op's duration depends
+on what
+overlaps it, not on a factor fixed up front. An op's time beyond its full-speed duration is attributed to
+the resource that limited it (:attr:`EngineRun.stretch_s`).
+
+A shared resource that can never be oversubscribed (the largest demand of each serial resource that uses
+it, summed, fits its capacity) is dropped before the run, and ops left with no contended resource take the
+plain path: without contention the result is bit for bit :func:`sosim.plan.list_schedule`.
 """
 
 from __future__ import annotations
 
-from collections.abc import Generator
+import math
+from collections.abc import Generator, Hashable, Mapping, Sequence
+from dataclasses import dataclass, field
 
 import numpy as np
 import simpy
 
-from sosim.plan import Plan, Resource, ResourceKind
+from sosim.plan import Plan
 
-_OPPOSITE = {ResourceKind.H2D: ResourceKind.D2H, ResourceKind.D2H: ResourceKind.H2D}
+# Two finish times closer than this (relative) complete together (float noise of repeated rate changes).
+_REL_EPS = 1e-12
 
 
-def run_plan(plan: Plan) -> tuple[np.ndarray, np.ndarray]:
+@dataclass(frozen=True)
+class Contention:
+    """Shared resources and the ops that draw on them.
+
+    ``capacity[k]`` is resource k's capacity in its own unit per second (bytes/s for links and memory, cores
+    for a core pool). ``uses[op_id]`` lists ``(k, demand)``: what the op draws from k per second when it runs
+    at full speed (its duration in the plan). An op alone never exceeds a capacity by construction of the
+    plan's durations; if it would, it is slowed to fit.
+    """
+
+    names: tuple[str, ...]
+    capacity: tuple[float, ...]
+    uses: Mapping[int, tuple[tuple[int, float], ...]] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if len(self.names) != len(self.capacity):
+            raise ValueError("Contention: one capacity per resource name")
+        for k, cap in enumerate(self.capacity):
+            if not cap > 0 or math.isinf(cap):
+                raise ValueError(f"Contention: capacity of {self.names[k]} must be positive and finite, got {cap}")
+        for op_id, ks in self.uses.items():
+            for k, demand in ks:
+                if not 0 <= k < len(self.names) or not demand >= 0:
+                    raise ValueError(f"Contention: op {op_id} uses resource {k} with demand {demand}")
+
+
+@dataclass(frozen=True)
+class EngineRun:
+    start_s: np.ndarray
+    end_s: np.ndarray
+    # Seconds by which contention lengthened ops, summed over ops, by the shared resource that limited them.
+    stretch_s: dict[str, float]
+
+
+def run_plan(plan: Plan, contention: Contention | None = None) -> tuple[np.ndarray, np.ndarray]:
     """Simulate ``plan``; return (start_s, end_s) arrays indexed by op id."""
+    run = run_plan_detailed(plan, contention)
+    return run.start_s, run.end_s
+
+
+def effective_contention(plan: Plan, contention: Contention | None) -> Contention | None:
+    """``contention`` without the resources that can never be oversubscribed (None if nothing is left).
+
+    Ops on one serial resource never overlap, so at most one op per serial resource draws on a shared
+    resource at any time: if the largest demand of each serial resource, summed, fits the capacity, the
+    resource never limits anyone.
+    """
+    if contention is None or not contention.uses:
+        return None
+    worst: dict[int, dict[Hashable, float]] = {}
+    for op_id, ks in contention.uses.items():
+        if op_id >= len(plan.ops):
+            raise ValueError(f"Contention: op {op_id} is not in the plan")
+        queue = plan.ops[op_id].resource
+        for k, demand in ks:
+            per_queue = worst.setdefault(k, {})
+            per_queue[queue] = max(per_queue.get(queue, 0.0), demand)
+    contended = {k for k, per_queue in worst.items()
+                 if sum(per_queue.values()) > contention.capacity[k] * (1 + _REL_EPS)}
+    if not contended:
+        return None
+    uses = {}
+    for op_id, ks in contention.uses.items():
+        kept = tuple((k, d) for k, d in ks if k in contended and d > 0)
+        if kept and plan.ops[op_id].duration_s > 0:
+            uses[op_id] = kept
+    if not uses:
+        return None
+    return Contention(contention.names, contention.capacity, uses)
+
+
+def run_plan_detailed(plan: Plan, contention: Contention | None = None) -> EngineRun:
+    """Simulate ``plan`` under ``contention``; start and end of every op and where contention cost time."""
     env = simpy.Environment()
     ops = plan.ops
     done = [env.event() for _ in ops]
     start = np.zeros(len(ops))
     end = np.zeros(len(ops))
-    # Busy flags per link direction and instance: a direction slows while the opposite one of the same link
-    # (same instance id) is busy.
-    busy: dict[Resource, bool] = {}
-    factors = {k: f for k, f in plan.duplex_factors.items() if f < 1.0}
+    active = effective_contention(plan, contention)
+    fluid = _Fluid(env, active) if active is not None else None
+    uses = active.uses if active is not None else {}
 
-    def worker(resource: Resource, op_ids: list[int]) -> Generator[simpy.Event, object, None]:
-        opposite_kind = _OPPOSITE.get(resource.kind) if factors else None
-        opposite = Resource(opposite_kind, resource.instance) if opposite_kind is not None else None
-        factor = factors.get(resource.kind, 1.0)
+    def worker(op_ids: list[int]) -> Generator[simpy.Event, object, None]:
         for i in op_ids:
             op = ops[i]
             for d in op.deps:
                 ev = done[d]
                 if not ev.processed:
                     yield ev
-            duration = op.duration_s
-            if opposite is not None:
-                if busy.get(opposite, False):
-                    duration /= factor
-                busy[resource] = True
             start[i] = env.now
-            if duration > 0.0:
-                yield env.timeout(duration)
+            if fluid is not None and i in uses:
+                yield fluid.run(i, op.duration_s, uses[i])
+            elif op.duration_s > 0.0:
+                yield env.timeout(op.duration_s)
             end[i] = env.now
-            if opposite is not None:
-                busy[resource] = False
             done[i].succeed()
 
-    for resource, op_ids in plan.ops_by_resource().items():
-        env.process(worker(resource, op_ids))
+    for op_ids in plan.ops_by_resource().values():
+        env.process(worker(op_ids))
     env.run()
     unfinished = [op.name for op in ops if not done[op.id].processed]
     if unfinished:
         # A plan bug (a dependency cycle through resource order), never a user error.
         raise RuntimeError(f"deadlock: {len(unfinished)} ops never ran, first: {unfinished[0]}")
-    return start, end
+    stretch: dict[str, float] = {}
+    if fluid is not None and active is not None:
+        for k, s in fluid.stretch.items():
+            if s > 1e-12:  # below float noise of repeated rate changes
+                stretch[active.names[k]] = stretch.get(active.names[k], 0.0) + s
+    return EngineRun(start, end, stretch)
+
+
+class _Job:
+    """An op drawing on shared resources: its rate, projected finish and limiting resource."""
+
+    __slots__ = ("event", "finish", "limit", "rate", "since", "uses")
+
+    def __init__(self, event: simpy.Event, finish: float, uses: tuple[tuple[int, float], ...], now: float) -> None:
+        self.event = event
+        self.uses = uses
+        self.rate = 1.0
+        self.finish = finish  # absolute time at which it completes if its rate stays as it is
+        self.limit = -1  # resource that holds its rate below 1 (-1: none)
+        self.since = now  # when the current rate took effect (for the stretch attribution)
+
+
+class _Fluid:
+    """Progressive filling over the ops currently drawing on shared resources."""
+
+    def __init__(self, env: simpy.Environment, contention: Contention) -> None:
+        self.env = env
+        self.capacity = contention.capacity
+        self.jobs: dict[int, _Job] = {}
+        self.generation = 0  # a wake-up scheduled before the last reallocation is stale
+        self.stretch: dict[int, float] = {}
+
+    def run(self, op_id: int, duration_s: float, uses: tuple[tuple[int, float], ...]) -> simpy.Event:
+        now = self.env.now
+        job = _Job(self.env.event(), now + duration_s, uses, now)
+        self.jobs[op_id] = job
+        self._reallocate(now)
+        return job.event
+
+    def _close_interval(self, job: _Job, now: float) -> None:
+        if job.rate < 1.0 and job.limit >= 0:
+            self.stretch[job.limit] = self.stretch.get(job.limit, 0.0) + (1.0 - job.rate) * (now - job.since)
+        job.since = now
+
+    def _reallocate(self, now: float) -> None:
+        rates, limits = _progressive_filling(self.jobs, self.capacity)
+        for op_id, job in self.jobs.items():
+            rate = rates[op_id]
+            if rate != job.rate:
+                self._close_interval(job, now)
+                remaining = (job.finish - now) * job.rate  # full-speed seconds of work left
+                job.finish = now + remaining / rate
+                job.rate = rate
+            job.limit = limits[op_id]
+        self.generation += 1
+        if self.jobs:
+            first = min(job.finish for job in self.jobs.values())
+            wake = self.env.timeout(max(0.0, first - now))
+            generation = self.generation
+            wake.callbacks.append(lambda _ev: self._wake(generation))
+
+    def _wake(self, generation: int) -> None:
+        if generation != self.generation:
+            return  # rates changed since this wake-up was scheduled
+        now = self.env.now
+        tol = _REL_EPS * max(1.0, abs(now))
+        finished = [op_id for op_id, job in self.jobs.items() if job.finish <= now + tol]
+        for op_id in finished:
+            job = self.jobs.pop(op_id)
+            self._close_interval(job, now)
+            job.event.succeed()
+        self._reallocate(now)
+
+
+def _progressive_filling(
+    jobs: Mapping[int, _Job], capacity: Sequence[float]
+) -> tuple[dict[int, float], dict[int, int]]:
+    """Rates (fraction of full speed) and limiting resource of each job: max-min fair in each op's own unit.
+
+    Each op's throughput is measured in the unit of its first listed resource (bytes/s for a copy or a
+    memory-bound CPU kernel, threads for a kernel that only needs cores). All unfrozen ops' throughputs
+    rise together; an op that reaches its full speed is frozen at rate 1; the first resource to fill
+    freezes its remaining users; repeat. On a saturated resource every op still rising gets the same
+    throughput (a fair share in bytes/s, not in fraction of speed): an op that asks for more than its share
+    is held to it and does not take a slower neighbour's bytes.
+    """
+    rates: dict[int, float] = {}
+    limits: dict[int, int] = {}
+    left: dict[int, float] = {}
+    users: dict[int, list[tuple[int, float]]] = {}
+    unit: dict[int, float] = {}
+    for op_id, job in jobs.items():
+        unit[op_id] = job.uses[0][1]
+        for k, demand in job.uses:
+            users.setdefault(k, []).append((op_id, demand))
+            left[k] = capacity[k]
+    unfrozen = set(jobs)
+
+    def freeze(j: int, rate: float, limit: int) -> None:
+        rates[j] = rate
+        limits[j] = limit
+        unfrozen.discard(j)
+        for k, demand in jobs[j].uses:
+            left[k] -= rate * demand
+
+    while unfrozen:
+        # Throughput at which each resource fills if every unfrozen op runs at that throughput.
+        fill, fill_k = math.inf, -1
+        for k, us in users.items():
+            slope = sum(d / unit[j] for j, d in us if j in unfrozen)
+            if slope > 0:
+                level = max(left[k], 0.0) / slope
+                if level < fill:
+                    fill, fill_k = level, k
+        full = min(unit[j] for j in unfrozen)
+        if full <= fill:
+            for j in [j for j in unfrozen if unit[j] <= full]:
+                freeze(j, 1.0, -1)
+            continue
+        for j in [j for j, _ in users[fill_k] if j in unfrozen]:
+            freeze(j, max(fill / unit[j], 1e-12), fill_k)
+    return rates, limits

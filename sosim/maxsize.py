@@ -12,13 +12,15 @@ from typing import Literal
 
 from sosim.config import ModelSpec, Scenario
 from sosim.errors import InfeasibleError
+from sosim.machine import Machine
 from sosim.memory import Feasibility, check_fit
 from sosim.model import total_params
 from sosim.schedules import SCHEDULES
 
 Growth = Literal["layers", "width", "paper"]
 
-# GPT shapes of the SuperOffload artifact (REFERENCE.md §3): name -> (layers, hidden); 32 heads.
+# GPT shapes of the SuperOffload artifact (github.com/Supercomputing-System-AI-Lab/SuperOffload):
+# name -> (layers, hidden); 32 heads.
 PAPER_FAMILY: tuple[tuple[str, int, int], ...] = (
     ("1B", 20, 2048), ("2B", 40, 2048), ("4B", 64, 2304), ("6B", 53, 3072), ("8B", 72, 3072),
     ("10B", 50, 4096), ("13B", 65, 4096), ("15B", 18, 8192), ("20B", 25, 8192), ("25B", 30, 8192),
@@ -35,7 +37,7 @@ class MaxSize:
 
 
 def fits(sc: Scenario) -> Feasibility:
-    return check_fit(SCHEDULES[sc.schedule.system].memory_usage(sc), sc.hardware)
+    return check_fit(SCHEDULES[sc.schedule.system].memory_usage(sc), sc.hardware, Machine.from_scenario(sc))
 
 
 def _with_model(sc: Scenario, **changes: object) -> Scenario:

@@ -13,8 +13,8 @@ Conventions (stated once, used everywhere):
   ours x (6N + 12*L*h*s) / (6N + 6*L*h*s) (:func:`model_flops_per_step` with ``causal=False``).
 * Backward = 2 x forward FLOPs. Activation checkpointing re-runs one forward per layer: it adds hardware
   FLOPs, not model FLOPs.
-* Model FLOPs per step = 6*N*tokens + 6*L*h*s*tokens, N = all parameters (DESIGN.md "Metric names",
-  attention causal).
+* Model FLOPs per step = 6*N*tokens + 6*L*h*s*tokens, N = the parameters that do FLOPs (all but an untied
+  input-embedding table, :func:`flop_params`), attention causal (docs/model.md, "Metrics").
 """
 
 from __future__ import annotations
@@ -88,8 +88,27 @@ def attention_flops_fwd(m: ModelSpec, tokens: int, seq_len: int) -> float:
 
 
 def head_flops_fwd(m: ModelSpec, tokens: int) -> float:
-    """Output projection to the vocabulary (the logits GEMM)."""
-    return 2.0 * tokens * m.hidden * m.vocab
+    """Output projection to the vocabulary (the logits GEMM) and the final norm, 2 FLOPs per parameter per
+    token like every other parameter of the 6N convention."""
+    final_norm = 2 * m.hidden if m.ffn_kind == "gelu" else m.hidden
+    return 2.0 * tokens * (m.hidden * m.vocab + final_norm)
+
+
+def flop_params(m: ModelSpec) -> int:
+    """Parameters that do FLOPs: every parameter except the input embedding table of an untied model.
+
+    The input embedding is a lookup (no FLOPs); its matrix does FLOPs only as the logits GEMM when tied.
+    Megatron's count (Narayanan et al., SC'21, https://arxiv.org/abs/2104.04473, eq. 3) likewise counts the
+    logits GEMM once and no embedding lookup. Counting the untied table too would credit the GPU with work it
+    never does, and a step at the peak would report more than the peak.
+    """
+    return total_params(m) - (0 if m.tied_embeddings else m.vocab * m.hidden)
+
+
+def layer_flops_fwd(m: ModelSpec, tokens: int, seq_len: int) -> float:
+    """One decoder layer's forward FLOPs as counted everywhere (metrics, ops, roofline): 2 per parameter per
+    token (GEMM weights, biases, norm scales) plus causal attention."""
+    return 2.0 * tokens * layer_params(m) + attention_flops_fwd(m, tokens, seq_len) * CAUSAL_ATTENTION_FRACTION
 
 
 def elementwise_bytes_fwd_per_token(m: ModelSpec) -> float:
@@ -108,7 +127,7 @@ def elementwise_bytes_fwd_per_token(m: ModelSpec) -> float:
 
 def model_flops_per_step(m: ModelSpec, t: TrainingSpec, global_tokens: int, causal: bool = True) -> float:
     """Model FLOPs: 6*N*tokens + 3 passes x attention (causal: 6*L*h*s*tokens; full: 12*L*h*s*tokens)."""
-    n = total_params(m)
+    n = flop_params(m)
     attention = 3.0 * m.layers * attention_flops_fwd(m, global_tokens, t.seq_len)
     return 6.0 * n * global_tokens + attention * (CAUSAL_ATTENTION_FRACTION if causal else 1.0)
 
@@ -119,7 +138,17 @@ def hardware_flops_per_step(m: ModelSpec, t: TrainingSpec, global_tokens: int, c
     if not t.activation_checkpointing:
         return base
     attention = attention_flops_fwd(m, global_tokens, t.seq_len) * (CAUSAL_ATTENTION_FRACTION if causal else 1.0)
-    return base + m.layers * (layer_gemm_flops_fwd(m, global_tokens) + attention)
+    return base + m.layers * (2.0 * global_tokens * layer_params(m) + attention)
+
+
+def deepspeed_convention_flops_per_step(m: ModelSpec, t: TrainingSpec, global_tokens: int) -> float:
+    """FLOPs as DeepSpeed's examples and the ZeRO-Offload paper count them: per sample
+    2*c*P*s + 4*c*L*h*s^2 with c = 4 when activations are checkpointed, else 3; P = all parameters (embedding
+    table included), full (not causal) attention. Used only to compare with numbers published that way.
+    """
+    c = 4.0 if t.activation_checkpointing else 3.0
+    samples = global_tokens / t.seq_len
+    return samples * (2.0 * c * total_params(m) * t.seq_len + 4.0 * c * m.layers * m.hidden * t.seq_len**2)
 
 
 def activation_bytes_per_token_layer(m: ModelSpec) -> float:

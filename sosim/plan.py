@@ -43,6 +43,8 @@ class ResourceKind(StrEnum):
     CPU_OPT = "cpu_opt"  # CPU optimizer worker(s)
     CPU_MAIN = "cpu_main"  # the training process: its host thread and the CPU work it starts (casts, copies)
     NET = "net"  # GPU-GPU collectives (NCCL stream)
+    NVME_READ = "nvme_read"  # a rank's asynchronous-I/O reads from the node's NVMe volume (DeepSpeed aio handle)
+    NVME_WRITE = "nvme_write"  # its writes
 
 
 @dataclass(frozen=True, slots=True, order=True)
@@ -93,6 +95,8 @@ D2H = Resource(ResourceKind.D2H)
 CPU_OPT = Resource(ResourceKind.CPU_OPT)
 CPU_MAIN = Resource(ResourceKind.CPU_MAIN)
 NET = Resource(ResourceKind.NET)
+NVME_READ = Resource(ResourceKind.NVME_READ)
+NVME_WRITE = Resource(ResourceKind.NVME_WRITE)
 
 # Canonical order of resource kinds in traces and plots (GPU compute on top).
 TRACK_ORDER: tuple[ResourceKind, ...] = tuple(ResourceKind)

@@ -9,7 +9,7 @@ place them in their own pyplot figures.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -41,6 +41,7 @@ BREAKDOWN_COLORS: dict[str, str] = {
     "exposed_d2h_s": "#55a868",
     "exposed_h2d_s": "#8cc79a",
     "exposed_comm_s": "#8172b3",
+    "exposed_nvme_s": "#937860",
     "idle_s": "#bbbbbb",
 }
 FALLBACK_COLOR = "#999999"
@@ -115,8 +116,9 @@ def _save(fig: Figure, path: str | Path) -> Path:
     return out
 
 
-def result_figure(result: Result) -> Figure:
-    """Timeline of the steady-state step above its breakdown."""
+def result_figure(result: Result, band: Mapping[str, float] | None = None) -> Figure:
+    """Timeline of the steady-state step above its breakdown; ``band`` (sosim.bands metrics): the p10-p90 of
+    the step shaded on the timeline and named in the title."""
     from matplotlib.figure import Figure
 
     rows = len(result.plan.resources)
@@ -128,14 +130,20 @@ def result_figure(result: Result) -> Figure:
     scale, unit = time_unit(m["step_time_s"])
     top.set_title(f"{sc.name}: {sc.schedule.system} on {sc.hardware.name} — "
                   f"step {m['step_time_s'] * scale:.4g} {unit}, {m['tokens_per_s']:,.0f} tokens/s, MFU {m['mfu']:.1%}"
+                  + (f" (band p10-p90 {band['step_time_s_p10'] * scale:.4g}-"
+                     f"{band['step_time_s_p90'] * scale:.4g} {unit})" if band else "")
                   + ("" if m["feasible"] else "  [INFEASIBLE: out of memory]"))
+    if band:
+        lo, hi = band["step_time_s_p10"] * scale, band["step_time_s_p90"] * scale
+        top.axvspan(lo, hi, color=FALLBACK_COLOR, alpha=0.2, label="step p10-p90")
+        top.set_xlim(0, max(top.get_xlim()[1], hi))
     draw_breakdown(bottom, [result], ["breakdown"])
     return fig
 
 
-def plot_result(result: Result, path: str | Path) -> Path:
+def plot_result(result: Result, path: str | Path, band: Mapping[str, float] | None = None) -> Path:
     """Write the timeline + breakdown figure of ``result`` to ``path`` (format from the suffix)."""
-    return _save(result_figure(result), path)
+    return _save(result_figure(result, band), path)
 
 
 def compare_figure(results: Sequence[Result], labels: Sequence[str] | None = None) -> Figure:

@@ -33,7 +33,10 @@ EXPOSED_ORDER: tuple[tuple[str, frozenset[ResourceKind], frozenset[Category] | N
     ("exposed_d2h_s", frozenset({ResourceKind.D2H}), None),
     ("exposed_h2d_s", frozenset({ResourceKind.H2D}), None),
     ("exposed_comm_s", frozenset({ResourceKind.NET}), None),
+    ("exposed_nvme_s", frozenset({ResourceKind.NVME_READ, ResourceKind.NVME_WRITE}), None),
 )
+# Resource kinds whose time counts as the GPU being busy (compute stream and side streams).
+GPU_KINDS: frozenset[ResourceKind] = frozenset({ResourceKind.GPU, ResourceKind.GPU_CAST})
 BREAKDOWN_KEYS: tuple[str, ...] = (
     "gpu_compute_s",
     "gpu_other_s",
@@ -62,6 +65,7 @@ _BREAKDOWN_DOC = {
     "exposed_d2h_s": "GPU idle while a device-to-host copy runs",
     "exposed_h2d_s": "GPU idle while a host-to-device copy runs",
     "exposed_comm_s": "GPU idle while a collective runs",
+    "exposed_nvme_s": "GPU idle while NVMe reads or writes run",
     "idle_s": "GPU idle with nothing else busy",
 }
 
@@ -72,6 +76,9 @@ METRICS: tuple[MetricSpec, ...] = (
     MetricSpec("samples_per_s", "samples/s", float, "global sequences per second"),
     MetricSpec("model_tflops", "TFLOP/s", float, "model FLOPs per second per GPU (no recompute)"),
     MetricSpec("hardware_tflops", "TFLOP/s", float, "hardware FLOPs per second per GPU (recompute counted)"),
+    MetricSpec("deepspeed_convention_tflops", "TFLOP/s", float,
+               "TFLOP/s per GPU as DeepSpeed's examples and the ZeRO-Offload paper count them (all parameters, "
+               "full attention, recompute counted): only for comparison with numbers published that way"),
     MetricSpec("mfu", "fraction", float, "model FLOPs / peak of all GPUs"),
     MetricSpec("gpu_busy_frac", "fraction", float, "fraction of the step the GPU stream is busy"),
     *(MetricSpec(k, "s", float, _BREAKDOWN_DOC[k]) for k in BREAKDOWN_KEYS),
@@ -119,7 +126,9 @@ def step_breakdown(plan: Plan, start: np.ndarray, end: np.ndarray, t0: float, t1
     gpu = res == ResourceKind.GPU.value
     compute = cat == Category.COMPUTE.value
     gpu_compute = _active(s[gpu & compute], e[gpu & compute], mids)
-    gpu_any = _active(s[gpu], e[gpu], mids)
+    # GPU work on a side stream (casts) keeps the GPU busy too: it is "other" GPU work, never idle time.
+    on_gpu = np.isin(res, [k.value for k in GPU_KINDS])
+    gpu_any = _active(s[on_gpu], e[on_gpu], mids)
     out["gpu_compute_s"] = float(widths[gpu_compute].sum())
     out["gpu_other_s"] = float(widths[gpu_any & ~gpu_compute].sum())
     free = ~gpu_any
@@ -156,6 +165,8 @@ def compute_metrics(
         # Per GPU, as papers report them.
         "model_tflops": model_flops / step / TFLOP / gpus,
         "hardware_tflops": hw_flops / step / TFLOP / gpus,
+        "deepspeed_convention_tflops": tm.deepspeed_convention_flops_per_step(sc.model, sc.training, tokens)
+        / step / TFLOP / gpus,
         "mfu": model_flops / step / peak,
         "gpu_busy_frac": (br["gpu_compute_s"] + br["gpu_other_s"]) / step,
         **br,

@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+from typing import cast
+
+from sosim.collectives import TopologyCosts
 from sosim.config import Scenario
+from sosim.contention import node_plan
 from sosim.costs import AnalyticCostModel, CostModel
-from sosim.engine import run_plan
+from sosim.engine import run_plan_detailed
+from sosim.machine import Machine
 from sosim.memory import check_fit
 from sosim.result import Result, compute_metrics
 from sosim.schedules import SCHEDULES
@@ -21,16 +26,31 @@ def make_cost_model(sc: Scenario) -> CostModel:
     return TableCostModel.from_profile(analytic)
 
 
-def simulate(sc: Scenario) -> Result:
-    """Simulate ``sc`` and return its metrics, spans and memory. Deterministic for a given scenario."""
-    costs = make_cost_model(sc)
+def simulate(sc: Scenario, costs: CostModel | None = None) -> Result:
+    """Simulate ``sc`` and return its metrics, spans and memory. Deterministic for a given scenario.
+
+    ``costs``: another cost model for the same scenario (error bands replay sampled costs, sosim.bands);
+    default: the profile's own (:func:`make_cost_model`)."""
+    machine = Machine.from_scenario(sc)
+    base = make_cost_model(sc) if costs is None else costs
+    costs = base if machine.legacy else cast(CostModel, TopologyCosts(base, machine))
     module = SCHEDULES[sc.schedule.system]
     usage = module.memory_usage(sc)
+    # One rank's plan, expanded to the ranks of one node that share a host, with the node's shared resources
+    # handed to the engine (sosim/contention.py).
     plan = module.build_plan(sc, costs)
-    start, end = run_plan(plan)
-    fit = check_fit(usage, sc.hardware)
+    node, contention, ranks = node_plan(sc, machine, plan)
+    run = run_plan_detailed(node, contention)
+    # Metrics, spans and trace are rank 0's view (its ops are every ranks-th op of the node plan).
+    start, end = run.start_s[::ranks], run.end_s[::ranks]
+    fit = check_fit(usage, sc.hardware, machine)
     metrics = compute_metrics(sc, plan, start, end, usage, fit)
-    return Result(sc, metrics, plan, start, end, usage, provenance(sc, costs, module.choices(sc)))
+    prov = provenance(sc, costs, module.choices(sc))
+    prov.update({k: str(v) for k, v in machine.describe().items()})
+    # The FLOP convention behind model_tflops / mfu (sosim/model.py): long-sequence anchors hinge on it.
+    prov["attention_flops"] = "causal (half the s x s matrix; x2 for Megatron/paper-style full counting)"
+    prov.update({f"contention_{k}_s": f"{v:.6g}" for k, v in run.stretch_s.items()})
+    return Result(sc, metrics, plan, start, end, usage, prov)
 
 
 def provenance(sc: Scenario, costs: CostModel, choices: dict[str, str]) -> dict[str, str]:

@@ -341,7 +341,7 @@ class TableCostModel(AnalyticCostModel):
 
     @functools.cached_property
     def _layer_flops_fwd(self) -> float:
-        return tm.layer_gemm_flops_fwd(self.model, self.tokens_per_gpu) + self._attention_flops_fwd
+        return tm.layer_flops_fwd(self.model, self.tokens_per_gpu, self.training.seq_len)
 
     def gpu_cast_s(self, elements: float) -> float:
         measured = self.table.cast_time_s(elements, "gpu", "bf16", None)

@@ -13,6 +13,7 @@ linearly across its backward ops, reaching the schedule's reported activation pe
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +32,8 @@ RESOURCE_LABELS: dict[ResourceKind, str] = {
     ResourceKind.CPU_OPT: "CPU optimizer",
     ResourceKind.CPU_MAIN: "CPU main process",
     ResourceKind.NET: "Collectives (NCCL)",
+    ResourceKind.NVME_READ: "NVMe reads",
+    ResourceKind.NVME_WRITE: "NVMe writes",
 }
 PID = 1
 US_PER_S = 1e6
@@ -136,24 +139,35 @@ def _memory_events(result: Result) -> list[dict[str, Any]]:
     return events
 
 
-def chrome_trace(result: Result) -> dict[str, Any]:
-    """The trace as a JSON-ready dict: ``{"traceEvents": [...], "displayTimeUnit": "ms", "otherData": {...}}``."""
+def _band_events(result: Result, band: Mapping[str, float]) -> list[dict[str, Any]]:
+    """Global markers where the steady step would end at its band's p10 and p90 (sosim.bands)."""
+    t0, _ = result.steady_window_s
+    return [{"name": f"step {q} (band)", "ph": "i", "s": "g", "pid": PID, "tid": 0,
+             "ts": (t0 + band[f"step_time_s_{q}"]) * US_PER_S, "args": {f"step_time_s_{q}": band[f"step_time_s_{q}"]}}
+            for q in ("p10", "p90")]
+
+
+def chrome_trace(result: Result, band: Mapping[str, float] | None = None) -> dict[str, Any]:
+    """The trace as a JSON-ready dict: ``{"traceEvents": [...], "displayTimeUnit": "ms", "otherData": {...}}``.
+
+    ``band``: the error band's metrics (``step_time_s_p10`` ...): markers at p10/p90 and the values in otherData.
+    """
     tids = {r: i + 1 for i, r in enumerate(resource_order(result.plan.resources))}
     events = [*_metadata(result, tids), *_op_events(result, tids), *_iteration_events(result),
-              *_memory_events(result)]
+              *_memory_events(result), *(_band_events(result, band) if band else [])]
     m = result.metrics
     other = {"scenario": result.scenario.name, "system": result.scenario.schedule.system,
              "hardware": result.scenario.hardware.name, "step_time_s": m["step_time_s"],
              "tokens_per_s": m["tokens_per_s"], "feasible": m["feasible"],
-             "provenance": dict(result.provenance)}
+             "provenance": dict(result.provenance), **(dict(band) if band else {})}
     return {"traceEvents": events, "displayTimeUnit": "ms", "otherData": other}
 
 
-def write_trace(result: Result, path: str | Path) -> Path:
+def write_trace(result: Result, path: str | Path, band: Mapping[str, float] | None = None) -> Path:
     """Write the Chrome trace of ``result`` to ``path`` (parent folders are created) and return the path."""
     out = Path(path)
     out.parent.mkdir(parents=True, exist_ok=True)
     with out.open("w") as fh:
         # Compact separators: an 80-layer trace is a few MB and this keeps it small and fast to write.
-        json.dump(chrome_trace(result), fh, separators=(",", ":"))
+        json.dump(chrome_trace(result, band), fh, separators=(",", ":"))
     return out

@@ -161,10 +161,17 @@ def run_validation(path: Path = DEFAULT_REFERENCES, base_dir: Path = ROOT) -> li
 
 
 def _cmd(args: argparse.Namespace) -> int:
+    from sosim import validate_measured as vm
+
     rows = run_validation(Path(args.references))
     bad = [r for r in rows if not r.within]
+    # The measured DeepSpeed runs: rows read from calibration/*/deepspeed_steps.csv (sosim.validate_measured).
+    measured = None if args.no_measured else vm.validate_measured(
+        None if args.measured is None else [Path(m) for m in args.measured], bands=args.band_replays)
+    bad_measured = 0 if measured is None else sum(not r.within for r in measured.results)
     if args.format == "json":
-        print_json({"rows": [r.__dict__ for r in rows], "out_of_budget": len(bad)})
+        print_json({"rows": [r.__dict__ for r in rows], "out_of_budget": len(bad) + bad_measured,
+                    **({"measured": measured.to_json()} if measured is not None else {})})
     else:
         print(f"{'id':<34} {'published':>10} {'predicted':>10} {'error':>8} {'budget':>7}  ok")
         for r in rows:
@@ -175,7 +182,9 @@ def _cmd(args: argparse.Namespace) -> int:
             bud = f"{r.budget:.0f}{unit}" if unit else f"{r.budget:.0%}"
             print(f"{r.id:<34} {pub:>10} {pred:>10} {err:>8} {bud:>7}  {'yes' if r.within else 'NO'}")
         print(f"\n{len(rows) - len(bad)}/{len(rows)} rows within budget")
-    return 1 if bad else 0
+        if measured is not None:
+            print("\n" + vm.format_report(measured))
+    return 1 if bad or bad_measured else 0
 
 
 def register_cli(sub: Any) -> None:
@@ -183,4 +192,7 @@ def register_cli(sub: Any) -> None:
     p.add_argument("--references", default=str(DEFAULT_REFERENCES),
                    help="reference rows (default: the shipped validation/references.yaml)")
     p.add_argument("--format", choices=["table", "json"], default="table")
+    from sosim.validate_measured import add_arguments as add_measured_arguments
+
+    add_measured_arguments(p)
     p.set_defaults(func=_cmd)

@@ -263,12 +263,12 @@ def test_other_inputs_that_could_hurt(tmp_path: Path, capsys: pytest.CaptureFixt
 def test_mfu_definition_printed_is_the_one_computed() -> None:
     """The table's definition, by hand: (6 N tokens + 6 L h s tokens) / step / peak equals the metric."""
     from sosim import load_scenario, simulate
-    from sosim.model import total_params
+    from sosim.model import flop_params
 
     sc = load_scenario("gh200_zero_offload_4b")
     r = simulate(sc)
     m, t = sc.model, sc.training
     tokens = t.seq_len * t.micro_batch * t.grad_accum * sc.cluster.gpus
-    flops = 6 * total_params(m) * tokens + 6 * m.layers * m.hidden * t.seq_len * tokens
+    flops = 6 * flop_params(m) * tokens + 6 * m.layers * m.hidden * t.seq_len * tokens
     peak = sc.hardware.gpu.peak_bf16_tflops * 1e12 * sc.cluster.gpus
     assert r.metrics["mfu"] == pytest.approx(flops / r.metrics["step_time_s"] / peak, rel=1e-12)

@@ -73,12 +73,15 @@ def test_stage_and_offload_pick_the_system(zero: dict[str, Any], system: str) ->
 
 def test_no_offload_partitions_model_state_like_zero() -> None:
     # 16 B/param (bf16 params + grads, fp32 master + m + v), partitioned across 4 data-parallel ranks.
-    expect = {0: 16.0, 1: 4 + 12 / 4, 2: 2 + 14 / 4, 3: 16 / 4}
+    expect = {0: 16.0, 1: 4 + 12 / 4, 2: 2 + 14 / 4}
     for stage, state in expect.items():
         ds = {**ds_with(stage=stage), "train_batch_size": 16, "gradient_accumulation_steps": 1}
         m = mapping(ds)
         assert m.scenario["cluster"]["gpus"] == 4  # implied by 16 = 4 x 1 x ranks
         assert m.scenario["schedule"]["state_bytes_per_param"] == state
+    # Stage 3 without offload is its own system: weights gathered per layer (sosim/schedules/zero3.py).
+    ds = {**ds_with(stage=3, zero_quantized_weights=True), "train_batch_size": 16, "gradient_accumulation_steps": 1}
+    assert mapping(ds).scenario["schedule"] == {"system": "zero3", "zero_quantized_weights": True}
 
 
 def test_deepspeed_defaults_are_used_and_reported() -> None:
@@ -268,9 +271,12 @@ def test_invalid_values_name_file_line_and_key() -> None:
 }"""
     with pytest.raises(ConfigError) as err:
         map_ds_config(parse_json(text, "ds.json"), HfModel(model=dict(LLAMA)), RunInputs(hardware=HW))
-    assert err.value.problems == [
-        'ds.json:7: zero_optimization.offload_optimizer.device: "nvme": sosim models no NVMe tier (no NVMe '
-        'bandwidth in the hardware profiles); use "cpu" to predict CPU offload']
+    # NVMe is a modelled tier (zero_infinity_nvme): the typo is the problem, not the device.
+    assert err.value.problems[0].startswith("ds.json:6: zero_optimization.overlap_com: unknown key")
+    stage2 = text.replace('"stage": 3', '"stage": 2').replace('"overlap_com"', '"overlap_comm"')
+    with pytest.raises(ConfigError) as err:
+        map_ds_config(parse_json(stage2, "ds.json"), HfModel(model=dict(LLAMA)), RunInputs(hardware=HW))
+    assert "NVMe offload is modelled for ZeRO stage 3" in err.value.problems[0]
     text = text.replace('"nvme"', '"cpu"')
     with pytest.raises(ConfigError) as err:
         map_ds_config(parse_json(text, "ds.json"), HfModel(model=dict(LLAMA)), RunInputs(hardware=HW))

@@ -5,11 +5,12 @@ from __future__ import annotations
 import itertools
 
 import numpy as np
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sosim.engine import run_plan
-from sosim.plan import CPU_OPT, D2H, GPU, H2D, Phase, Plan, ResourceKind, critical_path_s, list_schedule
+from sosim.engine import Contention, run_plan
+from sosim.plan import CPU_OPT, D2H, GPU, H2D, Phase, Plan, critical_path_s, list_schedule
 
 F = Phase.FORWARD
 
@@ -26,12 +27,21 @@ def test_hand_computed_two_resources() -> None:
     assert list(end) == [1.0, 3.0, 1.5, 4.0, 5.0]
 
 
-def test_duplex_factor_slows_a_copy_that_starts_while_the_other_direction_is_busy() -> None:
-    plan = Plan(duplex_factors={ResourceKind.H2D: 0.5, ResourceKind.D2H: 0.5})
+def test_duplex_link_is_shared_while_both_directions_run() -> None:
+    """Duplex contention comes from the link's bidirectional total, handed to the engine as a shared resource.
+
+    Each direction 20 GB/s, both together 30: while both copies run, each gets 15 (rate 0.75). 'up' (1 s at
+    full speed) ends at 4/3 s; 'down' has done 1 s of its 2 s by then and finishes the rest at full speed.
+    """
+    plan = Plan()
     plan.add(D2H, "down", 2.0, phase=F)
-    plan.add(H2D, "up", 1.0, phase=F)  # starts at 0 too: whichever starts second sees the other busy
-    _start, end = run_plan(plan)
-    assert sorted(end.tolist()) == [2.0, 2.0]  # 'up' takes 1.0 / 0.5 = 2.0 s
+    plan.add(H2D, "up", 1.0, phase=F)
+    gb = 1e9
+    contention = Contention(("h2d", "d2h", "bidir"), (20 * gb, 20 * gb, 30 * gb),
+                            {0: ((1, 20 * gb), (2, 20 * gb)), 1: ((0, 20 * gb), (2, 20 * gb))})
+    _start, end = run_plan(plan, contention)
+    assert end[1] == pytest.approx(4 / 3, rel=1e-12)
+    assert end[0] == pytest.approx(7 / 3, rel=1e-12)
 
 
 @st.composite

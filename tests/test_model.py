@@ -28,13 +28,15 @@ def test_llama3_8b_gqa_parameter_count() -> None:
 def test_model_flops_formula_and_recompute() -> None:
     m = ModelSpec(layers=2, hidden=64, heads=4, vocab=100)
     t = TrainingSpec(seq_len=16, micro_batch=1, activation_checkpointing=False)
-    n = tm.total_params(m)
+    # The untied input-embedding table is a lookup: it does no FLOPs and is not counted.
+    n = tm.total_params(m) - (0 if m.tied_embeddings else 100 * 64)
+    assert tm.flop_params(m) == n
     # Causal attention: 6*L*h*s per token (half of the full-matrix 12*L*h*s, which causal=False gives).
     assert tm.model_flops_per_step(m, t, 16) == 6 * n * 16 + 6 * 2 * 64 * 16 * 16
     assert tm.model_flops_per_step(m, t, 16, causal=False) == 6 * n * 16 + 12 * 2 * 64 * 16 * 16
     assert tm.hardware_flops_per_step(m, t, 16) == tm.model_flops_per_step(m, t, 16)
     tc = t.model_copy(update={"activation_checkpointing": True})
-    extra = 2 * (tm.layer_gemm_flops_fwd(m, 16) + 2 * 16 * 16 * 64)
+    extra = 2 * (2 * 16 * tm.layer_params(m) + 2 * 16 * 16 * 64)
     assert tm.hardware_flops_per_step(m, tc, 16) == pytest.approx(tm.model_flops_per_step(m, tc, 16) + extra)
 
 

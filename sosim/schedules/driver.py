@@ -23,6 +23,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol, cast
 
+from sosim.machine import zero_group
 from sosim.plan import GPU, NET, SYNC, Category, Op, Phase, Plan, Resource, ResourceKind
 
 if TYPE_CHECKING:
@@ -54,7 +55,7 @@ class Ctx:
     dp: int = 1  # data-parallel ranks (set from the scenario)
 
     def __post_init__(self) -> None:
-        self.dp = self.sc.cluster.dp
+        self.dp = zero_group(self.sc)
 
     def add(self, resource: Resource, name: str, duration_s: float, deps: Sequence[int | None], *,
             phase: Phase, category: Category, layer: int = -1, n_bytes: float = 0.0, flops: float = 0.0,
@@ -179,7 +180,10 @@ def pass_op(ctx: Ctx, u: Unit, phase: Phase, deps: Sequence[int]) -> int:
     tag = "fwd" if phase is Phase.FORWARD else "bwd"
     deps = list(deps)
     if u.a2a_s > 0:
-        deps = [ctx.add(NET, f"all_to_all_{tag}:{u.name}", u.a2a_s, deps, layer=u.index, category=Category.COMM,
+        # It exchanges this layer's activations, which the previous compute op produces: it cannot run ahead
+        # of it (it sits inside the layer: projection, all-to-all, attention, all-to-all, projection).
+        deps = [ctx.add(NET, f"all_to_all_{tag}:{u.name}", u.a2a_s, [*deps, *ctx.computed[-1:]], layer=u.index,
+                        category=Category.COMM,
                         phase=phase, n_bytes=u.a2a_bytes)]
     duration, flops = (u.fwd_s, u.fwd_flops) if phase is Phase.FORWARD else (u.bwd_s, u.bwd_flops)
     op = ctx.gpu_op(f"{tag}:{u.name}", duration, deps, phase=phase, category=Category.COMPUTE, layer=u.index,

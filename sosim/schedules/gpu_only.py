@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Literal
 
 from sosim import model as tm
 from sosim.config import PosFloat, ScheduleKnobs
+from sosim.machine import rank_threads
 from sosim.memory import MemoryUsage
 from sosim.plan import NET, Category, Phase, Plan
 from sosim.schedules import cpu, layout
@@ -93,7 +94,7 @@ def recipe(sc: Scenario, costs: CostModel) -> Recipe:
     whole = [layout.Group(0, tuple(t.index for t in tensors), sum(t.elements for t in tensors), on_gpu=True)]
     reduce = AllReduce()
     return Recipe(layout=layout.make_layout(units, tensors, flushes, whole),
-                  cpu=cpu.one_process(sc.hardware.cpu.cores, "cpu_adam"), weights=Replicated(),
+                  cpu=cpu.one_process(rank_threads(sc), "cpu_adam"), weights=Replicated(),
                   grads=reduce, step=GpuAdamStep(reduce))
 
 

@@ -137,7 +137,7 @@ def ulysses_all_to_all_s(sc: Scenario, costs: CostModel) -> float:
     if sp <= 1:
         return 0.0
     n_bytes = 4.0 * tokens_per_gpu(sc) * sc.model.hidden * BF16_BYTES
-    return costs.collective_s("all_to_all", n_bytes * sp, sp)
+    return costs.collective_s("all_to_all", n_bytes, sp)  # each rank's buffer; (P-1)/P of it leaves the GPU
 
 
 def build_units(sc: Scenario, costs: CostModel) -> list[Unit]:
@@ -151,8 +151,7 @@ def build_units(sc: Scenario, costs: CostModel) -> list[Unit]:
     tokens = tokens_per_gpu(sc)
     # FLOPs as model.py counts them (causal attention: the kernels skip the masked half); backward = 2x
     # forward, + a forward if recomputed.
-    attention_fwd_flops = tm.attention_flops_fwd(m, tokens, sc.training.seq_len) * tm.CAUSAL_ATTENTION_FRACTION
-    layer_fwd_flops = tm.layer_gemm_flops_fwd(m, tokens) + attention_fwd_flops
+    layer_fwd_flops = tm.layer_flops_fwd(m, tokens, sc.training.seq_len)
     layer_bwd_flops = layer_fwd_flops * (3.0 if sc.training.activation_checkpointing else 2.0)
     units += [Unit(i, f"layer{i - 1}", layer_p, fwd, bwd, a2a, a2a_bytes, layer_fwd_flops, layer_bwd_flops)
               for i in range(1, m.layers + 1)]

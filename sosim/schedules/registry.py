@@ -11,7 +11,15 @@ from typing import TYPE_CHECKING, Annotated, Any, NamedTuple, Union
 
 from pydantic import Field, TypeAdapter
 
-from sosim.schedules import gpu_only, superoffload, zero3_offload, zero_infinity, zero_offload
+from sosim.schedules import (
+    gpu_only,
+    superoffload,
+    zero3,
+    zero3_offload,
+    zero_infinity,
+    zero_infinity_nvme,
+    zero_offload,
+)
 
 if TYPE_CHECKING:
     from sosim.config import Scenario, ScheduleKnobs
@@ -42,6 +50,8 @@ SYSTEMS: MappingProxyType[str, System] = MappingProxyType({
     "zero3_offload": _system(zero3_offload, zero3_offload.Zero3OffloadKnobs),
     "zero_infinity": _system(zero_infinity, zero_infinity.ZeroInfinityKnobs),
     "superoffload": _system(superoffload, superoffload.SuperOffloadKnobs),
+    "zero_infinity_nvme": _system(zero_infinity_nvme, zero_infinity_nvme.ZeroInfinityNvmeKnobs),
+    "zero3": _system(zero3, zero3.Zero3Knobs),
 })
 SYSTEM_NAMES: tuple[str, ...] = tuple(SYSTEMS)
 

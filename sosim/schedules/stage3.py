@@ -7,6 +7,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from sosim import model as tm
+from sosim.machine import zero_group
 from sosim.memory import MemoryUsage
 from sosim.schedules import layout
 from sosim.schedules.weights import Stage3Hooks
@@ -32,7 +33,7 @@ def deepspeed_layout(sc: Scenario, costs: CostModel, sub_group_elements: float, 
     tensors = layout.build_tensors(sc.model, units)
     flushes = layout.make_flushes(tensors, layout.bucket_elements_from_mb(bucket_mb), "overflow")
     # Sub-groups are cut on each rank's partition sizes: sub_group_size partition elements = x dp elements.
-    groups = layout.gpu_groups_by_ratio(layout.subgroups(tensors, sub_group_elements * sc.cluster.dp), ratio)
+    groups = layout.gpu_groups_by_ratio(layout.subgroups(tensors, sub_group_elements * zero_group(sc)), ratio)
     return layout.make_layout(units, tensors, flushes, groups)
 
 
@@ -51,7 +52,7 @@ def footprint(sc: Scenario, *, weight_flow: bool, offload_checkpoints: bool, gpu
     bf16 weights in HBM (partitioned, plus the gathered working set) or streamed from the host."""
     m, t = sc.model, sc.training
     p = tm.total_params(m)
-    dp = sc.cluster.dp
+    dp = zero_group(sc)
     layer_bytes = tm.layer_params(m) * BF16_BYTES
     tokens = t.micro_batch * t.seq_len // sc.cluster.sequence_parallel
     gpu: dict[str, float] = {"transfer_buffers": gpu_buffer_bytes}
@@ -95,5 +96,5 @@ def deepspeed_gpu_fraction(sc: Scenario, sub_group_elements: float, ratio: float
     if ratio >= 1.0:
         return 0.0
     tensors = layout.build_tensors(sc.model, layout.param_units(sc.model))
-    groups = layout.gpu_groups_by_ratio(layout.subgroups(tensors, sub_group_elements * sc.cluster.dp), ratio)
+    groups = layout.gpu_groups_by_ratio(layout.subgroups(tensors, sub_group_elements * zero_group(sc)), ratio)
     return sum(g.elements for g in groups if g.on_gpu) / sum(g.elements for g in groups)

@@ -25,6 +25,7 @@ from pydantic import BaseModel, model_validator
 
 from sosim import model as tm
 from sosim.config import AdamImpl, Fraction, OffloadKnobs, PosFloat, UnitInterval
+from sosim.machine import rank_threads
 from sosim.memory import MemoryUsage, check_fit
 from sosim.plan import Plan
 from sosim.schedules import cpu, layout, stage3
@@ -139,7 +140,7 @@ def deepspeed(sc: Scenario, costs: CostModel, s: SuperOffloadKnobs) -> Recipe:
     refresh = HostCopyOnly(cast=True) if flow else BlockingCopy("superoffload")
     return Recipe(
         layout=stage3.deepspeed_layout(sc, costs, s.sub_group_elements, s.bucket_mb, 1.0 - s.gpu_optimizer_fraction),
-        cpu=cpu.split_cores(sc.hardware.cpu.cores, s.cpu_adam_core_fraction, False, s.cpu_adam),
+        cpu=cpu.split_cores(rank_threads(sc), s.cpu_adam_core_fraction, False, s.cpu_adam),
         weights=HostStreamed(1, BF16_BYTES) if flow else Partitioned(),
         hooks=stage3.deepspeed_hooks(sc, costs),
         grads=Stage3Gradients(overlap_comm=s.overlap_comm, pinned=s.pin_memory, superoffload=True),
@@ -161,7 +162,7 @@ def ideal(sc: Scenario, costs: CostModel, s: SuperOffloadKnobs) -> Recipe:
             else AfterBackward(refresh, norm=t.gradient_clipping > 0 or t.precision == "fp16"))
     return Recipe(
         layout=layout.make_layout(units, tensors, flushes, groups),
-        cpu=cpu.split_cores(sc.hardware.cpu.cores, s.cpu_adam_core_fraction, True, s.cpu_adam),
+        cpu=cpu.split_cores(rank_threads(sc), s.cpu_adam_core_fraction, True, s.cpu_adam),
         weights=HostStreamed(1, refresh_bytes) if flow else Partitioned(),
         activations=CheckpointsOnHost() if flow else ActivationsOnGpu(),
         grads=HostGradients(fp32_on_gpu=gpu_cast, overlap_comm=s.overlap_comm),

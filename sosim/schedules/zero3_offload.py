@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, ClassVar, Literal
 from pydantic import BaseModel, model_validator
 
 from sosim.config import AdamImpl, Fraction, OffloadKnobs, PosFloat
+from sosim.machine import rank_threads, zero_group
 from sosim.memory import MemoryUsage
 from sosim.plan import Plan
 from sosim.schedules import cpu, layout, stage3
@@ -87,7 +88,7 @@ def memory_usage(sc: Scenario) -> MemoryUsage:
 def deepspeed(sc: Scenario, costs: CostModel, s: Zero3Knobs) -> Recipe:
     return Recipe(
         layout=stage3.deepspeed_layout(sc, costs, s.sub_group_elements, s.bucket_mb, ratio=1.0),
-        cpu=cpu.one_process(sc.hardware.cpu.cores, s.cpu_adam),
+        cpu=cpu.one_process(rank_threads(sc), s.cpu_adam),
         weights=Partitioned(),
         hooks=stage3.deepspeed_hooks(sc, costs),
         grads=Stage3Gradients(overlap_comm=s.overlap_comm, pinned=s.pin_memory, superoffload=False),
@@ -99,11 +100,11 @@ def ideal(sc: Scenario, costs: CostModel, s: Zero3Knobs) -> Recipe:
     units = layout.build_units(sc, costs)
     tensors = layout.build_tensors(sc.model, units)
     flushes = layout.make_flushes(tensors, layout.bucket_elements_from_mb(s.bucket_mb), "fill")
-    groups = layout.subgroups(tensors, s.sub_group_elements * sc.cluster.dp)
+    groups = layout.subgroups(tensors, s.sub_group_elements * zero_group(sc))
     t = sc.training
     return Recipe(
         layout=layout.make_layout(units, tensors, flushes, groups),
-        cpu=cpu.split_cores(sc.hardware.cpu.cores, s.cpu_adam_core_fraction, True, s.cpu_adam),
+        cpu=cpu.split_cores(rank_threads(sc), s.cpu_adam_core_fraction, True, s.cpu_adam),
         weights=Partitioned(),
         grads=HostGradients(fp32_on_gpu=False, overlap_comm=s.overlap_comm),
         step=AfterBackward(CastAndCopy(cast_on_gpu=False, pinned=s.pin_memory),

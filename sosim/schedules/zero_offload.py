@@ -24,6 +24,7 @@ from pydantic import BaseModel, model_validator
 
 from sosim import model as tm
 from sosim.config import AdamImpl, Fraction, OffloadKnobs, PosFloat
+from sosim.machine import rank_threads
 from sosim.memory import MemoryUsage
 from sosim.plan import Plan
 from sosim.schedules import cpu, layout
@@ -110,7 +111,7 @@ def deepspeed(sc: Scenario, costs: CostModel, s: ZeroOffloadKnobs) -> Recipe:
     whole = [layout.Group(0, tuple(t.index for t in tensors), sum(t.elements for t in tensors))]
     return Recipe(
         layout=layout.make_layout(units, tensors, flushes, whole),
-        cpu=cpu.one_process(sc.hardware.cpu.cores, s.cpu_adam),
+        cpu=cpu.one_process(rank_threads(sc), s.cpu_adam),
         weights=Replicated(),
         hooks=HostSyncsInBackward(SYNC_S_PER_TENSOR * TENSORS_PER_LAYER),
         grads=Stage2Gradients(overlap_comm=s.overlap_comm, pinned=s.pin_memory, host_waits_for_copies=True),
@@ -127,7 +128,7 @@ def ideal(sc: Scenario, costs: CostModel, s: ZeroOffloadKnobs) -> Recipe:
     t = sc.training
     return Recipe(
         layout=layout.make_layout(units, tensors, flushes, layout.groups_from_flushes(flushes)),
-        cpu=cpu.split_cores(sc.hardware.cpu.cores, s.cpu_adam_core_fraction, True, s.cpu_adam),
+        cpu=cpu.split_cores(rank_threads(sc), s.cpu_adam_core_fraction, True, s.cpu_adam),
         weights=Replicated(),
         grads=HostGradients(fp32_on_gpu=False, overlap_comm=s.overlap_comm),
         step=AfterBackward(CopyBf16(pinned=s.pin_memory), norm=t.gradient_clipping > 0 or t.precision == "fp16",

@@ -1,0 +1,164 @@
+"""Contention as a model handed to the engine: from one rank's plan and the machine, the node's plan (one
+copy per rank that shares a host) and which ops draw on which shared resource.
+
+What each kind of op draws on, per second at full speed:
+
+* a host<->device copy of rank r: its bytes per second on every resource of its route (the GPU's own link
+  direction and the link's bidirectional total, the PCIe uplink it sits behind, the cross-socket link when
+  the memory is on another socket, the socket's DRAM);
+* CPU work of rank r (the optimizer worker and the training process's casts and passes): its threads from the
+  node's core pool, and the socket's DRAM bandwidth in proportion to its threads (memory-bound kernels reach
+  the socket's bandwidth at ``adam_saturation_cores`` threads);
+* GPU kernels and collectives draw on nothing shared (a collective's NIC share is inside its duration, see
+  :mod:`sosim.collectives`).
+
+Ranks that behave alike are simulated once: when no shared resource is reachable by two ranks (a GH200
+node: each Superchip has its own Grace, C2C and NIC), one rank stands for all; otherwise every rank of one
+node is simulated and its collectives wait for all of them (a collective starts when the last rank is there).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from sosim.config import Scenario
+from sosim.engine import Contention
+from sosim.machine import Machine
+from sosim.plan import Category, Plan, Resource, ResourceKind
+
+_COPY = {ResourceKind.H2D: "h2d", ResourceKind.D2H: "d2h"}
+_CPU = frozenset({ResourceKind.CPU_OPT, ResourceKind.CPU_MAIN})
+# CPU ops that are the host thread's own single-threaded work (hooks, bookkeeping, host syncs).
+_HOST_THREAD = frozenset({Category.FRAMEWORK, Category.SYNC})
+_COLLECTIVE = frozenset({ResourceKind.NET})
+# A copy moving its bytes at less than this fraction of the link's pinned rate is staged by the CPU.
+STAGED_FRACTION = 0.5
+_NVME = {ResourceKind.NVME_READ: "nvme.read", ResourceKind.NVME_WRITE: "nvme.write"}
+
+
+def rank_resource(resource: Resource, rank: int) -> Resource:
+    """The same resource on another local rank (a resource's instance is its rank)."""
+    return resource if rank == 0 else Resource(resource.kind, rank)
+
+
+def ranks_share_host(m: Machine, uses_nvme: bool = False) -> bool:
+    """Whether two simulated ranks can draw on one shared resource (then each must be simulated)."""
+    if m.legacy or m.local_ranks <= 1:
+        return False
+    node = m.profile.node
+    assert node is not None
+    if node.dram_GBps is not None and len(set(m.rank_socket)) < m.local_ranks:
+        return True
+    ups = [u for u in m.rank_uplink if u >= 0]
+    if len(ups) != len(set(ups)):
+        return True
+    if node.nvme is not None and uses_nvme:
+        return True
+    return m.threads_per_rank * m.local_ranks > m.cores_per_socket * m.sockets  # oversubscribed cores
+
+
+def expand_ranks(plan: Plan, ranks: int) -> Plan:
+    """The node's plan: ``ranks`` copies of one rank's plan, each on its own resources.
+
+    Op ``i`` of rank ``r`` gets id ``i * ranks + r`` (so every dependency still points to a smaller id); rank
+    0's ops are ``plan``'s ops at ids multiplied by ``ranks``. A collective of rank r additionally waits for
+    what the same collective waits for on every other rank.
+    """
+    if ranks <= 1:
+        return plan
+    out = Plan(duplex_factors=dict(plan.duplex_factors))
+    ops = out.ops
+    for op in plan.ops:
+        shifted = [tuple(d * ranks + r for d in op.deps) for r in range(ranks)]
+        synced = tuple(sorted({d for deps in shifted for d in deps})) if op.resource.kind in _COLLECTIVE else None
+        for r in range(ranks):
+            deps = synced if synced is not None else shifted[r]
+            ops.append(dataclasses.replace(op, id=op.id * ranks + r, resource=rank_resource(op.resource, r),
+                                           deps=deps))
+    out.iteration_starts = [i * ranks for i in plan.iteration_starts]
+    return out
+
+
+def node_plan(sc: Scenario, m: Machine, plan: Plan) -> tuple[Plan, Contention, int]:
+    """The plan the engine runs for one node, the contention it is handed, and how many ranks it holds
+    (rank 0's op ``i`` is the node plan's op ``i * ranks``)."""
+    uses_nvme = any(op.resource.kind in _NVME for op in plan.ops)
+    simulated = m.local_ranks if ranks_share_host(m, uses_nvme) else 1
+    node = expand_ranks(plan, simulated)
+    return node, contention_for(sc, m, node, simulated), simulated
+
+
+def contention_for(sc: Scenario, m: Machine, plan: Plan, simulated_ranks: int) -> Contention:
+    shared = m.shared_resources()
+    index = {s.name: k for k, s in enumerate(shared)}
+    hw = m.profile
+    link = hw.link
+    rate = {"h2d": link.h2d_GBps * 1e9, "d2h": link.d2h_GBps * 1e9}
+    node = hw.node
+    dram_Bps = node.dram_GBps * 1e9 if node is not None and node.dram_GBps is not None else 0.0
+    fraction = float(getattr(sc.schedule, "cpu_adam_core_fraction", 1.0))
+    threads = float(m.threads_per_rank)
+    # The optimizer worker's threads and the training process's (they split the rank's threads when the
+    # worker is given a fraction of them; otherwise they take turns on all of them).
+    split = {ResourceKind.CPU_OPT: max(1.0, threads * fraction),
+             ResourceKind.CPU_MAIN: max(1.0, threads * (1 - fraction))} \
+        if fraction < 1 else {ResourceKind.CPU_OPT: threads, ResourceKind.CPU_MAIN: threads}
+    saturation = float(hw.cpu.adam_saturation_cores)
+    uses: dict[int, tuple[tuple[int, float], ...]] = {}
+    for op in plan.ops:
+        if op.duration_s <= 0:
+            continue
+        kind, rank = op.resource.kind, op.resource.instance
+        if rank >= simulated_ranks:
+            continue
+        if kind in _COPY:
+            direction = _COPY[kind]
+            # Its average rate over its whole duration (latency included): the rate the engine scales, so
+            # a copy's time under a fair share is its bytes over that share whatever its nominal speed.
+            bps = op.n_bytes / op.duration_s if op.n_bytes > 0 else rate[direction]
+            route = m.route(rank, "host", "hbm") if direction == "h2d" else m.route(rank, "hbm", "host")
+            demand = [(index[name], bps) for name in route if name in index]
+            if bps < STAGED_FRACTION * rate[direction]:
+                # Far below the link's pinned rate: a copy the CPU stages (pageable memory through a bounce
+                # buffer, DeepSpeed's cast-and-copy refresh with its page faults). Its speed is the CPU's: it
+                # takes the rank's threads, and its bytes cross the socket's memory three times (read the
+                # source, write the staging buffer, the DMA's read).
+                if "cores" in index:
+                    demand.append((index["cores"], threads))
+                socket = m.rank_socket[rank] if not m.legacy else rank
+                for k, (res, d) in enumerate(demand):
+                    if res == index.get(f"dram{socket}"):
+                        demand[k] = (res, 3.0 * d)
+            uses[op.id] = tuple(demand)
+        elif kind in _NVME:
+            # The node's volume in that direction, and the pinned host buffer it fills or drains.
+            bps = op.n_bytes / op.duration_s if op.n_bytes > 0 else 0.0
+            socket = m.rank_socket[rank] if not m.legacy else rank
+            names = [_NVME[kind], f"dram{socket}"]
+            if bps > 0:
+                uses[op.id] = tuple((index[n], bps) for n in names if n in index)
+        elif kind in _CPU and op.category in _HOST_THREAD:
+            # The training process's host thread itself (framework hooks, step()'s bookkeeping, waits): one
+            # core of Python, not a memory-bound kernel.
+            if "cores" in index:
+                uses[op.id] = ((index["cores"], 1.0),)
+        elif kind in _CPU:
+            t = split[kind]
+            demand = [(index["cores"], t)] if "cores" in index else []
+            socket = m.rank_socket[rank] if not m.legacy else rank
+            if dram_Bps > 0 and f"dram{socket}" in index:
+                # Its memory traffic per second: the op's bytes over its duration when the plan says (CPU Adam
+                # moves 28 B/param), else a memory-bound kernel's share of the socket by its threads.
+                bps = op.n_bytes / op.duration_s if op.n_bytes > 0 else dram_Bps * min(1.0, t / saturation)
+                demand.insert(0, (index[f"dram{socket}"], bps))
+            if demand:
+                uses[op.id] = tuple(demand)
+    capacity = tuple(s.capacity for s in shared)
+    # An op alone runs at its planned duration (the cost model's, measured or analytic): where its estimated
+    # demand exceeds a capacity on its own (a measured copy slightly faster than the profile's nominal rate, or
+    # a what-if direction above the link's bidirectional total), its demands are scaled down to fit.
+    for op_id, ks in uses.items():
+        scale = min(1.0, *(capacity[k] / d for k, d in ks if d > 0))
+        if scale < 1.0:
+            uses[op_id] = tuple((k, d * scale) for k, d in ks)
+    return Contention(tuple(s.name for s in shared), capacity, uses)
