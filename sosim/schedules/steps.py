@@ -139,17 +139,15 @@ class BlockingCopy:
     ``system`` selects the measured variant (ZeRO-3's or SuperOffload's thread split)."""
 
     system: str
-    # Threads doing the cast: None = the training process's bulk cores (its OpenMP pool: all cores, also under
-    # SuperOffload, whose affinity call confines only the main thread: docs/calibration.md "Affinities").
-    threads: float | None = None
 
     def __call__(self, ctx: Ctx, g: Group, deps: list[int]) -> int:
         shard, layer = _shard(ctx, g), _layer(ctx, g)
         if g.on_gpu:
             return ctx.gpu_op(f"param_cast_bf16:g{g.index}", ctx.costs.gpu_cast_s(shard), deps, phase=R,
                               category=Category.CAST, layer=layer, group=g.index)
-        threads = ctx.cpu.bulk_cores if self.threads is None else self.threads
-        dur = ctx.costs.ds_refresh_s(shard, threads, False, self.system)
+        # The cast runs on the training process's OpenMP pool: all cores, also under SuperOffload, whose affinity
+        # call confines only the main thread (docs/calibration.md "Affinities").
+        dur = ctx.costs.ds_refresh_s(shard, ctx.cpu.bulk_cores, False, self.system)
         return ctx.add(H2D, f"param_refresh_copy_:g{g.index}", dur, [*deps, ctx.host_issue], phase=R,
                        category=Category.TRANSFER, layer=layer, group=g.index, n_bytes=shard * BF16_BYTES)
 
