@@ -42,7 +42,7 @@ from sosim.costs import CostModel
 from sosim.result import Result
 from sosim.schedules.layout import global_tokens_per_step
 from sosim.simulate import make_cost_model, simulate
-from sosim.table_costs import TableCostModel, load_table
+from sosim.table_costs import TableCostModel, load_tables
 
 DEFAULT_REPLAYS = 100  # p10/p90 of 100 replays: each quantile's rank is known to about +-3 replays
 DEFAULT_SEED = 0
@@ -148,7 +148,7 @@ def table_has_spread(sc: Scenario) -> bool:
     """Whether the scenario's profile names a calibration table with any measured p10 / p90."""
     if sc.hardware.calibration is None:
         return False
-    table = load_table(sc.hardware.calibration)
+    table = load_tables(sc.hardware.calibration_paths)
     for cols in table.columns_by_op.values():
         med = cols["median_s"]
         for name in ("p10_s", "p90_s"):
@@ -266,7 +266,7 @@ def simulate_band(
     tokens = float(global_tokens_per_step(sc))
     step_q = tuple(float(np.quantile(steps, q)) for q in QUANTILES)
     tok_q = tuple(float(np.quantile(tokens / steps, q)) for q in QUANTILES)
-    table = load_table(sc.hardware.calibration)  # type: ignore[arg-type]  # checked by the reason above
+    table = load_tables(sc.hardware.calibration_paths)  # non-empty: checked by the reason above
     analytic = _analytic_kinds(ref)
     used = sorted({k for k in (_estimate_kind(a) for a in analytic) if k is not None})
     return Band(

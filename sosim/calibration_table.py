@@ -12,7 +12,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
@@ -71,6 +71,29 @@ class CalibrationTable:
     sha256: str
     # (op, variant) -> column name -> float array (NaN where the CSV cell was empty).
     columns_by_op: Mapping[tuple[str, str], Mapping[str, Array]] = field(repr=False, compare=False)
+    # The files this table was merged from, in order: (path, sha256) each; empty for one file.
+    parts: tuple[tuple[Path, str], ...] = ()
+    # (op, variant) -> the file whose rows answer it (merged tables only).
+    origin: Mapping[tuple[str, str], Path] = field(default_factory=dict, repr=False, compare=False)
+
+    @classmethod
+    def merged(cls, tables: Sequence[CalibrationTable]) -> CalibrationTable:
+        """One table from several measured on different days: a later table adds the (op, variant)
+        measurements the earlier ones lack and replaces those it measured again (a measurement is one
+        session's rows, never a mix of two sessions). sha256 is that of the parts' digests in order."""
+        if not tables:
+            raise ValueError("merged() needs at least one table")
+        if len(tables) == 1:
+            return tables[0]
+        columns: dict[tuple[str, str], Mapping[str, Array]] = {}
+        origin: dict[tuple[str, str], Path] = {}
+        for t in tables:
+            for key, cols in t.columns_by_op.items():
+                columns[key] = cols
+                origin[key] = t.path
+        digest = hashlib.sha256("".join(t.sha256 for t in tables).encode()).hexdigest()
+        return cls(path=tables[0].path, sha256=digest, columns_by_op=columns,
+                   parts=tuple((t.path, t.sha256) for t in tables), origin=origin)
 
     @classmethod
     def from_csv(cls, path: str | Path) -> CalibrationTable:
@@ -291,13 +314,17 @@ class CalibrationTable:
     def stage3_hook_time_s(
         self, hidden: int, heads: int, kv_heads: int, ffn: int, tokens: int, backward: bool
     ) -> tuple[float, str] | None:
-        """CPU-side ZeRO-3 hook cost of one layer pass: (z3 layer - bare HF layer) at the same shape and tokens.
+        """Host-side time of one decoder layer's pass under DeepSpeed's ZeRO-3 hooks, launches included.
 
-        ``backward``: the backward pass alone, (fwd_bwd difference) - (fwd difference). Returns the time and
-        which measured shape answered: the exact layer shape when measured, else the measured shape of the
-        nearest hidden size (the hooks run per parameter tensor, and a Llama layer has the same tensors at
-        every size). Linear in tokens inside the measured range, flat outside it (a CPU-side cost does not
-        grow with the GPU work). Negative differences (noise) count as zero. None when no pair was measured.
+        The harness times a stack of Hugging Face layers inside a ZeRO-3 engine (``z3_fwd``, ``z3_fwd_bwd``,
+        per layer). Under the hooks a layer's pass takes ~10 ms whatever its GPU work (docs/calibration.md
+        2026-11-30): the host thread (the hooks' parameter fetch/release per sub-module, then the kernel
+        launches) is what the GPU waits for. The time is that host work: the z3 pass time itself (where the
+        GPU work was longer, it is the GPU-bound time, and max(host, GPU) reproduces it). ``backward``: the
+        backward pass alone, z3 fwd_bwd - z3 fwd at the same point. Returns the time and which measured shape
+        answered: the exact layer shape when measured, else the nearest hidden size (the hooks run per
+        sub-module, and a Llama layer has the same sub-modules at every size). Linear in tokens inside the
+        measured range, flat outside it. None when the z3 rows are missing.
         """
         _check_non_negative(tokens=tokens)
         fwd = self._hook_points(False)
@@ -313,32 +340,22 @@ class CalibrationTable:
         wanted = (float(hidden), float(heads), float(kv_heads), float(ffn))
         shape = wanted if wanted in shapes else min(shapes, key=lambda sh: (abs(math.log(sh[0] / hidden)), sh))
         label = "exact shape" if shape == wanted else f"nearest measured shape hidden={int(shape[0])}"
-        diff_fwd = _clamped_interp(float(tokens), *fwd[shape])
+        t_fwd = _clamped_interp(float(tokens), *fwd[shape])
         if both is None:
-            return max(0.0, diff_fwd), label
-        return max(0.0, _clamped_interp(float(tokens), *both[shape]) - diff_fwd), label
+            return max(0.0, t_fwd), label
+        return max(0.0, _clamped_interp(float(tokens), *both[shape]) - t_fwd), label
 
     def _hook_points(self, backward: bool) -> dict[tuple[float, ...], tuple[Array, Array]] | None:
-        """Layer shape -> (tokens, z3 - hf seconds) at the points measured in both engines."""
-        pass_name = "fwd_bwd" if backward else "fwd"
-        z3 = self.columns_by_op.get(("layer", f"z3_{pass_name}"))
-        hf = self.columns_by_op.get(("layer", f"hf_{pass_name}"))
-        if z3 is None or hf is None:
+        """Layer shape -> (tokens, z3 per-layer seconds) at the measured points."""
+        z3 = self.columns_by_op.get(("layer", f"z3_{'fwd_bwd' if backward else 'fwd'}"))
+        if z3 is None:
             return None
         keys = ("hidden", "heads", "kv_heads", "ffn", "seq", "batch")
-
-        def by_point(cols: Mapping[str, Array]) -> dict[tuple[float, ...], list[float]]:
-            out: dict[tuple[float, ...], list[float]] = {}
-            for i in range(len(cols["median_s"])):
-                out.setdefault(tuple(float(cols[k][i]) for k in keys), []).append(float(cols["median_s"][i]))
-            return out
-
-        z3_points, hf_points = by_point(z3), by_point(hf)
         per_shape: dict[tuple[float, ...], list[tuple[float, float]]] = {}
-        for point, times in z3_points.items():
-            if point in hf_points and all(math.isfinite(v) for v in point):
-                diff = float(np.mean(times)) - float(np.mean(hf_points[point]))
-                per_shape.setdefault(point[:4], []).append((point[4] * point[5], diff))
+        for i in range(len(z3["median_s"])):
+            point = tuple(float(z3[k][i]) for k in keys)
+            if all(math.isfinite(v) for v in point):
+                per_shape.setdefault(point[:4], []).append((point[4] * point[5], float(z3["median_s"][i])))
         if not per_shape:
             return None
         out: dict[tuple[float, ...], tuple[Array, Array]] = {}
@@ -346,6 +363,14 @@ class CalibrationTable:
             xs, ys = _average_duplicates(np.array([p[0] for p in pts]), np.array([p[1] for p in pts]))
             out[shape] = (xs, ys)
         return out
+
+    def ds_step_piece(self, variant: str, piece: str) -> tuple[float, float, float] | None:
+        """One timed piece of DeepSpeed's ``step()`` (op ``ds_step_fixed``, variant ``<variant>_<piece>``: the
+        piece summed over the step's sub-groups): (seconds, model elements, sub-groups) of its first row."""
+        cols = self.columns_by_op.get(("ds_step_fixed", f"{variant}_{piece}"))
+        if cols is None or "subgroups" not in cols or not len(cols["median_s"]):
+            return None
+        return float(cols["median_s"][0]), float(cols["elements"][0]), float(cols["subgroups"][0])
 
     def ds_step_fixed_time_s(self, elements: float, subgroups: int, variant: str) -> float | None:
         """engine.step() with a no-op optimizer: its fixed part, for ``elements`` parameters in ``subgroups``.

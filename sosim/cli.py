@@ -87,7 +87,8 @@ def provenance_lines(sc: Any, provenance: dict[str, Any]) -> list[tuple[str, str
         rows.append(("calibration", "none (analytic cost model from the profile's numbers)"))
     else:
         sha = provenance.get("calibration_sha256")
-        rows.append(("calibration", f"{cal}" + (f" (sha256 {str(sha)[:12]})" if sha else "")))
+        shown_cal = ", ".join(sc.hardware.calibration_paths)
+        rows.append(("calibration", shown_cal + (f" (sha256 {str(sha)[:12]})" if sha else "")))
     shown = {"profile", "calibration", "calibration_sha256"}
     rows += [(str(k), format_value(v)) for k, v in provenance.items() if k not in shown]
     return rows
@@ -224,7 +225,8 @@ def cmd_profiles(args: argparse.Namespace) -> int:
             continue
         rows.append({**row, "gpu": prof.gpu.name, "cpu": prof.cpu.name,
                      "link": f"{prof.link.kind} {prof.link.h2d_GBps:g}/{prof.link.d2h_GBps:g} GB/s",
-                     "calibrated": prof.calibration is not None, "calibration": prof.calibration,
+                     "calibrated": prof.calibration is not None,
+                     "calibration": ", ".join(prof.calibration_paths) or None,
                      "description": prof.description})
     if args.format == "json":
         print_json({"profiles": rows})

@@ -296,8 +296,16 @@ class HardwareProfile(_Strict):
     interconnect: InterconnectSpec | None = None
     node: NodeSpec | None = None
     network: NetworkSpec | None = None
-    # Optional measured table (see docs/calibration.md); resolved to an absolute path by the loader.
-    calibration: str | None = None
+    # Optional measured table(s) (see docs/calibration.md); resolved to absolute paths by the loader. A list:
+    # later tables add the (op, variant) measurements the earlier ones lack and replace those they re-measure.
+    calibration: str | list[str] | None = None
+
+    @property
+    def calibration_paths(self) -> list[str]:
+        """The calibration tables in order (empty without any)."""
+        if self.calibration is None:
+            return []
+        return [self.calibration] if isinstance(self.calibration, str) else list(self.calibration)
 
     @property
     def gpus_per_node(self) -> int:

@@ -24,10 +24,12 @@ import dataclasses
 from sosim.config import Scenario
 from sosim.engine import Contention
 from sosim.machine import Machine
-from sosim.plan import Plan, Resource, ResourceKind
+from sosim.plan import Category, Plan, Resource, ResourceKind
 
 _COPY = {ResourceKind.H2D: "h2d", ResourceKind.D2H: "d2h"}
 _CPU = frozenset({ResourceKind.CPU_OPT, ResourceKind.CPU_MAIN})
+# CPU ops that are the host thread's own single-threaded work (hooks, bookkeeping, host syncs).
+_HOST_THREAD = frozenset({Category.FRAMEWORK, Category.SYNC})
 _COLLECTIVE = frozenset({ResourceKind.NET})
 # A copy moving its bytes at less than this fraction of the link's pinned rate is staged by the CPU.
 STAGED_FRACTION = 0.5
@@ -135,6 +137,11 @@ def contention_for(sc: Scenario, m: Machine, plan: Plan, simulated_ranks: int) -
             names = [_NVME[kind], f"dram{socket}"]
             if bps > 0:
                 uses[op.id] = tuple((index[n], bps) for n in names if n in index)
+        elif kind in _CPU and op.category in _HOST_THREAD:
+            # The training process's host thread itself (framework hooks, step()'s bookkeeping, waits): one
+            # core of Python, not a memory-bound kernel.
+            if "cores" in index:
+                uses[op.id] = ((index["cores"], 1.0),)
         elif kind in _CPU:
             t = split[kind]
             demand = [(index["cores"], t)] if "cores" in index else []

@@ -38,8 +38,13 @@ CAST_BYTES_PER_ELEMENT = 6.0
 # one core = ~2.7 GB/s per core of first-touch bandwidth (Linux anonymous page faults incl. zeroing).
 FIRST_TOUCH_GBps_PER_CORE = 2.7
 # DeepSpeed ZeRO-3 runs Python hooks around every submodule's forward and backward (fetch, release,
-# partition bookkeeping) even on one GPU. Estimate: ~25 us per parameter tensor per pass.
-STAGE3_HOOK_S_PER_TENSOR = 25e-6
+# partition bookkeeping) even on one GPU; with the kernel launches after them, this host work is what a
+# layer's pass waits for. Fallback where no table measured it (e.g. GH200's Grace host): the x86 H200
+# machine's measurement carried over per parameter tensor: a Hugging Face Llama layer (9 parameter tensors)
+# under ZeRO-3 takes 8.1-10.0 ms forward and 7.7-8.2 ms backward alone whatever its shape at 2048-8192
+# tokens (calibration/nvidia-h200-2026-11-30/measurements.csv, layer z3_fwd / z3_fwd_bwd) = ~1.0 ms per
+# tensor per pass. Not measured on any other host (its single-thread speed sets it).
+STAGE3_HOOK_S_PER_TENSOR = 1.0e-3
 # Host waiting for the GPU stream to drain (torch.cuda.synchronize / event sync, e.g. the norm's .item()):
 # the GPU runs dry for the kernel-launch pipeline depth. Estimate: 100 us.
 HOST_SYNC_S = 100e-6
@@ -73,6 +78,13 @@ def parameter_tensors_per_layer(m: ModelSpec) -> int:
     return 7 + 2
 
 
+def model_parameter_tensors(m: ModelSpec) -> int:
+    """Parameter tensors of the whole model: the layers', the embedding, the final norm (scale, GPT's bias)
+    and an untied output head."""
+    final_norm = 2 if m.ffn_kind == "gelu" else 1
+    return m.layers * parameter_tensors_per_layer(m) + 1 + final_norm + (0 if m.tied_embeddings else 1)
+
+
 def stage3_variant(system: str) -> str:
     """The calibration variant of a DeepSpeed stage-3 cost: SuperOffload's engine, or plain ZeRO-3's."""
     return "superoffload" if system == "superoffload" else "zero3"
@@ -98,6 +110,7 @@ class CostModel(Protocol):
     # DeepSpeed stage-3 paths (docs/model.md "Costs: measured baseline and what-if").
     def ds_refresh_s(self, elements: float, threads: float, pinned: bool, system: str = "zero3_offload") -> float: ...
     def stage3_hook_s(self, tokens: int, backward: bool) -> float: ...
+    def ds_unscale_clip_s(self, elements: float, system: str) -> float: ...
     def ds_step_fixed_s(self, params: float, subgroups: int, system: str) -> float: ...
     def so_worker_roundtrip_s(self, elements: float, with_copies: bool = False) -> float: ...
     @property
@@ -318,17 +331,25 @@ class AnalyticCostModel:
         return cast + self.copy_s(elements * BF16_BYTES, "h2d", pinned)
 
     def stage3_hook_s(self, tokens: int, backward: bool) -> float:
-        """CPU-side cost of DeepSpeed's ZeRO-3 hooks around one decoder layer's forward (or its backward).
+        """Host-side time of one decoder layer's forward (or backward alone) under DeepSpeed's ZeRO-3 hooks,
+        kernel launches included: the GPU's pass of the layer waits for it when it is longer.
 
-        Analytic: a per-parameter-tensor estimate, the same in both passes and for every token count.
+        Analytic: a per-parameter-tensor figure, the same in both passes and for every token count.
         """
         del tokens, backward  # the estimate depends on neither
         return STAGE3_HOOK_S_PER_TENSOR * parameter_tensors_per_layer(self.model)
 
+    def ds_unscale_clip_s(self, elements: float, system: str) -> float:
+        """DeepSpeed stage 3's ``unscale_and_clip_grads`` over one sub-group's fp32 host gradients: a CPU
+        ``mul_`` (read + write 4 B per element), run whether or not clipping is on (it multiplies by
+        1 / combined_scale)."""
+        del system  # same estimate for ZeRO-3 and SuperOffload
+        return 2.0 * self.cpu_norm_s(elements)
+
     def ds_step_fixed_s(self, params: float, subgroups: int, system: str) -> float:
-        """engine.step() outside the optimizer kernels and copies: the gradient norm over ``params`` fp32
-        gradients on the host, its host sync, and per-sub-group bookkeeping (schedules using this must not
-        add their own norm op)."""
+        """engine.step() outside the optimizer kernels, the unscale pass and the copies: the gradient norm
+        over ``params`` fp32 gradients on the host, its host sync, and per-sub-group bookkeeping (schedules
+        using this must not add their own norm op)."""
         del system  # same estimate for ZeRO-3 and SuperOffload
         return self.cpu_norm_s(params) + HOST_SYNC_S + DS_STEP_PER_SUBGROUP_S * max(0, subgroups)
 

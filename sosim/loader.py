@@ -535,6 +535,20 @@ def _load_profile_located(ref: str, relative_to: Path | None, where: str = "",
         resolved = _resolve_calibration(cal, path)
         located.data["calibration"] = str(resolved)
         _check_calibration(resolved, located.where(("calibration",)))
+    elif isinstance(cal, list):
+        # Several tables (measured on different days): each resolved and checked on its own line.
+        tables = []
+        for i, item in enumerate(cal):
+            if not isinstance(item, str):
+                raise ConfigError([f"{located.where(('calibration', i))}: calibration: each entry must be a "
+                                   f"path to a measurements.csv, got {item!r}"])
+            resolved = _resolve_calibration(item, path)
+            _check_calibration(resolved, located.where(("calibration", i)))
+            tables.append(str(resolved))
+        if not tables:
+            raise ConfigError([f"{located.where(('calibration',))}: calibration: an empty list; leave the key out "
+                               "for an uncalibrated profile"])
+        located.data["calibration"] = tables
     return located
 
 

@@ -98,6 +98,7 @@ def check_finite_result(name: str, metrics: dict[str, Any]) -> None:
 
 def provenance_fields(sc: Any) -> dict[str, Any]:
     """What produced a result, for every output: implementation (None where a system has one), the hardware
-    profile's name, and the calibration table's path (None: the analytic cost model)."""
+    profile's name, and the calibration table's path, several joined by ", " (None: the analytic cost model)."""
+    paths = sc.hardware.calibration_paths
     return {"implementation": getattr(sc.schedule, "implementation", None), "profile": sc.hardware.name,
-            "calibration": sc.hardware.calibration}
+            "calibration": ", ".join(paths) if paths else None}

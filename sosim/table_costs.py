@@ -36,9 +36,13 @@ import numpy as np
 from sosim import model as tm
 from sosim.calibration_table import CalibrationError, CalibrationTable
 from sosim.config import AdamImpl, HardwareProfile
-from sosim.costs import AnalyticCostModel, CollectiveKind, Direction, stage3_variant
+from sosim.costs import AnalyticCostModel, CollectiveKind, Direction, model_parameter_tensors, stage3_variant
 from sosim.errors import ConfigError
 
+# Parameter tensors of the model whose step() the ds_step_fixed section timed: the runs' Llama "0.5b" (8
+# decoder layers of hidden 2048, 9 tensors each, + embedding, final norm, output head: 491,816,960
+# parameters; docs/calibration.md 2026-11-30, scripts/ds_train_step.py --size 0.5b).
+STEP_FIXED_MEASURED_TENSORS = 8 * 9 + 3
 # sosim's CPU-Adam names -> the implementations the harness times.
 _ADAM_IMPL: dict[str, str] = {"torch": "torch", "cpu_adam": "deepspeed"}
 # Hardware sections whose numbers govern costs; names, descriptions and sources never rescale anything.
@@ -48,7 +52,7 @@ _KIND_SECTIONS: dict[str, tuple[str, ...]] = {
     "gemm": ("gpu",), "attention": ("gpu",), "layer": ("gpu",), "gpu_cast": ("gpu",),
     "copy": ("link",), "duplex": ("link",), "cpu_adam": ("cpu",), "cpu_cast": ("cpu",),
     "nccl": ("interconnect",), "disk": (), "ds_refresh": ("cpu", "link"), "stage3_hook": (),
-    "ds_step_fixed": ("cpu",), "so_worker": ("cpu",),
+    "ds_step_fixed": ("cpu",), "ds_step_unscale_clip": ("cpu",), "so_worker": ("cpu",),
 }
 
 
@@ -57,6 +61,11 @@ def _read_table(path: str, mtime_ns: int, size: int) -> CalibrationTable:
     """Parse a table once per file version (a pure memo: the key includes the file's mtime and size)."""
     del mtime_ns, size  # part of the cache key only
     return CalibrationTable.from_csv(path)
+
+
+def load_tables(paths: list[str]) -> CalibrationTable:
+    """The profile's tables as one (see :meth:`CalibrationTable.merged`: later tables add ops)."""
+    return CalibrationTable.merged([load_table(p) for p in paths])
 
 
 def load_table(path: str) -> CalibrationTable:
@@ -103,16 +112,24 @@ def find_baseline(hw: HardwareProfile) -> tuple[HardwareProfile | None, str]:
     """
     if hw.calibration is None:
         return None, ""
-    target = Path(hw.calibration).resolve()
+    target = [Path(p).resolve() for p in hw.calibration_paths]
+    # A profile naming exactly these tables first; else one whose tables include all of them (a profile
+    # pointed at one of the tables of a calibrated machine is rescaled from that machine's numbers).
+    containing: tuple[HardwareProfile, str] | None = None
     for path in _candidate_files(hw.name):
         try:
             st = path.stat()
         except OSError:
             continue
         prof = _profile_file(str(path), st.st_mtime_ns, st.st_size)
-        if prof is not None and prof.calibration is not None and Path(prof.calibration).resolve() == target:
+        if prof is None:
+            continue
+        theirs = [Path(p).resolve() for p in prof.calibration_paths]
+        if theirs == target:
             return prof, str(path)
-    return None, ""
+        if containing is None and theirs and all(t in theirs for t in target):
+            containing = (prof, str(path))
+    return containing if containing is not None else (None, "")
 
 
 def hardware_changes(base: HardwareProfile, now: HardwareProfile) -> dict[str, tuple[Any, Any]]:
@@ -189,11 +206,11 @@ class TableCostModel(AnalyticCostModel):
     @classmethod
     def from_profile(cls, analytic: AnalyticCostModel) -> TableCostModel:
         """The profile's table, with the profile file that names it as the baseline (see find_baseline)."""
-        path = analytic.hw.calibration
-        if path is None:
+        paths = analytic.hw.calibration_paths
+        if not paths:
             raise ValueError(f"profile '{analytic.hw.name}' names no calibration table")
         baseline, source = find_baseline(analytic.hw)
-        return cls.from_analytic(analytic, load_table(path), baseline, source)
+        return cls.from_analytic(analytic, load_tables(paths), baseline, source)
 
     # --- spread (issue 11): the same model over other timings of the same table ------------------------------
     def at_quantile(self, q: float) -> TableCostModel:
@@ -381,6 +398,13 @@ class TableCostModel(AnalyticCostModel):
         # The table times DeepSpeed's allocating, pageable path only; a pinned staging path is analytic.
         variant = stage3_variant(system)
         looked_up, clamped = self._threads("ds_refresh", variant, threads)
+        span = self.table.thread_range("ds_refresh", variant)
+        if variant == "superoffload" and span is not None:
+            # SuperOffload's rows are keyed by the main thread's affinity share (int(0.2 n) cores), the
+            # configuration they were timed in; the cast itself ran on the OpenMP pool of all n cores, which
+            # is what ``threads`` says here. So: the measured rows as they are (rescaled only if the
+            # hardware differs from the baseline's).
+            looked_up, clamped = int(span[1]), False
         measured = None if pinned else self.table.ds_refresh_time_s(elements, looked_up, variant)
         return self._use("ds_refresh", measured, lambda a: a.ds_refresh_s(elements, threads, pinned, system),
                          (lambda a: a.ds_refresh_s(elements, looked_up, pinned, system)) if clamped else None,
@@ -394,12 +418,55 @@ class TableCostModel(AnalyticCostModel):
         measured = None if found is None else found[0]
         return self._use("stage3_hook", measured, lambda a: a.stage3_hook_s(tokens, backward))
 
+    def ds_unscale_clip_s(self, elements: float, system: str) -> float:
+        # Measured inside step() of the 0.49 B-parameter run (ds_step_fixed <variant>_unscale_clip, summed over
+        # its sub-groups): a per-element CPU pass, so its rate times the sub-group's elements.
+        piece = self.table.ds_step_piece(stage3_variant(system), "unscale_clip")
+        measured = None if piece is None or piece[1] <= 0 else piece[0] / piece[1] * elements
+        return self._use("ds_step_unscale_clip", measured, lambda a: a.ds_unscale_clip_s(elements, system))
+
     def ds_step_fixed_s(self, params: float, subgroups: int, system: str) -> float:
-        measured = self.table.ds_step_fixed_time_s(params, subgroups, stage3_variant(system))
+        measured = self._step_fixed_from_pieces(subgroups, stage3_variant(system))
+        if measured is None:  # a table with whole-step rows only: their fit (it includes the unscale pass)
+            measured = self.table.ds_step_fixed_time_s(params, subgroups, stage3_variant(system))
         return self._use("ds_step_fixed", measured, lambda a: a.ds_step_fixed_s(params, subgroups, system))
 
+    def _step_fixed_from_pieces(self, subgroups: int, variant: str) -> float | None:
+        """step()'s fixed part from its measured pieces, each scaled by what it loops over in DeepSpeed:
+
+        * ``norm`` (``_get_norm_groups``: per sub-group, the norm of its gradients and a ``float()`` host
+          sync): per sub-group;
+        * ``partition_all`` (``_partition_all_parameters``: release/re-partition per parameter tensor): per
+          parameter tensor of the model, from the measured model's count (:data:`STEP_FIXED_MEASURED_TENSORS`);
+        * ``pre_step``, ``overflow_check``, ``post_step``: as measured (fixed per step).
+        The unscale pass is not in it (:meth:`ds_unscale_clip_s`), nor the Adam, the refresh or the worker wait.
+        """
+        pieces = {name: self.table.ds_step_piece(variant, name)
+                  for name in ("norm", "partition_all", "pre_step", "overflow_check", "post_step")}
+        if any(p is None for p in pieces.values()):
+            return None
+        norm, part = pieces["norm"], pieces["partition_all"]
+        assert norm is not None and part is not None
+        total = norm[0] / max(norm[2], 1.0) * subgroups
+        total += part[0] * model_parameter_tensors(self.model) / STEP_FIXED_MEASURED_TENSORS
+        total += sum(p[0] for n, p in pieces.items() if p is not None and n in ("pre_step", "overflow_check",
+                                                                                   "post_step"))
+        return total
+
     def so_worker_roundtrip_s(self, elements: float, with_copies: bool = False) -> float:
-        measured = self.table.so_worker_time_s(elements, "with_copies" if with_copies else "alone")
+        """The worker's round trip without its Adam: the measured round trip (``so_worker``: hand-off, the
+        worker's gradient copy into its pinned buffer, DeepSpeedCPUAdam on its cores, result, the main
+        process's parameter copy back) minus the CPU Adam of the same elements at the worker's measured core
+        count (``cpu_adam`` rows; the plan adds the Adam itself). ``with_copies``: measured while the main
+        process copies gradients and casts; the slowdown of the whole round trip is carried here."""
+        variant = "with_copies" if with_copies else "alone"
+        total = self.table.so_worker_time_s(elements, variant)
+        measured = None
+        if total is not None:
+            span = self.table.thread_range("so_worker", variant)
+            threads = span[1] if span is not None else float(self.hw.cpu.cores)
+            adam = self.cpu_adam_s(elements, "cpu_adam", threads, max(elements, 1.0))
+            measured = max(0.0, total - adam)
         return self._use("so_worker", measured, lambda a: a.so_worker_roundtrip_s(elements, with_copies))
 
     # --- provenance ------------------------------------------------------------------------------------------
@@ -409,8 +476,10 @@ class TableCostModel(AnalyticCostModel):
         out = {
             "cost_model": "table",
             "profile": self.hw.name,
-            "calibration": str(Path(self.table.path).name),
+            "calibration": table_names(self.table),
             "calibration_sha256": self.table.sha256,
+            **({"calibration_parts": "; ".join(f"{_short(p)} sha256 {sha}" for p, sha in self.table.parts)}
+               if self.table.parts else {}),
             "calibration_timings": self.timings,
             "calibration_baseline": self.baseline_source
             or "the scenario's own profile (no profile file names this table)",
@@ -430,6 +499,18 @@ class TableCostModel(AnalyticCostModel):
         sections = _KIND_SECTIONS.get(_family(kind), _HW_SECTIONS)
         changed = [k for k in self._changes if k.split(".")[0] in sections]
         return "analytic ratio for " + (", ".join(changed) if changed else "the changed hardware")
+
+
+def _short(path: Path) -> str:
+    """A table by its folder and file name (every session's file is called measurements.csv)."""
+    return f"{path.parent.name}/{path.name}"
+
+
+def table_names(table: CalibrationTable) -> str:
+    """How provenance names a table: its file name; a merged table lists each part by folder and file."""
+    if table.parts:
+        return ", ".join(_short(p) for p, _ in table.parts)
+    return str(Path(table.path).name)
 
 
 def _duplex_factor(direction: str, a: AnalyticCostModel) -> float:

@@ -1,8 +1,16 @@
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
+from hypothesis import settings
+
+# CI (CI=true) runs the property tests derandomized: a red CI run then means a change broke something, not that
+# a new random draw found an old corner; the random search runs on every developer's machine (and `--slow`).
+settings.register_profile("ci", derandomize=True, print_blob=True)
+if os.environ.get("CI"):
+    settings.load_profile("ci")
 
 ROOT = Path(__file__).resolve().parent.parent
 

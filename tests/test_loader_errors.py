@@ -260,8 +260,8 @@ def test_copied_calibrated_profile_keeps_its_table(tmp_path: Path) -> None:
 
     (tmp_path / "mine.yaml").write_text((shipped_profiles_dir() / "h200-pcie-gen5-x86.yaml").read_text())
     sc = load_scenario("h200_x86_llama1.1b_zero2_measured", ["hardware=" + str(tmp_path / "mine.yaml")])
-    assert sc.hardware.calibration is not None and Path(sc.hardware.calibration).is_file()
-    assert Path(sc.hardware.calibration).name == "measurements.csv"
+    paths = sc.hardware.calibration_paths
+    assert paths and all(Path(p).is_file() and Path(p).name == "measurements.csv" for p in paths)
 
 
 def test_shipped_examples_load_by_name() -> None:

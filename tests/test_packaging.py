@@ -62,8 +62,7 @@ def test_everything_the_shipped_files_point_at_is_shipped() -> None:
         return rel.parts[0] in dirs and path.suffix in suffixes and path.is_file()
 
     for profile in sorted(shipped_profiles_dir().glob("*.yaml")):
-        cal = load_profile(profile).calibration
-        if cal is not None:
+        for cal in load_profile(profile).calibration_paths:
             assert shipped(Path(cal)), f"{profile.name}: {cal}"
     rows = read_yaml(ROOT / "validation/references.yaml").data["rows"]
     for row in rows:
@@ -102,3 +101,4 @@ def test_wheel_carries_the_data(tmp_path: Path) -> None:
         assert f"sosim/_data/{scenario.relative_to(ROOT)}" in names
     assert "sosim/_data/validation/references.yaml" in names
     assert "sosim/_data/calibration/nvidia-h200-2026-11-29/measurements.csv" in names
+    assert "sosim/_data/calibration/nvidia-h200-2026-11-30/measurements.csv" in names

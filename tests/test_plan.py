@@ -60,7 +60,10 @@ def test_provenance_names_system_implementation_profile_calibration(shipped) -> 
     assert p["system"] == sc.schedule.system
     assert p["profile"] == sc.hardware.name
     assert p["implementation"] in ("ideal", "deepspeed", "n/a")
-    assert p["calibration"] == ("none" if sc.hardware.calibration is None else Path(sc.hardware.calibration).name)
+    paths = [Path(c) for c in sc.hardware.calibration_paths]
+    expected = ("none" if not paths else paths[0].name if len(paths) == 1
+                else ", ".join(f"{c.parent.name}/{c.name}" for c in paths))
+    assert p["calibration"] == expected
 
 
 def test_metric_schema_has_units() -> None:

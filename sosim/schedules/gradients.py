@@ -97,6 +97,12 @@ class Stage2Gradients:
 
     overlap_comm: bool
     pinned: bool
+    # 0.19.8 ``copy_grads_in_partition`` (cpu_offload, at the boundary): per parameter,
+    # ``update_offload_overflow_tracker_for_param_grad`` truth-tests ``_has_inf_or_nan(grad)`` -- a host sync
+    # on the stream that holds the previous parameter's non-blocking D2H copy -- before queueing this one's.
+    # So the host (which issues the backward's kernels) waits for each flush's copies: they run serially with
+    # the backward instead of beside it.
+    host_waits_for_copies: bool = False
 
     def start(self, ctx: Ctx) -> None:
         del ctx
@@ -113,7 +119,9 @@ class Stage2Gradients:
         ready = _reduce_scatter(ctx, f, op)
         name, dur = f"grad_cast_fp32:f{f.index}", ctx.costs.gpu_cast_s(shard)
         if self.overlap_comm:
-            cast = ctx.add(GPU_CAST, name, dur, [ready], phase=G, category=Category.CAST, layer=f.unit,
+            # Queued by the host thread: after its last blocking wait (the previous flush's overflow check).
+            issue = ctx.host_issue if self.host_waits_for_copies else None
+            cast = ctx.add(GPU_CAST, name, dur, [ready, issue], phase=G, category=Category.CAST, layer=f.unit,
                            group=f.index)
         else:
             cast = ctx.gpu_op(name, dur, [ready], phase=G, category=Category.CAST, layer=f.unit, group=f.index)
@@ -122,6 +130,8 @@ class Stage2Gradients:
                        phase=G, category=Category.TRANSFER, layer=f.unit, group=f.index, n_bytes=n_bytes)
         if not self.overlap_comm:
             ctx.compute_gate.append(last)
+        if self.host_waits_for_copies:
+            last = ctx.host_op(f"grad_overflow_check_sync:f{f.index}", 0.0, [last], phase=G)
         _report(ctx, f, last, done)
 
 

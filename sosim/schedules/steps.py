@@ -145,6 +145,8 @@ class BlockingCopy:
         if g.on_gpu:
             return ctx.gpu_op(f"param_cast_bf16:g{g.index}", ctx.costs.gpu_cast_s(shard), deps, phase=R,
                               category=Category.CAST, layer=layer, group=g.index)
+        # The cast runs on the training process's OpenMP pool: all cores, also under SuperOffload, whose affinity
+        # call confines only the main thread (docs/calibration.md "Affinities").
         dur = ctx.costs.ds_refresh_s(shard, ctx.cpu.bulk_cores, False, self.system)
         return ctx.add(H2D, f"param_refresh_copy_:g{g.index}", dur, [*deps, ctx.host_issue], phase=R,
                        category=Category.TRANSFER, layer=layer, group=g.index, n_bytes=shard * BF16_BYTES)
@@ -225,7 +227,8 @@ class Speculative:
 @dataclass
 class Stage2Step:
     """DeepSpeed ZeRO-1/2 with ``offload_optimizer`` (``stage_1_and_2.py`` ``step``): the norm was
-    accumulated on the GPU during backward; step() unscales/clips the fp32 gradients on the CPU, runs
+    accumulated on the GPU during backward; step() unscales/clips the fp32 gradients on the CPU (only with
+    clipping or an fp16 loss scale: 0.19.8 skips the pass otherwise), runs
     DeepSpeed CPU-Adam over the partition, then casts it to bf16 on the CPU into a pinned staging buffer and
     copies it to the GPU (2 B/param), after the whole update."""
 
@@ -237,9 +240,14 @@ class Stage2Step:
     def run(self, ctx: Ctx, arrivals: dict[int, int], backward_end: int) -> dict[int, list[int]]:
         del backward_end
         p = ctx.layout.p_total / ctx.dp
-        unscale = ctx.add(ctx.cpu.bulk, "unscale_clip", 2.0 * ctx.costs.cpu_norm_s(p), list(arrivals.values()),
-                          phase=OPT, category=Category.OPTIMIZER, n_bytes=8.0 * p)
-        adams = [cpu_adam(ctx, g, [unscale]) for g in ctx.layout.groups]
+        t = ctx.sc.training
+        gate = list(arrivals.values())
+        # 0.19.8 ``unscale_and_clip_grads`` returns at once when clip_grad == 0 and loss_scale == 1 (bf16); the
+        # runs' timer inside step() reads 2.5 us (calibration/nvidia-h200-2026-11-30, ZeRO-2 runs).
+        if t.gradient_clipping > 0 or t.precision == "fp16":
+            gate = [ctx.add(ctx.cpu.bulk, "unscale_clip", 2.0 * ctx.costs.cpu_norm_s(p), gate, phase=OPT,
+                            category=Category.OPTIMIZER, n_bytes=8.0 * p)]
+        adams = [cpu_adam(ctx, g, gate) for g in ctx.layout.groups]
         return {g.index: [self.refresh(ctx, g, adams[-1:])] for g in ctx.layout.groups}
 
 
@@ -266,14 +274,19 @@ class Stage3Step:
     handed_off: bool  # SuperOffload with gradient_clipping 0: CPU sub-groups were updated during backward
     _async: dict[int, int] = field(default_factory=dict)
 
-    def _worker_update(self, ctx: Ctx, g: Group, deps: list[int]) -> int:
-        """One sub-group through the Adam worker: hand-off, gradient copy, CPU Adam, result copy."""
-        extra = ctx.costs.so_worker_roundtrip_s(_shard(ctx, g))
+    def _worker_update(self, ctx: Ctx, g: Group, deps: list[int], with_copies: bool = False) -> int:
+        """One sub-group through the Adam worker: hand-off, gradient copy, CPU Adam, result copy.
+        ``with_copies``: the main process is still copying gradients meanwhile (so_worker with_copies)."""
+        extra = ctx.costs.so_worker_roundtrip_s(_shard(ctx, g), with_copies)
         return cpu_adam(ctx, g, deps, name="worker_adam", extra_s=extra)
 
     def on_done(self, ctx: Ctx, group: Group, arrival: int) -> None:
         if self.handed_off and not group.on_gpu:
-            self._async[group.index] = self._worker_update(ctx, group, [arrival])
+            # A sub-group completed before the last flush is updated while the main process still copies (and
+            # casts) the later flushes' gradients: the worker's round trip as measured under those copies.
+            last_flush = len(ctx.layout.flushes) - 1
+            busy = ctx.layout.done_after.get(group.index, last_flush) < last_flush
+            self._async[group.index] = self._worker_update(ctx, group, [arrival], with_copies=busy)
 
     def run(self, ctx: Ctx, arrivals: dict[int, int], backward_end: int) -> dict[int, list[int]]:
         groups = ctx.layout.groups
@@ -288,7 +301,10 @@ class Stage3Step:
                 last = gpu_adam(ctx, g, [ctx.gpu_op(f"unscale_clip:g{g.index}", ctx.costs.gpu_cast_s(_shard(ctx, g)),
                                                     [last], phase=OPT, category=Category.OPTIMIZER, group=g.index)])
             else:
-                last = cpu_pass(ctx, g, "unscale_clip", [last])
+                shard = _shard(ctx, g)
+                unscale = ctx.costs.ds_unscale_clip_s(shard, self.system)
+                last = ctx.add(ctx.cpu.bulk, f"unscale_clip:g{g.index}", unscale, [last], phase=OPT,
+                               category=Category.OPTIMIZER, layer=_layer(ctx, g), group=g.index, n_bytes=8.0 * shard)
                 if self.worker and not self.handed_off:
                     last = self._worker_update(ctx, g, [last])
                 elif not self.worker:

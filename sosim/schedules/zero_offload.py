@@ -114,7 +114,7 @@ def deepspeed(sc: Scenario, costs: CostModel, s: ZeroOffloadKnobs) -> Recipe:
         cpu=cpu.one_process(rank_threads(sc), s.cpu_adam),
         weights=Replicated(),
         hooks=HostSyncsInBackward(SYNC_S_PER_TENSOR * TENSORS_PER_LAYER),
-        grads=Stage2Gradients(overlap_comm=s.overlap_comm, pinned=s.pin_memory),
+        grads=Stage2Gradients(overlap_comm=s.overlap_comm, pinned=s.pin_memory, host_waits_for_copies=True),
         step=Stage2Step(CastAndCopy(cast_on_gpu=False, pinned=s.pin_memory, allgather=True)),
         staleness=2 if s.dpu else 1,
         warmup_iterations=2 if s.dpu else 0,
