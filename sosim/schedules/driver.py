@@ -63,9 +63,19 @@ class Ctx:
         # Plan.add's checks, inlined: this is the hot path of plan building.
         ops = self.plan.ops
         op_id = len(ops)
-        if len(deps) == 1:  # the common case, without building a set
+        # Dependencies sorted, without duplicates or None. One or two are the common cases: done without a set.
+        n = len(deps)
+        if n == 1:
             first = deps[0]
             clean: tuple[int, ...] = () if first is None else (first,)
+        elif n == 2:
+            a, b = deps
+            if a is None or a == b:
+                clean = () if b is None else (b,)
+            elif b is None:
+                clean = (a,)
+            else:
+                clean = (a, b) if a < b else (b, a)
         else:
             unique: set[Any] = set(deps)
             unique.discard(None)
@@ -202,6 +212,13 @@ def build(ctx: Ctx, r: Recipe) -> Plan:
     """Every iteration of ``ctx.sc`` through the blocks of ``r``; returns the finished plan."""
     sc = ctx.sc
     units = r.layout.units
+    backward_order = units[::-1]
+    unit_groups = r.layout.unit_groups
+    forward, backward = Phase.FORWARD, Phase.BACKWARD
+    # The blocks' methods, looked up once (this loop runs once per unit, pass, micro-batch and iteration).
+    before_use, around = r.weights.before_use, r.hooks.around
+    after_forward, before_backward = r.activations.after_forward, r.activations.before_backward
+    after_backward = r.grads.after_backward
     ready: dict[int, dict[int, list[int]]] = {}  # iteration -> group -> ops its next use waits for
     for it in range(sc.training.iterations + r.warmup_iterations):
         ctx.it = it
@@ -212,20 +229,20 @@ def build(ctx: Ctx, r: Recipe) -> Plan:
             ctx.micro, ctx.boundary = micro, micro == sc.training.grad_accum - 1
             ctx.computed = []
             for u in units:
-                deps = r.weights.before_use(ctx, u, Phase.FORWARD)
+                deps = before_use(ctx, u, forward)
                 if micro == 0:
-                    deps += [d for g in r.layout.unit_groups.get(u.index, ()) for d in gates.get(g, [])]
-                r.hooks.around(ctx, u, Phase.FORWARD)
-                op = pass_op(ctx, u, Phase.FORWARD, deps)
+                    deps += [d for g in unit_groups.get(u.index, ()) for d in gates.get(g, [])]
+                around(ctx, u, forward)
+                op = pass_op(ctx, u, forward, deps)
                 if micro == 0 and u.index == 0:
                     ctx.plan.mark_iteration_start(op)
-                r.activations.after_forward(ctx, u, op)
+                after_forward(ctx, u, op)
             r.grads.start(ctx)
-            for u in reversed(units):
-                deps = r.weights.before_use(ctx, u, Phase.BACKWARD) + r.activations.before_backward(ctx, u)
-                r.hooks.around(ctx, u, Phase.BACKWARD)
-                backward_end = pass_op(ctx, u, Phase.BACKWARD, deps)
-                r.grads.after_backward(ctx, u, backward_end, done)
+            for u in backward_order:
+                deps = before_use(ctx, u, backward) + before_backward(ctx, u)
+                around(ctx, u, backward)
+                backward_end = pass_op(ctx, u, backward, deps)
+                after_backward(ctx, u, backward_end, done)
             r.grads.finish(ctx, done)
         ready[it] = r.step.run(ctx, done.arrivals, backward_end)
     return ctx.plan
