@@ -6,7 +6,8 @@ a process pool, and a peer's rate measured in the same run.
 
 Cases (32 layers, 3 iterations, each scenario validated once): ZeRO-Offload as DeepSpeed runs it
 (``gh200_zero_offload_4b``, the issue's case) and as the paper describes it, SuperOffload as the paper
-describes it (``gh200_superoffload_8b``) and as DeepSpeed runs it (``gh200_superoffload_deepspeed_8b``).
+describes it (``gh200_superoffload_8b``) and as DeepSpeed runs it (``gh200_superoffload_deepspeed_8b``), and
+the latter on a PCIe host whose link directions contend (``x86_h100_superoffload_deepspeed_4b``).
 For each: ``simulate()`` (the fast path where it is exact), and the engine of record: the same plan built
 the same way, run by SimPy, with the same metrics. Rates are per CPU-second of this process
 (``time.process_time``), because the machine may be shared: wall-clock rates are given too, with the load
@@ -51,6 +52,8 @@ CASES = {
     "zero_offload_paper": ("gh200_zero_offload_4b", ["schedule.implementation=ideal"]),
     "superoffload_paper": ("gh200_superoffload_8b", []),
     "superoffload_deepspeed": ("gh200_superoffload_deepspeed_8b", []),
+    # A PCIe host whose link directions contend (bidirectional total below the sum): the replay path.
+    "superoffload_deepspeed_pcie": ("x86_h100_superoffload_deepspeed_4b", []),
 }
 # Issue 11 §4: Calculon's configurations per CPU-second on this project's machine (quoted, when not measured).
 CALCULON_QUOTED_PER_S = 530.0
