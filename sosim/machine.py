@@ -97,10 +97,7 @@ class Machine:
         # (the launcher's default) each rank's pool has torch's default, every core: modelled as the cores of
         # its GPU's socket, time-shared with the other ranks there (what the single-socket lent machine
         # measured); an unbound pool spreading over other sockets' cores and memory is not modelled.
-        if sc.cluster.bind_cores_to_rank:
-            launched = max(1, min(cores, cores * sockets // per_node))
-        else:
-            launched = cores
+        launched = max(1, min(cores, cores * sockets // per_node)) if sc.cluster.bind_cores_to_rank else cores
         threads = sc.cluster.cpu_threads_per_rank or launched
         uplink_of = {g: i for i, up in enumerate(node.uplinks) for g in up.gpus}
         rank_uplink = tuple(uplink_of.get(g, -1) for g in range(per_node))
