@@ -422,9 +422,14 @@ class ClusterSpec(_Strict):
     # GPUs used on each node; None: every GPU of the profile's node (a 2-GPU run on a 4-GPU node fills one
     # node). 1 with gpus: 2 = two hosts of one GPU each.
     gpus_per_node: PosInt | None = None
-    # CPU threads of each rank (its OpenMP pool: CPU Adam, casts); None: the node's cores divided among the
-    # ranks on it, as DeepSpeed's launcher sets OMP_NUM_THREADS with --bind_cores_to_rank
-    # (deepspeed/launcher/launch.py, deepspeed/utils/numa.py get_numactl_cmd).
+    # How DeepSpeed's launcher starts the ranks of a node. Its default (False) binds nothing and leaves
+    # OMP_NUM_THREADS unset: every rank's OpenMP pool has torch's default, all of the node's cores, and the
+    # ranks time-share them (measured on the lent 2-GPU machine: calibration/nvidia-h200x2-2026-11-30/
+    # affinities.json, 32 threads per rank on 32 cores). True: `--bind_cores_to_rank`, the node's cores
+    # divided among its ranks (deepspeed/launcher/launch.py, deepspeed/utils/numa.py get_numactl_cmd).
+    bind_cores_to_rank: bool = False
+    # CPU threads of each rank, when the run sets them itself (OMP_NUM_THREADS / torch.set_num_threads);
+    # None: as the launcher leaves them (bind_cores_to_rank above).
     cpu_threads_per_rank: PosInt | None = None
 
     @model_validator(mode="after")

@@ -93,8 +93,12 @@ class Machine:
         rank_socket = tuple(gpu_socket[g] for g in range(per_node))
         # DeepSpeed's launcher with --bind_cores_to_rank: physical cores // local ranks (numa.get_numactl_cmd);
         # with fewer ranks than sockets a rank still stays on its own socket (numactl binds it to that NUMA
-        # domain), so it gets at most one socket's cores unless the scenario says otherwise.
-        threads = sc.cluster.cpu_threads_per_rank or max(1, min(cores, cores * sockets // per_node))
+        # domain), so it gets at most one socket's cores unless the scenario says otherwise. Without binding
+        # (the launcher's default) each rank's pool has torch's default, every core: modelled as the cores of
+        # its GPU's socket, time-shared with the other ranks there (what the single-socket lent machine
+        # measured); an unbound pool spreading over other sockets' cores and memory is not modelled.
+        launched = max(1, min(cores, cores * sockets // per_node)) if sc.cluster.bind_cores_to_rank else cores
+        threads = sc.cluster.cpu_threads_per_rank or launched
         uplink_of = {g: i for i, up in enumerate(node.uplinks) for g in up.gpus}
         rank_uplink = tuple(uplink_of.get(g, -1) for g in range(per_node))
         if node.nics is None:

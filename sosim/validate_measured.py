@@ -433,10 +433,21 @@ def _reorder(plan: Plan, extra: Mapping[int, set[int]]) -> Plan:
     return dataclasses.replace(plan, ops=new_ops, iteration_starts=[new_id[i] for i in plan.iteration_starts])
 
 
-def run_engine(plan: Plan) -> tuple[np.ndarray, np.ndarray]:
-    from sosim.engine import run_plan
+def run_engine(plan: Plan, sc: Scenario | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """Start and end of every op of one rank's ``plan``; with ``sc``, through the same node expansion and
+    shared-resource contention as :func:`sosim.simulate.simulate` (ranks of one host contend for its cores,
+    DRAM and links), returning rank 0's view."""
+    if sc is None:
+        from sosim.engine import run_plan
 
-    return run_plan(plan)
+        return run_plan(plan)
+    from sosim.contention import node_plan
+    from sosim.engine import run_plan_detailed
+    from sosim.machine import Machine
+
+    node, contention, ranks = node_plan(sc, Machine.from_scenario(sc), plan)
+    run = run_plan_detailed(node, contention)
+    return run.start_s[::ranks], run.end_s[::ranks]
 
 
 @dataclass(frozen=True)
@@ -473,18 +484,18 @@ class HarnessReplay:
     view: PhasedView | None = None
 
 
-def harness_step_s(plan: Plan) -> float:
+def harness_step_s(plan: Plan, sc: Scenario | None = None) -> float:
     """The predicted step of the unsynced steps: the plan with a barrier at the end of every step."""
     unsynced = with_barriers(plan, phased=False)
-    start, _ = run_engine(unsynced)
+    start, _ = run_engine(unsynced, sc)
     its = unsynced.iteration_starts
     return float(start[its[-1]] - start[its[-2]])
 
 
-def harness_replay(plan: Plan) -> HarnessReplay:
-    step = harness_step_s(plan)
+def harness_replay(plan: Plan, sc: Scenario | None = None) -> HarnessReplay:
+    step = harness_step_s(plan, sc)
     phased = with_barriers(plan, phased=True)
-    start, end = run_engine(phased)
+    start, end = run_engine(phased, sc)
     sections = op_sections(phased)
     it = phased.measured_iteration
     t0 = float(start[phased.iteration_starts[-2]])
@@ -685,12 +696,12 @@ def predict(run: MeasuredRun, profile: str, bands: int = 0, seed: int = 0,
             out.band = _band(sc, bands, seed, lambda s, c: float(simulate(s, costs=c).metrics["gpu_compute_s"]),
                              result)
         return out
-    replay = harness_replay(result.plan)
+    replay = harness_replay(result.plan, sc)
     out = RunResult(run, profile, replay.step_s, float(result.metrics["step_time_s"]),
                     phases_pred=replay.phases_s, phased_total_pred=replay.phased_total_s,
                     timers_pred=predicted_timers(replay.view, run) if replay.view else {})
     if bands:
-        out.band = _band(sc, bands, seed, lambda s, c: harness_step_s(simulate(s, costs=c).plan), result)
+        out.band = _band(sc, bands, seed, lambda s, c: harness_step_s(simulate(s, costs=c).plan, s), result)
     return out
 
 

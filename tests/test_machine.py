@@ -39,15 +39,21 @@ def test_single_gpu_profiles_keep_their_meaning() -> None:
 
 
 def test_h200x2_meanings() -> None:
-    """cluster.gpus: 1 = one GPU with all the host's cores; 2 = both GPUs data parallel, cores split as the
-    DeepSpeed launcher binds them; hardware.cpu.cores=N = only N cores usable."""
+    """cluster.gpus: 1 = one GPU with all the host's cores; 2 = both GPUs data parallel, each rank's pool on
+    every core as DeepSpeed's launcher leaves it (or the cores split with bind_cores_to_rank);
+    hardware.cpu.cores=N = only N cores usable."""
     one = _machine("h200x2-pcie-gen5-x86", "cluster.gpus=1")
     assert (one.local_ranks, one.threads_per_rank, one.nodes) == (1, 32, 1)
     two = _machine("h200x2-pcie-gen5-x86", "cluster.gpus=2")
-    assert (two.local_ranks, two.threads_per_rank, two.rank_socket) == (2, 16, (0, 0))
-    assert ranks_share_host(two)  # one socket's DRAM behind both ranks
+    assert (two.local_ranks, two.threads_per_rank, two.rank_socket) == (2, 32, (0, 0))
+    assert ranks_share_host(two)  # one socket's cores and DRAM behind both ranks
+    bound = _machine("h200x2-pcie-gen5-x86", "cluster.gpus=2", "cluster.bind_cores_to_rank=true")
+    assert bound.threads_per_rank == 16
     limited = _machine("h200x2-pcie-gen5-x86", "cluster.gpus=2", "hardware.cpu.cores=8")
-    assert limited.threads_per_rank == 4
+    assert limited.threads_per_rank == 8
+    limited_bound = _machine("h200x2-pcie-gen5-x86", "cluster.gpus=2", "hardware.cpu.cores=8",
+                             "cluster.bind_cores_to_rank=true")
+    assert limited_bound.threads_per_rank == 4
     # Two hosts of one GPU each need a network; the lent machine has none to offer.
     with pytest.raises(ConfigError, match=r"no 'node\.nics'"):
         _machine("h200x2-pcie-gen5-x86", "cluster.gpus=2", "cluster.gpus_per_node=1")
@@ -167,7 +173,7 @@ def test_shared_uplink_costs_time_and_is_attributed() -> None:
     fabric = {"kind": "nvlink", "GBps": 100.0, "latency_us": 0.0, "sources": {"GBps": SRC, "latency_us": SRC}}
     base = tiny_scenario({"system": "zero3_offload", "implementation": "ideal"}, iterations=3)
     base["model"]["layers"] = 4
-    base["cluster"] = {"gpus": 2}
+    base["cluster"] = {"gpus": 2, "bind_cores_to_rank": True}  # cores split: only the uplink is shared
     private = copy.deepcopy(base)
     private["hardware"] = _tiny_node(fabric=fabric)
     shared = copy.deepcopy(base)

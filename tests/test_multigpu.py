@@ -47,7 +47,8 @@ def test_more_shared_dram_bandwidth_never_slows_two_ranks(system: str, factor: f
     """Two ranks on the lent machine's one socket: a wider shared resource never makes the step slower, a
     narrower one never faster (strictly slower where the step is contended: ZeRO-2 offload's copies overlap
     its Adam)."""
-    sets = [f"schedule={{system: {system}, implementation: deepspeed}}"]
+    # Bound ranks: the cores are split, so the socket's DRAM is what the two ranks contend for.
+    sets = [f"schedule={{system: {system}, implementation: deepspeed}}", "cluster.bind_cores_to_rank=true"]
     base = simulate(load_scenario(X2, sets)).metrics["step_time_s"]
     wide = simulate(load_scenario(X2, [*sets, f"hardware.node.dram_GBps={210 * factor}"])).metrics["step_time_s"]
     narrow = simulate(load_scenario(X2, [*sets, f"hardware.node.dram_GBps={210 / factor}"])).metrics["step_time_s"]
@@ -63,9 +64,13 @@ def test_fewer_cores_never_speed_up_the_lent_machine() -> None:
 
 
 def test_dram_contention_is_attributed_on_a_shared_socket() -> None:
-    r = simulate(load_scenario(X2, ["schedule={system: zero_offload, implementation: deepspeed}"]))
+    r = simulate(load_scenario(X2, ["schedule={system: zero_offload, implementation: deepspeed}",
+                                    "cluster.bind_cores_to_rank=true"]))
     assert float(r.provenance.get("contention_dram0_s", 0.0)) > 0
     assert r.provenance["cpu_threads_per_rank"] == "16"
+    # DeepSpeed's launcher binds nothing by default: each rank's pool has every core of the node.
+    unbound = simulate(load_scenario(X2, ["schedule={system: zero_offload, implementation: deepspeed}"]))
+    assert unbound.provenance["cpu_threads_per_rank"] == "32"
 
 
 def test_every_resource_kind_has_a_breakdown_bucket() -> None:
