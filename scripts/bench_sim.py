@@ -1,7 +1,7 @@
 """Simulation speed (issue 11 §4): simulations per CPU-second of the 32-layer cases, a 10,000-scenario sweep on
 a process pool, and a peer's rate measured in the same run.
 
-    python scripts/bench_sim.py [--seconds 2] [--repeats 3] [--sweep-points 10000] [--workers 2]
+    python scripts/bench_sim.py [--seconds 2] [--repeats 3] [--sweep-points 10000] [--workers 2] [--tune-budget N]
                                 [--calculon DIR] [--no-sweep]
 
 Cases (32 layers, 3 iterations, each scenario validated once): ZeRO-Offload as DeepSpeed runs it
@@ -139,6 +139,25 @@ def bench_sweep(n_points: int, workers: int, layers: int) -> dict[str, Any]:
             "errors": errors}
 
 
+def bench_tune(budget: int, workers: int, layers: int) -> dict[str, Any]:
+    """``sosim tune`` of the ZeRO-Offload case on 8 GPUs at a global batch of 256, every system, searched
+    exhaustively (not staged) up to ``budget`` simulations: a search that really simulates that many."""
+    from sosim.tune import TuneOptions, tune
+
+    base = load_scenario(ROOT / "scenarios" / "gh200_zero_offload_4b.yaml", [f"model.layers={layers}"])
+    options = TuneOptions(gpus=8, global_batch=256, budget=budget, exhaustive_limit=10**6, jobs=workers)
+    children_before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    self_before = time.process_time()
+    t0 = time.perf_counter()
+    result = tune(base, options)
+    wall = time.perf_counter() - t0
+    children = resource.getrusage(resource.RUSAGE_CHILDREN)
+    worker_cpu = (children.ru_utime - children_before.ru_utime) + (children.ru_stime - children_before.ru_stime)
+    return {"simulated": result.simulated, "candidates": len(result.evaluations),
+            "memory_rejected": result.memory_rejected, "workers": workers, "wall_s": round(wall, 2),
+            "parent_cpu_s": round(time.process_time() - self_before, 2), "worker_cpu_s": round(worker_cpu, 2)}
+
+
 def bench_calculon(directory: str | None, seconds: float, repeats: int) -> dict[str, Any]:
     if not directory or not (Path(directory) / "calculon" / "llm").is_dir():
         return {"configs_per_cpu_s": CALCULON_QUOTED_PER_S, "measured": False,
@@ -175,6 +194,8 @@ def main() -> None:
     ap.add_argument("--sweep-points", type=int, default=10_000)
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--no-sweep", action="store_true")
+    ap.add_argument("--tune-budget", type=int, default=0,
+                    help="also time an exhaustive sosim tune of this many simulations (10000: ~2 minutes)")
     ap.add_argument("--calculon", default=os.environ.get("CALCULON_DIR"))
     args = ap.parse_args()
     out: dict[str, Any] = {
@@ -185,6 +206,8 @@ def main() -> None:
     }
     if not args.no_sweep:
         out["sweep"] = bench_sweep(args.sweep_points, args.workers, args.layers)
+    if args.tune_budget:
+        out["tune"] = bench_tune(args.tune_budget, args.workers, args.layers)
     out["load_average_after"] = [round(x, 2) for x in os.getloadavg()]
     print(json.dumps(out, indent=1))
 
