@@ -89,7 +89,7 @@ def provenance_lines(sc: Any, provenance: dict[str, Any]) -> list[tuple[str, str
         sha = provenance.get("calibration_sha256")
         shown_cal = ", ".join(sc.hardware.calibration_paths)
         rows.append(("calibration", shown_cal + (f" (sha256 {str(sha)[:12]})" if sha else "")))
-    shown = {"profile", "calibration", "calibration_sha256"}
+    shown = {"system", "implementation", "profile", "calibration", "calibration_sha256"}
     rows += [(str(k), format_value(v)) for k, v in provenance.items() if k not in shown]
     return rows
 

@@ -113,7 +113,7 @@ _DPU = Knob("schedule.dpu", "dpu", "delayed parameter update", (False, True), im
 _PREFETCH = Knob("schedule.prefetch_layers", "prefetch", "layers of parameters prefetched", (0, 1, 2, 4),
                  refine="linear", bounds=(0, 16), integer=True, memory=True)
 # ZeRO++ (DeepSpeed zero_quantized_weights / zero_quantized_gradients / zero_hpz_partition_size): only with
-# data parallelism; active once the schema has these keys.
+# data parallelism; knobs of the `zero3` system (ZeRO-3 without offload, sosim/schedules/zero3.py).
 _QW = Knob("schedule.zero_quantized_weights", "qwZ", "ZeRO++ quantized weights (qwZ)", (False, True), min_dp=2,
            fmt=_fmt_onoff)
 _QG = Knob("schedule.zero_quantized_gradients", "qgZ", "ZeRO++ quantized gradients (qgZ)", (False, True), min_dp=2,
@@ -146,10 +146,13 @@ def zero_stage_of(state_bytes: float, dp: int) -> int | None:
             return stage
     return None
 
-# Searched for every system.
+# Searched for every system. Core binding is a launcher flag (deepspeed --bind_cores_to_rank), not a
+# DeepSpeed config key: it matters only with several ranks on one host.
 TRAINING_KNOBS: tuple[Knob, ...] = (
     Knob("training.activation_checkpointing", "ckpt", "activation checkpointing", (True, False), structural=True,
          memory=True, fmt=_fmt_onoff),
+    Knob("cluster.bind_cores_to_rank", "bind", "deepspeed --bind_cores_to_rank (launcher flag)", (False, True),
+         min_dp=2, fmt=_fmt_onoff),
 )
 
 # One entry per system; a system of the schema that is missing here is searched over the training knobs,
@@ -157,9 +160,10 @@ TRAINING_KNOBS: tuple[Knob, ...] = (
 SEARCH_SPACE: dict[str, tuple[Knob, ...]] = {
     "gpu_only": (_STATE,),
     "zero_offload": (_BUCKET, _OVERLAP, _DPU),
-    "zero3_offload": (_SUB_GROUP, _OVERLAP, *_ZEROPP),
-    "zero_infinity": (_SUB_GROUP, _PREFETCH, _OVERLAP, *_ZEROPP),
-    "superoffload": (_PLACEMENT, _GPU_FRACTION, _SUB_GROUP, _CORES, _CAST, _SO_BUCKET, _OVERLAP, *_ZEROPP),
+    "zero3_offload": (_SUB_GROUP, _OVERLAP),
+    "zero_infinity": (_SUB_GROUP, _PREFETCH, _OVERLAP),
+    "superoffload": (_PLACEMENT, _GPU_FRACTION, _SUB_GROUP, _CORES, _CAST, _SO_BUCKET, _OVERLAP),
+    "zero3": _ZEROPP,
 }
 
 # Keys the tuner itself decides (the batch split and the parallel split); never knobs of the table.
