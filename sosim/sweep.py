@@ -331,7 +331,10 @@ def sweep_spec(base: str | Path | Scenario | Mapping[str, Any], points: Iterable
         if len(pts) > MAX_SWEEP_POINTS:
             raise SosimError(f"more than {MAX_SWEEP_POINTS:,} points in one sweep; split it into several")
     keys = list(dict.fromkeys(k for p in pts for k in p))
-    return SweepSpec(path=None, base=data, fixed=dict(fixed or {}), points=pts, keys=keys)
+    from sosim.result import METRICS
+
+    return SweepSpec(path=None, base=data, fixed=dict(fixed or {}), points=pts, keys=keys,
+                     metric_keys=[spec.name for spec in METRICS])
 
 
 def load_sweep(path: str | Path) -> SweepSpec:
@@ -345,15 +348,15 @@ def load_sweep(path: str | Path) -> SweepSpec:
     base_path = (sweep_path.parent / data["base"]).resolve()
     if not base_path.is_file():
         raise ConfigError([f"{_where(loc, ('base',))}: base: no such scenario file: {base_path}"])
-    base, sc = _base_data(base_path)
+    base, _ = _base_data(base_path)
     grid_points = expand_grid(data["grid"]) if data.get("grid") else [{}]
     listed = [dict(p) for p in data["points"]] if data.get("points") else [{}]
     points = [{**p, **g} for p in listed for g in grid_points]
     keys = list(dict.fromkeys(str(k) for p in points for k in p))
-    from sosim.simulate import simulate
+    from sosim.result import METRICS
 
-    # The base's metric names fix the output columns even if the first points fail.
-    metric_keys = list(simulate(sc).metrics)
+    # The declared metric schema fixes the output columns, even if the first points fail (no probe run).
+    metric_keys = [spec.name for spec in METRICS]
     spec = SweepSpec(path=sweep_path, base=base, fixed={str(k): v for k, v in (data.get("set") or {}).items()},
                      points=points, keys=keys, metric_keys=metric_keys)
     problems = _check_keys(spec, _key_locations(loc, data))
@@ -713,7 +716,7 @@ def run_sweep(
     full = [spec.full_point(p) for p in spec.points]
     ids = [point_id(p) for p in full]
     by_id = dict(zip(ids, spec.points))
-    probe = spec.metric_keys or list(_simulate_point(spec.base, spec.overrides({})))
+    probe = spec.metric_keys
     sample: dict[str, Any] = dict.fromkeys(probe, 0.0)
     sample.update({"feasible": True, "reason": ""})
     dtypes = _column_dtypes(spec.keys, spec.points, [k for k in probe if k not in (ID_COLUMN, ERROR_COLUMN)], sample)

@@ -405,3 +405,18 @@ def test_profile_that_leaves_fields_at_their_defaults_sweeps(tmp_path: Path) -> 
     frame = sweep(load_sweep(path))
     assert frame["error"].isna().all(), list(frame["error"])
     assert sweep(load_scenario(tmp_path / "s.yaml"), [{"training.micro_batch": 1}])["error"].isna().all()
+
+
+def test_every_shipped_sweep_has_valid_points() -> None:
+    """A shipped sweep whose points the schema rejects would give a table of error rows: load a spread of
+    points of each (every 97th, the first and the last) as the workers would."""
+    from pathlib import Path
+
+    from sosim.loader import load_scenario
+    from sosim.sweep import load_sweep
+
+    for path in sorted((Path(__file__).resolve().parent.parent / "scenarios" / "sweeps").glob("*.yaml")):
+        spec = load_sweep(path)
+        picks = sorted({0, len(spec.points) - 1, *range(0, len(spec.points), 97)})
+        for i in picks:
+            load_scenario(spec.base, spec.overrides(spec.points[i]))
