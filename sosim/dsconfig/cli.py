@@ -19,10 +19,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--ds-config", metavar="DS.json", help="a DeepSpeed config (JSON) to predict")
     g.add_argument("--model", metavar="CONFIG.json", help="Hugging Face config.json (or its folder) of the model")
     g.add_argument("--hardware", metavar="PROFILE", help="hardware profile name or path (see sosim profiles)")
-    g.add_argument("--gpus", type=_positive_int, help="GPUs (default: implied by train_batch_size, else 1)")
-    g.add_argument("--seq", type=_positive_int, help=f"training sequence length (default {DEFAULT_SEQ_LEN})")
-    g.add_argument("--micro-batch", type=_positive_int, help="micro-batch per GPU (needed when the config says auto)")
-    g.add_argument("--grad-accum", type=_positive_int, help="gradient accumulation steps")
+    g.add_argument("--gpus", type=positive_int, help="GPUs (default: implied by train_batch_size, else 1)")
+    g.add_argument("--seq", type=positive_int, help=f"training sequence length (default {DEFAULT_SEQ_LEN})")
+    g.add_argument("--micro-batch", type=positive_int, help="micro-batch per GPU (needed when the config says auto)")
+    g.add_argument("--grad-accum", type=positive_int, help="gradient accumulation steps")
     g.add_argument("--precision", choices=["bf16", "fp16"], help="when the config leaves it to the HF Trainer")
     g.add_argument("--activation-checkpointing", choices=["on", "off"],
                    help="whether the model code checkpoints activations (default on)")
@@ -30,7 +30,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="write the scenario as a DeepSpeed config (with --ds-config: its other keys kept)")
 
 
-def _positive_int(text: str) -> int:
+def positive_int(text: str) -> int:
+    """argparse type of a count flag (``sosim run`` and ``sosim tune``): a clear message, not a traceback."""
     try:
         value = int(text)
     except ValueError:
