@@ -91,7 +91,7 @@ CSV_COLUMNS: tuple[str, ...] = (
     "ds_config_file",
     "status",
     "error",
-    # Added 2026-11-30: data parallel, phase spreads, and timers inside step() (see ds_timers.TIMER_COLUMNS).
+    # Added 2026-11-30: data parallel, phase spreads, and timers inside step() (see ds_timers.TIMER_NAMES).
     "gpus",
     "n_phased_steps",
     "fwd_p10_s",
@@ -102,24 +102,6 @@ CSV_COLUMNS: tuple[str, ...] = (
     "optimizer_step_p90_s",
     "step_fixed_median_s",
 )
-TIMER_NAMES: tuple[str, ...] = (
-    "opt_step",
-    "wait_async",
-    "pre_step",
-    "partition_all",
-    "overflow_check",
-    "norm",
-    "unscale_clip",
-    "optimizer",
-    "refresh",
-    "post_step",
-    "sync_cpu_optimizer",
-    "partition_grads",
-    "grad_epilogue",
-    "async_copy_back",
-    "wait_offload_copies",
-)
-CSV_COLUMNS = CSV_COLUMNS + tuple(f"t_{name}_s" for name in TIMER_NAMES)
 
 
 def load_calibrate_module(name: str) -> Any:
@@ -138,6 +120,10 @@ def load_calibrate_module(name: str) -> Any:
     sys.modules[spec.name] = module
     spec.loader.exec_module(module)
     return module
+
+
+TIMER_NAMES: tuple[str, ...] = load_calibrate_module("ds_timers").TIMER_NAMES
+CSV_COLUMNS = CSV_COLUMNS + tuple(f"t_{name}_s" for name in TIMER_NAMES)
 
 
 def load_llama_module() -> Any:

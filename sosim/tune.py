@@ -930,20 +930,10 @@ def _positive_float(text: str) -> float:
     return value
 
 
-def _positive_int(text: str) -> int:
-    import argparse
-
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
-    return value
-
-
 def add_tune_parser(subparsers: Any) -> None:
     """Register ``sosim tune`` on the CLI's sub-parsers."""
+    from sosim.dsconfig.cli import positive_int as _positive_int
+
     p = subparsers.add_parser(
         "tune", help="search the fastest configuration that fits; write it as a DeepSpeed config",
         description="Search system, knobs, checkpointing, micro-batch x accumulation at a fixed global batch and "

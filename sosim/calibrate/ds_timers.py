@@ -66,6 +66,8 @@ SHORT_NAMES: dict[str, str] = {
     "_wait_for_offload_copies": "wait_offload_copies",
     "scaled_global_norm": "norm",
 }
+# Each short name once, in the order above (ds_train_step.py's t_<name>_s columns).
+TIMER_NAMES: tuple[str, ...] = tuple(dict.fromkeys(SHORT_NAMES.values()))
 
 
 class MethodTimers:

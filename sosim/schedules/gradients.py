@@ -44,18 +44,9 @@ def _report(ctx: Ctx, f: Flush, arrival: int, done: DoneCallback) -> None:
             done(ctx, g, arrival)
 
 
-@dataclass
-class HostGradients:
-    """The paper's schedules: each flush's gradients go to host memory as soon as backward produces them.
-
-    ``fp32_on_gpu``: cast to fp32 on a GPU side stream and move 4 B/param (SuperOffload's GPU casting), else
-    move bf16 (2 B/param) and convert/accumulate into the fp32 buffer on the CPU. ``overlap_comm`` off: the
-    copy is queued on the compute stream, so the next backward waits for it. Gradients of groups updated on
-    the GPU stay there. Every micro-batch sends its gradients (the CPU accumulates them).
-    """
-
-    fp32_on_gpu: bool
-    overlap_comm: bool
+class _PerFlush:
+    """A gradient path that acts once per flush, when backward has produced the flush's last gradient;
+    by default nothing to set up before the step or to wait for after it."""
 
     def start(self, ctx: Ctx) -> None:
         del ctx
@@ -66,6 +57,23 @@ class HostGradients:
 
     def finish(self, ctx: Ctx, done: DoneCallback) -> None:
         del ctx, done
+
+    def _flush(self, ctx: Ctx, f: Flush, op: int, done: DoneCallback) -> None:
+        raise NotImplementedError
+
+
+@dataclass
+class HostGradients(_PerFlush):
+    """The paper's schedules: each flush's gradients go to host memory as soon as backward produces them.
+
+    ``fp32_on_gpu``: cast to fp32 on a GPU side stream and move 4 B/param (SuperOffload's GPU casting), else
+    move bf16 (2 B/param) and convert/accumulate into the fp32 buffer on the CPU. ``overlap_comm`` off: the
+    copy is queued on the compute stream, so the next backward waits for it. Gradients of groups updated on
+    the GPU stay there. Every micro-batch sends its gradients (the CPU accumulates them).
+    """
+
+    fp32_on_gpu: bool
+    overlap_comm: bool
 
     def _flush(self, ctx: Ctx, f: Flush, op: int, done: DoneCallback) -> None:
         cpu, _gpu = _split(ctx, f)
@@ -89,7 +97,7 @@ class HostGradients:
 
 
 @dataclass
-class Stage2Gradients:
+class Stage2Gradients(_PerFlush):
     """DeepSpeed ZeRO-1/2 with ``offload_optimizer`` (``runtime/zero/stage_1_and_2.py``,
     ``async_inplace_copy_grad_to_fp32_buffer_from_gpu`` and ``copy_grads_in_partition``): each flush's
     gradients are cast to fp32 on the GPU and copied (4 B/param) into the pinned fp32 partition. The cast
@@ -103,16 +111,6 @@ class Stage2Gradients:
     # So the host (which issues the backward's kernels) waits for each flush's copies: they run serially with
     # the backward instead of beside it.
     host_waits_for_copies: bool = False
-
-    def start(self, ctx: Ctx) -> None:
-        del ctx
-
-    def after_backward(self, ctx: Ctx, u: Unit, op: int, done: DoneCallback) -> None:
-        for f in ctx.layout.flushes_at.get(u.index, ()):
-            self._flush(ctx, f, op, done)
-
-    def finish(self, ctx: Ctx, done: DoneCallback) -> None:
-        del ctx, done
 
     def _flush(self, ctx: Ctx, f: Flush, op: int, done: DoneCallback) -> None:
         shard = f.elements / ctx.dp
@@ -136,7 +134,7 @@ class Stage2Gradients:
 
 
 @dataclass
-class Stage3Gradients:
+class Stage3Gradients(_PerFlush):
     """DeepSpeed ZeRO-3 with ``offload_optimizer`` (0.19.8, ``runtime/zero/stage3.py``).
 
     * A flush (``__reduce_and_partition_ipg_grads``) runs on ``reduce_and_partition_stream``: a side stream
@@ -169,10 +167,6 @@ class Stage3Gradients:
         del ctx
         self._stream = Stream()
         self._flush_ends = []
-
-    def after_backward(self, ctx: Ctx, u: Unit, op: int, done: DoneCallback) -> None:
-        for f in ctx.layout.flushes_at.get(u.index, ()):
-            self._flush(ctx, f, op, done)
 
     def finish(self, ctx: Ctx, done: DoneCallback) -> None:
         del done

@@ -30,6 +30,13 @@ def _layer(ctx: Ctx, g: Group) -> int:
     return ctx.layout.tensors[g.tensors[0]].unit
 
 
+def _allgather(ctx: Ctx, g: Group, layer: int, after: int) -> int:
+    """ZeRO-1/2's all-gather of the group's refreshed bf16 parameters across the data-parallel ranks."""
+    n_all = g.elements * BF16_BYTES
+    return ctx.add(NET, f"allgather:g{g.index}", ctx.costs.collective_s("all_gather", n_all, ctx.dp), [after],
+                   phase=R, category=Category.COMM, layer=layer, group=g.index, n_bytes=(ctx.dp - 1) / ctx.dp * n_all)
+
+
 # --- updates: the Adam math of one group --------------------------------------------------------------------
 def cpu_adam(ctx: Ctx, g: Group, deps: list[int], name: str = "cpu_adam", resource: Resource | None = None,
              extra_s: float = 0.0) -> int:
@@ -85,10 +92,7 @@ class CastAndCopy:
             last = ctx.add(H2D, f"param_h2d_bf16:g{g.index}", ctx.costs.copy_s(n, "h2d", self.pinned), [c], phase=R,
                            category=Category.TRANSFER, layer=layer, group=g.index, n_bytes=n)
         if self.allgather and ctx.dp > 1:
-            n_all = g.elements * BF16_BYTES
-            last = ctx.add(NET, f"allgather:g{g.index}", ctx.costs.collective_s("all_gather", n_all, ctx.dp), [last],
-                           phase=R, category=Category.COMM, layer=layer, group=g.index,
-                           n_bytes=(ctx.dp - 1) / ctx.dp * n_all)
+            last = _allgather(ctx, g, layer, last)
         return last
 
 
@@ -105,10 +109,7 @@ class CopyBf16:
         last = ctx.add(H2D, f"param_h2d_bf16:g{g.index}", ctx.costs.copy_s(n, "h2d", self.pinned), deps, phase=R,
                        category=Category.TRANSFER, layer=layer, group=g.index, n_bytes=n)
         if ctx.dp > 1:
-            n_all = g.elements * BF16_BYTES
-            last = ctx.add(NET, f"allgather:g{g.index}", ctx.costs.collective_s("all_gather", n_all, ctx.dp), [last],
-                           phase=R, category=Category.COMM, layer=layer, group=g.index,
-                           n_bytes=(ctx.dp - 1) / ctx.dp * n_all)
+            last = _allgather(ctx, g, layer, last)
         return last
 
 
