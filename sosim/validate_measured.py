@@ -465,8 +465,11 @@ class PhasedView:
     t_end: float  # step() and its synchronize return
 
     def busy(self, pick: Callable[[Op], bool], section: int | None = None) -> float:
-        """Summed durations of the iteration's ops that ``pick`` selects (in ``section`` if given)."""
-        return float(sum(op.duration_s for op in self.plan.ops if op.iteration == self.iteration and pick(op)
+        """Summed run times of the iteration's ops that ``pick`` selects (in ``section`` if given): end - start,
+        so an op stretched by contention (ranks sharing a host) counts as long as it really ran, as a timer
+        around it would measure."""
+        return float(sum(self.end_s[op.id] - self.start_s[op.id] for op in self.plan.ops
+                         if op.iteration == self.iteration and pick(op)
                          and (section is None or self.sections[op.id] == section)))
 
     def last_end(self, pick: Callable[[Op], bool]) -> float:

@@ -307,3 +307,17 @@ def test_runs_of_2026_11_30_with_timers_and_sessions() -> None:
     effects = {(e["effect"], e["run_id"]): e for e in rep.effects()}
     assert effects[("clipping 1 vs 0", "0.5b-s2048-mb4-superoffload-clip1")]["same_session"] is False
     assert effects[("ratio 0.5 vs 1", "0.5b-s2048-mb4-superoffload-clip0-ratio0.5")]["same_session"] is True
+
+
+def test_timer_counterparts_use_the_time_an_op_really_ran() -> None:
+    """Ranks sharing a host stretch their CPU ops: a timer around an op measures its run time (end - start),
+    not its uncontended duration."""
+    from sosim.validate_measured import PhasedView
+
+    plan = Plan()
+    plan.add(CPU_OPT, "adam", 1.0, phase=Phase.OPTIMIZER, category=Category.OPTIMIZER)
+    plan.add(CPU_OPT, "adam2", 0.5, phase=Phase.OPTIMIZER, category=Category.OPTIMIZER)
+    start, end = np.array([0.0, 2.0]), np.array([2.0, 3.0])  # the first ran at half speed
+    view = PhasedView(plan, start, end, [2, 2], 0, 0.0, 0.0, 0.0, 3.0)
+    assert view.busy(lambda op: True) == pytest.approx(3.0)
+    assert view.busy(lambda op: op.name == "adam", section=2) == pytest.approx(2.0)
