@@ -140,12 +140,21 @@ def run_plan_detailed(plan: Plan, contention: Contention | None = None) -> Engin
     if unfinished:
         # A plan bug (a dependency cycle through resource order), never a user error.
         raise RuntimeError(f"deadlock: {len(unfinished)} ops never ran, first: {unfinished[0]}")
-    stretch: dict[str, float] = {}
-    if fluid is not None and active is not None:
-        for k, s in fluid.stretch.items():
-            if s > 1e-12:  # below float noise of repeated rate changes
-                stretch[active.names[k]] = stretch.get(active.names[k], 0.0) + s
+    stretch = stretch_by_name(fluid.stretch, active.names) if fluid is not None and active is not None else {}
     return EngineRun(start, end, stretch)
+
+
+# Stretch below this is float noise of repeated rate changes, not time lost to contention.
+STRETCH_NOISE_S = 1e-12
+
+
+def stretch_by_name(by_index: dict[int, float], names: Sequence[str]) -> dict[str, float]:
+    """Time lost to each shared resource, by its name (the one rule every engine path reports with)."""
+    out: dict[str, float] = {}
+    for k, s in by_index.items():
+        if s > STRETCH_NOISE_S:
+            out[names[k]] = out.get(names[k], 0.0) + s
+    return out
 
 
 class _Job:

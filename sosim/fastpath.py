@@ -27,7 +27,7 @@ from typing import Any
 
 import numpy as np
 
-from sosim.engine import Contention, EngineRun, _Fluid, effective_contention
+from sosim.engine import Contention, EngineRun, _Fluid, effective_contention, stretch_by_name
 from sosim.plan import Plan, Resource
 
 
@@ -74,11 +74,7 @@ def engine_run(plan: Plan, contention: Contention | None = None) -> EngineRun:
         start, end = list_times(plan)
         return EngineRun(np.array(start), np.array(end), {})
     start, end, by_index = replay_engine(plan, active, _Fluid)
-    stretch: dict[str, float] = {}
-    for k, s in by_index.items():  # the engine's attribution, in the same order
-        if s > 0:
-            stretch[active.names[k]] = stretch.get(active.names[k], 0.0) + s
-    return EngineRun(np.array(start), np.array(end), stretch)
+    return EngineRun(np.array(start), np.array(end), stretch_by_name(by_index, active.names))
 
 
 # --- the engine's run under shared-resource contention, without SimPy -------------------------------------------

@@ -21,11 +21,7 @@ def _replay(plan: Plan, contention: Contention) -> tuple[np.ndarray, np.ndarray,
     active = engine.effective_contention(plan, contention)
     assert active is not None
     start, end, stretch = replay_engine(plan, active, engine._Fluid)
-    named: dict[str, float] = {}
-    for k, s in stretch.items():
-        if s > 0:
-            named[active.names[k]] = named.get(active.names[k], 0.0) + s
-    return np.array(start), np.array(end), named
+    return np.array(start), np.array(end), engine.stretch_by_name(stretch, active.names)
 
 
 @st.composite
