@@ -9,6 +9,9 @@ What each kind of op draws on, per second at full speed:
 * CPU work of rank r (the optimizer worker and the training process's casts and passes): its threads from the
   node's core pool, and the socket's DRAM bandwidth in proportion to its threads (memory-bound kernels reach
   the socket's bandwidth at ``adam_saturation_cores`` threads);
+* with ``cluster.optimizer_socket`` borrowing another socket, the rank's optimizer work draws on that
+  socket's cores and DRAM (cores then form one pool per socket) and its copies go to that socket's memory,
+  across the socket link;
 * GPU kernels and collectives draw on nothing shared (a collective's NIC share is inside its duration, see
   :mod:`sosim.collectives`).
 

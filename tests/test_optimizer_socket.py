@@ -121,7 +121,7 @@ def test_two_ranks_on_a_quad_gh200_node_borrow_the_idle_graces() -> None:
     pools_own, pools_neigh = _rank0_cpu_pools(own), _rank0_cpu_pools(neigh)
     assert pools_own["optimizer"] == {"cores", "dram0"}
     assert pools_neigh["optimizer"] == {"cores2", "dram2"}
-    # The training process's host thread stays on its own Grace's cores (its casts run on the GPU here).
+    # The rest of its CPU work here is the training process's host thread: it stays on its own Grace's cores.
     assert "cores0" in pools_neigh["other"] and pools_neigh["other"] <= {"cores0", "dram0"}
 
 
