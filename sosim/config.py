@@ -431,6 +431,11 @@ class ClusterSpec(_Strict):
     # CPU threads of each rank, when the run sets them itself (OMP_NUM_THREADS / torch.set_num_threads);
     # None: as the launcher leaves them (bind_cores_to_rank above).
     cpu_threads_per_rank: PosInt | None = None
+    # Where each rank's optimizer state (host master weights, Adam moments) lives and its CPU Adam runs:
+    # "own" (its GPU's socket), "neighbour" (another socket's DRAM and cores: first the sockets no local rank's
+    # GPU sits on, in turn, else the next socket), or one socket per local rank. SuperOffload's artifact
+    # launch scripts bind the CPU Adam worker to another Grace's cores (72-143) with --bind_cores_to_rank.
+    optimizer_socket: Literal["own", "neighbour"] | list[NonNegInt] = "own"
 
     @model_validator(mode="after")
     def _product(self) -> ClusterSpec:
@@ -491,6 +496,19 @@ class Scenario(_Strict):
                 f"cluster.gpus: {self.cluster.gpus} GPUs span {self.cluster.gpus // used} nodes of "
                 f"'{self.hardware.name}', whose profile has no 'node.nics' to join them"
             )
+        placement = self.cluster.optimizer_socket
+        if placement != "own":
+            sockets = node.cpu_sockets if node is not None else 1
+            if node is None or sockets < 2:
+                raise ValueError(
+                    f"cluster.optimizer_socket: {placement!r} needs a node of several CPU sockets, but profile "
+                    f"'{self.hardware.name}' has {'no node section' if node is None else 'one socket'}"
+                )
+            if isinstance(placement, list) and (len(placement) != used or max(placement) >= sockets):
+                raise ValueError(
+                    f"cluster.optimizer_socket: {placement} must give one socket (0-{sockets - 1}) to each of the "
+                    f"{used} ranks of a node"
+                )
         if self.cluster.sequence_parallel > 1 and self.model.heads % self.cluster.sequence_parallel:
             raise ValueError("cluster.sequence_parallel must divide model.heads (Ulysses splits heads)")
         return self

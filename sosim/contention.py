@@ -9,6 +9,9 @@ What each kind of op draws on, per second at full speed:
 * CPU work of rank r (the optimizer worker and the training process's casts and passes): its threads from the
   node's core pool, and the socket's DRAM bandwidth in proportion to its threads (memory-bound kernels reach
   the socket's bandwidth at ``adam_saturation_cores`` threads);
+* with ``cluster.optimizer_socket`` borrowing another socket, the rank's optimizer work draws on that
+  socket's cores and DRAM (cores then form one pool per socket) and its copies go to that socket's memory,
+  across the socket link;
 * GPU kernels and collectives draw on nothing shared (a collective's NIC share is inside its duration, see
   :mod:`sosim.collectives`).
 
@@ -49,6 +52,11 @@ def ranks_share_host(m: Machine, uses_nvme: bool = False) -> bool:
     assert node is not None
     if node.dram_GBps is not None and len(set(m.rank_socket)) < m.local_ranks:
         return True
+    if m.borrows_sockets:
+        # A socket one rank's GPU sits on and another rank's optimizer borrows (or two ranks borrow).
+        touched = [{m.rank_socket[r], m.opt_socket(r)} for r in range(m.local_ranks)]
+        if any(touched[a] & touched[b] for a in range(m.local_ranks) for b in range(a)):
+            return True
     ups = [u for u in m.rank_uplink if u >= 0]
     if len(ups) != len(set(ups)):
         return True
@@ -104,6 +112,11 @@ def contention_for(sc: Scenario, m: Machine, plan: Plan, simulated_ranks: int) -
              ResourceKind.CPU_MAIN: max(1.0, threads * (1 - fraction))} \
         if fraction < 1 else {ResourceKind.CPU_OPT: threads, ResourceKind.CPU_MAIN: threads}
     saturation = float(hw.cpu.adam_saturation_cores)
+    borrow = m.borrows_sockets
+
+    def cores_of(socket: int) -> str:
+        # One node-wide pool unless a neighbour's cores are borrowed (then one pool per socket).
+        return f"cores{socket}" if borrow else "cores"
     uses: dict[int, tuple[tuple[int, float], ...]] = {}
     for op in plan.ops:
         if op.duration_s <= 0:
@@ -116,16 +129,20 @@ def contention_for(sc: Scenario, m: Machine, plan: Plan, simulated_ranks: int) -
             # Its average rate over its whole duration (latency included): the rate the engine scales, so
             # a copy's time under a fair share is its bytes over that share whatever its nominal speed.
             bps = op.n_bytes / op.duration_s if op.n_bytes > 0 else rate[direction]
-            route = m.route(rank, "host", "hbm") if direction == "h2d" else m.route(rank, "hbm", "host")
+            # The rank's host buffers live with its optimizer state: on a borrowed socket the copy also
+            # crosses the socket link and draws on that socket's DRAM.
+            host = m.opt_socket(rank) if borrow else None
+            route = m.route(rank, "host", "hbm", host) if direction == "h2d" else m.route(rank, "hbm", "host", host)
             demand = [(index[name], bps) for name in route if name in index]
             if bps < STAGED_FRACTION * rate[direction]:
                 # Far below the link's pinned rate: a copy the CPU stages (pageable memory through a bounce
                 # buffer, DeepSpeed's cast-and-copy refresh with its page faults). Its speed is the CPU's: it
                 # takes the rank's threads, and its bytes cross the socket's memory three times (read the
                 # source, write the staging buffer, the DMA's read).
-                if "cores" in index:
-                    demand.append((index["cores"], threads))
-                socket = m.rank_socket[rank] if not m.legacy else rank
+                own = m.rank_socket[rank] if not m.legacy else rank
+                if cores_of(own) in index:
+                    demand.append((index[cores_of(own)], threads))
+                socket = m.opt_socket(rank) if borrow else own
                 for k, (res, d) in enumerate(demand):
                     if res == index.get(f"dram{socket}"):
                         demand[k] = (res, 3.0 * d)
@@ -140,12 +157,16 @@ def contention_for(sc: Scenario, m: Machine, plan: Plan, simulated_ranks: int) -
         elif kind in _CPU and op.category in _HOST_THREAD:
             # The training process's host thread itself (framework hooks, step()'s bookkeeping, waits): one
             # core of Python, not a memory-bound kernel.
-            if "cores" in index:
-                uses[op.id] = ((index["cores"], 1.0),)
+            own = m.rank_socket[rank] if not m.legacy else rank
+            if cores_of(own) in index:
+                uses[op.id] = ((index[cores_of(own)], 1.0),)
         elif kind in _CPU:
             t = split[kind]
-            demand = [(index["cores"], t)] if "cores" in index else []
             socket = m.rank_socket[rank] if not m.legacy else rank
+            if borrow and (kind == ResourceKind.CPU_OPT or op.category == Category.OPTIMIZER):
+                # CPU Adam on the borrowed socket: its cores and the DRAM holding the optimizer state.
+                socket = m.opt_socket(rank)
+            demand = [(index[cores_of(socket)], t)] if cores_of(socket) in index else []
             if dram_Bps > 0 and f"dram{socket}" in index:
                 # Its memory traffic per second: the op's bytes over its duration when the plan says (CPU Adam
                 # moves 28 B/param), else a memory-bound kernel's share of the socket by its threads.
@@ -157,8 +178,11 @@ def contention_for(sc: Scenario, m: Machine, plan: Plan, simulated_ranks: int) -
     # An op alone runs at its planned duration (the cost model's, measured or analytic): where its estimated
     # demand exceeds a capacity on its own (a measured copy slightly faster than the profile's nominal rate, or
     # a what-if direction above the link's bidirectional total), its demands are scaled down to fit.
+    # The socket link is left out: a copy to a borrowed socket's memory is planned at its GPU link's rate and
+    # must be slowed to the socket link's, which is what the engine does with an over-capacity demand.
+    bridge = {k for k, s in enumerate(shared) if s.kind == "socket_link"}
     for op_id, ks in uses.items():
-        scale = min(1.0, *(capacity[k] / d for k, d in ks if d > 0))
+        scale = min(1.0, *(capacity[k] / d for k, d in ks if d > 0 and k not in bridge))
         if scale < 1.0:
             uses[op_id] = tuple((k, d * scale) for k, d in ks)
     return Contention(tuple(s.name for s in shared), capacity, uses)

@@ -73,6 +73,9 @@ class Machine:
     cores_per_socket: int
     rank_uplink: tuple[int, ...]  # uplink index of each local rank, -1 when its port is its own
     rank_nic: tuple[int, ...]  # NIC index of each local rank, -1 when the profile has no NICs
+    # Socket holding each local rank's optimizer state and running its CPU Adam (cluster.optimizer_socket);
+    # equal to rank_socket unless the scenario borrows a neighbour's.
+    rank_opt_socket: tuple[int, ...] = ()
 
     # ---- construction -----------------------------------------------------------------------------------------
     @classmethod
@@ -86,7 +89,8 @@ class Machine:
         if node is None:
             return cls(hw, total, per_node, nodes, True, tuple(range(per_node)),
                        sc.cluster.cpu_threads_per_rank or cores, per_node, cores,
-                       tuple([-1] * per_node), tuple(range(per_node)) if hw.interconnect else tuple([-1] * per_node))
+                       tuple([-1] * per_node), tuple(range(per_node)) if hw.interconnect else tuple([-1] * per_node),
+                       tuple(range(per_node)))
         sockets = node.cpu_sockets
         gpu_socket = node.gpu_socket or [g * sockets // node.gpus for g in range(node.gpus)]
         # The run uses the node's first per_node GPUs (CUDA_VISIBLE_DEVICES order).
@@ -107,7 +111,9 @@ class Machine:
             nic = node.nics
             gpu_nic = nic.gpu_nic or [g * nic.count // node.gpus for g in range(node.gpus)]
             rank_nic = tuple(gpu_nic[g] for g in range(per_node))
-        return cls(hw, total, per_node, nodes, False, rank_socket, threads, sockets, cores, rank_uplink, rank_nic)
+        opt_socket = _optimizer_sockets(sc.cluster.optimizer_socket, rank_socket, sockets)
+        return cls(hw, total, per_node, nodes, False, rank_socket, threads, sockets, cores, rank_uplink, rank_nic,
+                   opt_socket)
 
     # ---- what the ranks see -----------------------------------------------------------------------------------
     @property
@@ -172,6 +178,15 @@ class Machine:
                 out.append(Link(host, "nvme", self.route(r, "host", "nvme"), self.route(r, "nvme", "host")))
         return out
 
+    @property
+    def borrows_sockets(self) -> bool:
+        """True when some rank's optimizer state and CPU Adam sit on another socket than its GPU's."""
+        return not self.legacy and self.rank_opt_socket != self.rank_socket
+
+    def opt_socket(self, rank: int) -> int:
+        """Socket of local ``rank``'s optimizer state and CPU Adam."""
+        return self.rank_opt_socket[rank] if self.rank_opt_socket else self._host_of(rank)
+
     def _host_of(self, rank: int) -> int:
         return rank if self.legacy else self.rank_socket[rank]
 
@@ -211,7 +226,13 @@ class Machine:
         if node.nvme is not None:
             out += [SharedResource("nvme.read", node.nvme.read_GBps * GB, "nvme"),
                     SharedResource("nvme.write", node.nvme.write_GBps * GB, "nvme")]
-        out.append(SharedResource("cores", float(self.cores_per_socket * self.sockets), "cores"))
+        if self.borrows_sockets:
+            # Borrowed cores belong to one socket: each socket is its own pool, so a rank's Adam on a neighbour
+            # competes only with what runs on that neighbour's cores.
+            out += [SharedResource(f"cores{s}", float(self.cores_per_socket), "cores") for s in range(self.sockets)]
+        else:
+            # Each rank's pool stays on its own socket (one socket at most, see from_scenario): one node-wide pool.
+            out.append(SharedResource("cores", float(self.cores_per_socket * self.sockets), "cores"))
         return out
 
     # ---- link and collective parameters -----------------------------------------------------------------------
@@ -269,7 +290,22 @@ class Machine:
             "gpus_per_node": self.gpus_per_node,
             "cpu_threads_per_rank": self.threads_per_rank,
             "host_model": "private host per GPU (legacy profile)" if self.legacy else "shared node",
+            **({"optimizer_sockets": list(self.rank_opt_socket)} if self.borrows_sockets else {}),
         }
+
+
+def _optimizer_sockets(placement: str | list[int], rank_socket: tuple[int, ...], sockets: int) -> tuple[int, ...]:
+    """Socket of each local rank's optimizer (see ``ClusterSpec.optimizer_socket``)."""
+    if isinstance(placement, list):
+        return tuple(placement)
+    if placement == "own":
+        return rank_socket
+    # "neighbour": the sockets no local rank's GPU sits on, handed out in turn (2 ranks on a quad-GH200 node
+    # borrow the two idle Graces); with none idle, the next socket (it is then shared with that socket's rank).
+    idle = [s for s in range(sockets) if s not in rank_socket]
+    if idle:
+        return tuple(idle[r % len(idle)] for r in range(len(rank_socket)))
+    return tuple((s + 1) % sockets for s in rank_socket)
 
 
 # --- the NVMe tier ---------------------------------------------------------------------------------------------
