@@ -78,6 +78,18 @@ def footprint(sc: Scenario, *, weight_flow: bool, offload_checkpoints: bool, gpu
     return MemoryUsage(gpu_bytes=gpu, cpu_bytes=cpu)
 
 
+def offload_footprint(sc: Scenario, *, implementation: str, bucket_mb: float, weight_flow: bool,
+                      prefetch_layers: int = 1) -> MemoryUsage:
+    """ZeRO-3 with the whole optimizer on the CPU (ZeRO-3 offload; ZeRO-Infinity with weights streamed):
+    DeepSpeed's host buffers and gradient-path HBM, or the paper schedules' two transfer buckets."""
+    ds = implementation == "deepspeed"
+    return footprint(
+        sc, weight_flow=weight_flow, offload_checkpoints=False, gpu_fraction=0.0,
+        cpu_state_bytes=DEEPSPEED_CPU_STATE_BYTES if ds else OPT_STATE_BYTES,
+        gpu_buffer_bytes=deepspeed_gpu_buffers(sc, bucket_mb) if ds else ideal_gpu_buffers(bucket_mb),
+        prefetch_layers=prefetch_layers)
+
+
 def deepspeed_gpu_buffers(sc: Scenario, bucket_mb: float) -> float:
     """HBM DeepSpeed stage 3 keeps for the gradient path: the contiguous reduce bucket (bf16,
     ``reduce_bucket_size`` elements) and, while a flush runs, a bf16 and an fp32 copy of its largest

@@ -43,12 +43,8 @@ def _knobs(sc: Scenario) -> ZeroInfinityKnobs:
 
 def memory_usage(sc: Scenario) -> MemoryUsage:
     s = _knobs(sc)
-    ds = s.implementation == "deepspeed"
-    return stage3.footprint(
-        sc, weight_flow=True, offload_checkpoints=False, gpu_fraction=0.0,
-        cpu_state_bytes=stage3.DEEPSPEED_CPU_STATE_BYTES if ds else stage3.OPT_STATE_BYTES,
-        gpu_buffer_bytes=stage3.deepspeed_gpu_buffers(sc, s.bucket_mb) if ds else stage3.ideal_gpu_buffers(s.bucket_mb),
-        prefetch_layers=s.prefetch_layers)
+    return stage3.offload_footprint(sc, implementation=s.implementation, bucket_mb=s.bucket_mb, weight_flow=True,
+                                    prefetch_layers=s.prefetch_layers)
 
 
 def deepspeed(sc: Scenario, costs: CostModel, s: ZeroInfinityKnobs) -> Recipe:
