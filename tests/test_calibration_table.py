@@ -18,8 +18,9 @@ MIB = 2**20
 W1 = 1 * 16 * 1024**2 * 128  # attention work batch*heads*seq^2*head_dim at seq 1024
 
 
-def row(op: str, variant: str, median_s: float, **cells: float) -> str:
-    names = HEADER.split(",")
+def row(op: str, variant: str, median_s: float, header: str = HEADER, **cells: float) -> str:
+    """One CSV line of ``header``'s columns: the given cells, the rest empty."""
+    names = header.split(",")
     values = {name: "" for name in names}
     values.update(op=op, variant=variant, dtype="bf16", median_s=repr(median_s), n_samples="5", device="test")
     values.update({key: repr(value) if isinstance(value, float) else str(value) for key, value in cells.items()})

@@ -15,6 +15,7 @@ from sosim.loader import load_profile
 from sosim.table_costs import TableCostModel
 from sosim.units import GB
 from tests.test_calibration_table import HEADER as BASE_HEADER
+from tests.test_calibration_table import row as base_row
 
 # The harness's new sections append these columns at the end of the schema.
 HEADER = ",".join([*BASE_HEADER.split(","), *(c for c in ("subgroups", "gpus") if c not in BASE_HEADER.split(","))])
@@ -23,11 +24,7 @@ LLAMA = {"hidden": 2048, "heads": 16, "kv_heads": 4, "head_dim": 128, "ffn": 563
 
 
 def row(op: str, variant: str, median_s: float, **cells: float) -> str:
-    names = HEADER.split(",")
-    values = {name: "" for name in names}
-    values.update(op=op, variant=variant, dtype="bf16", median_s=repr(median_s), n_samples="5", device="test")
-    values.update({key: repr(value) if isinstance(value, float) else str(value) for key, value in cells.items()})
-    return ",".join(values[name] for name in names)
+    return base_row(op, variant, median_s, header=HEADER, **cells)
 
 
 ROWS = [
