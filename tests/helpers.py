@@ -43,3 +43,24 @@ def tiny_scenario(schedule: dict[str, Any], **training: Any) -> dict[str, Any]:
         "training": t,
         "schedule": schedule,
     }
+
+
+def random_plan_strategy(durations: Any) -> Any:
+    """Hypothesis strategy: plans of 1-40 ops on the GPU, both link directions and the CPU optimizer, each
+    depending on up to 3 earlier ops, with durations drawn from ``durations``."""
+    from hypothesis import strategies as st
+
+    from sosim.plan import CPU_OPT, D2H, GPU, H2D, Phase, Plan
+
+    @st.composite
+    def plans(draw: st.DrawFn) -> Plan:
+        plan = Plan()
+        n = draw(st.integers(1, 40))
+        for i in range(n):
+            resource = draw(st.sampled_from([GPU, D2H, H2D, CPU_OPT]))
+            duration = draw(durations)
+            deps = draw(st.lists(st.integers(0, i - 1), max_size=3)) if i else []
+            plan.add(resource, f"op{i}", duration, deps, phase=Phase.FORWARD)
+        return plan
+
+    return plans()

@@ -6,6 +6,7 @@ import itertools
 
 import numpy as np
 import pytest
+from helpers import random_plan_strategy
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -44,16 +45,8 @@ def test_duplex_link_is_shared_while_both_directions_run() -> None:
     assert end[0] == pytest.approx(7 / 3, rel=1e-12)
 
 
-@st.composite
-def random_plans(draw: st.DrawFn) -> Plan:
-    plan = Plan()
-    n = draw(st.integers(1, 40))
-    for i in range(n):
-        resource = draw(st.sampled_from([GPU, D2H, H2D, CPU_OPT]))
-        duration = draw(st.floats(0.0, 5.0, allow_nan=False))
-        deps = draw(st.lists(st.integers(0, i - 1), max_size=3)) if i else []
-        plan.add(resource, f"op{i}", duration, deps, phase=F)
-    return plan
+def random_plans() -> st.SearchStrategy[Plan]:
+    return random_plan_strategy(st.floats(0.0, 5.0, allow_nan=False))
 
 
 @settings(max_examples=150, deadline=None)

@@ -9,7 +9,7 @@ from typing import cast
 
 import numpy as np
 import pytest
-from helpers import tiny_scenario
+from helpers import random_plan_strategy, tiny_scenario
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
@@ -22,7 +22,7 @@ from sosim.engine import Contention, EngineRun, effective_contention, run_plan_d
 from sosim.errors import SosimError
 from sosim.fastpath import engine_run
 from sosim.machine import Machine
-from sosim.plan import CPU_OPT, D2H, GPU, H2D, Phase, Plan
+from sosim.plan import Phase, Plan
 from sosim.schedules import SCHEDULES
 from sosim.simulate import make_cost_model
 
@@ -71,17 +71,9 @@ def test_both_paths_are_taken_by_shipped_scenarios() -> None:
     assert paths["x86_h100_superoffload_ideal_4b"] == "replay"
 
 
-@st.composite
-def random_plans(draw: st.DrawFn) -> Plan:
+def random_plans() -> st.SearchStrategy[Plan]:
     """Plans without contention; durations from a small set, so ties are frequent."""
-    plan = Plan()
-    n = draw(st.integers(1, 40))
-    for i in range(n):
-        resource = draw(st.sampled_from([GPU, D2H, H2D, CPU_OPT]))
-        duration = draw(st.sampled_from([0.0, 0.25, 0.5, 1.0, 1.5]))
-        deps = draw(st.lists(st.integers(0, i - 1), max_size=3)) if i else []
-        plan.add(resource, f"op{i}", duration, deps, phase=F)
-    return plan
+    return random_plan_strategy(st.sampled_from([0.0, 0.25, 0.5, 1.0, 1.5]))
 
 
 @settings(max_examples=200, deadline=None)
