@@ -651,3 +651,32 @@ def load_scenario(
     if problems:
         raise ConfigError(problems)
     return sc
+
+
+def load_derived(base: Scenario, sections: Mapping[str, Any]) -> Scenario:
+    """``base`` with the top-level ``sections`` (e.g. ``training``, ``cluster``, ``schedule``) replaced by new
+    data, validated exactly as :func:`load_scenario` validates ``{**base's data, **sections}`` (same checks,
+    same messages, origin ``<dict>``), but the sections left as they are (the hardware profile above all, the
+    largest) are reused as validated rather than copied, re-validated and re-scanned: a search derives
+    thousands of candidates from one base (sosim/tune.py).
+
+    Only valid for a ``base`` that :func:`load_scenario` produced (its sections are finite and validated).
+    """
+    located = Located(data=copy.deepcopy(dict(sections)), origin="<dict>")
+    data = located.data
+    # The reused sections are validated instances: pydantic keeps them as they are (no re-validation).
+    full: dict[str, Any] = {name: getattr(base, name) for name in type(base).model_fields if name not in data}
+    full.update(data)
+    raw_bad = dict(_non_finite(data, ()))
+    nan_problems = [f"{located.where(p)}: {dotted(p)}: not a finite number ({v}); give a finite value"
+                    for p, v in raw_bad.items()]
+    try:
+        sc = Scenario.model_validate(full)
+    except ValidationError as exc:
+        raise ConfigError(nan_problems + _format_validation(exc, located, skip=raw_bad)) from None
+    problems = nan_problems or [
+        problem for name in type(sc).model_fields if name in data
+        for problem in finite_problems(getattr(sc, name), located, (name,))] or _work_problems(sc, located)
+    if problems:
+        raise ConfigError(problems)
+    return sc
