@@ -90,8 +90,10 @@ def expand_ranks(plan: Plan, ranks: int) -> Plan:
 def node_plan(sc: Scenario, m: Machine, plan: Plan) -> tuple[Plan, Contention, int]:
     """The plan the engine runs for one node, the contention it is handed, and how many ranks it holds
     (rank 0's op ``i`` is the node plan's op ``i * ranks``)."""
-    uses_nvme = any(op.resource.kind in _NVME for op in plan.ops)
-    simulated = m.local_ranks if ranks_share_host(m, uses_nvme) else 1
+    # One rank on its own shares nothing: the scan of the plan for NVMe ops is only needed with several.
+    several = not m.legacy and m.local_ranks > 1
+    simulated = m.local_ranks if several and ranks_share_host(
+        m, any(op.resource.kind in _NVME for op in plan.ops)) else 1
     node = expand_ranks(plan, simulated)
     return node, contention_for(sc, m, node, simulated), simulated
 
