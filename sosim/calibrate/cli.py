@@ -38,6 +38,7 @@ EXTRA_SECTIONS: tuple[str, ...] = (
     "layer_z3",
     "ds_step_fixed",
     "so_worker",
+    "so_grads",
     "disk",
     "quantize",
     "nccl",
@@ -105,7 +106,7 @@ def _import_torch_with_cuda() -> Any | None:
 
 
 def _run(torch: Any, out: Path | None, quick: bool, sections: list[str], append: bool) -> int:
-    from . import copy_bench, cpu_bench, ds_bench, gpu_bench, host_bench, multi_gpu
+    from . import copy_bench, cpu_bench, ds_bench, gpu_bench, host_bench, multi_gpu, so_grads_bench
     from .machine import cpu_model, device_slug, machine_meta, today_utc
     from .records import Context, Table, read_rows
 
@@ -142,6 +143,7 @@ def _run(torch: Any, out: Path | None, quick: bool, sections: list[str], append:
         "layer_z3": ds_bench.bench_layer_z3,
         "ds_step_fixed": lambda t, tab, q: ds_bench.bench_ds_step_fixed(t, tab, q, out_dir=out_dir),
         "so_worker": ds_bench.bench_so_worker,
+        "so_grads": so_grads_bench.bench_so_grads,
         "disk": host_bench.bench_disk,
         "quantize": host_bench.bench_quantize,
         "nccl": multi_gpu.bench_nccl,
