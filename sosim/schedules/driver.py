@@ -53,15 +53,17 @@ class Ctx:
     computed: list[int] = field(default_factory=list)
 
     dp: int = 1  # data-parallel ranks (set from the scenario)
+    ops: list[Op] = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
         self.dp = zero_group(self.sc)
+        self.ops = self.plan.ops  # the plan's op list (read by every add)
 
     def add(self, resource: Resource, name: str, duration_s: float, deps: Sequence[int | None], *,
             phase: Phase, category: Category, layer: int = -1, n_bytes: float = 0.0, flops: float = 0.0,
             group: int = -1) -> int:
         # Plan.add's checks, inlined: this is the hot path of plan building.
-        ops = self.plan.ops
+        ops = self.ops
         op_id = len(ops)
         # Dependencies sorted, without duplicates or None. One or two are the common cases: done without a set.
         n = len(deps)
