@@ -169,12 +169,12 @@ def contention_for(sc: Scenario, m: Machine, plan: Plan, simulated_ranks: int) -
             # The node's volume in that direction, and the pinned host buffer it fills or drains.
             bps = op.n_bytes / duration if op.n_bytes > 0 else 0.0
             if bps > 0:
-                ks = nvme_static.get((kind, rank))
-                if ks is None:
+                nvme_ks = nvme_static.get((kind, rank))
+                if nvme_ks is None:
                     socket = m.rank_socket[rank] if not m.legacy else rank
-                    ks = [index[n] for n in (_NVME[kind], f"dram{socket}") if n in index]
-                    nvme_static[(kind, rank)] = ks
-                uses[op.id] = tuple((k, bps) for k in ks)
+                    nvme_ks = [index[n] for n in (_NVME[kind], f"dram{socket}") if n in index]
+                    nvme_static[(kind, rank)] = nvme_ks
+                uses[op.id] = tuple((k, bps) for k in nvme_ks)
         elif kind in _CPU and op.category in _HOST_THREAD:
             # The training process's host thread itself (framework hooks, step()'s bookkeeping, waits): one
             # core of Python, not a memory-bound kernel.
