@@ -234,10 +234,14 @@ def test_deepspeed_parses_every_emitted_config(monkeypatch: pytest.MonkeyPatch) 
         off = zero.get("offload_optimizer")
         if off:
             z = parsed.zero_config
-            assert z.offload_optimizer.device == "cpu" and z.offload_optimizer.pin_memory == off["pin_memory"], name
+            assert z.offload_optimizer.device == off["device"], name  # "cpu", or "nvme" for ZeRO-Infinity
+            assert z.offload_optimizer.pin_memory == off["pin_memory"], name
             assert z.offload_optimizer.super_offload == off.get("super_offload", False), name
             assert z.offload_optimizer.ratio == off.get("ratio", 1.0), name
             assert z.overlap_comm == zero["overlap_comm"] and z.reduce_bucket_size == zero["reduce_bucket_size"], name
+        off_param = zero.get("offload_param")
+        if off_param:
+            assert parsed.zero_config.offload_param.device == off_param["device"], name
         checked += 1
     assert checked == len(SHIPPED) + len(MEASURED)
 
