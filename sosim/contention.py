@@ -90,8 +90,10 @@ def expand_ranks(plan: Plan, ranks: int) -> Plan:
 def node_plan(sc: Scenario, m: Machine, plan: Plan) -> tuple[Plan, Contention, int]:
     """The plan the engine runs for one node, the contention it is handed, and how many ranks it holds
     (rank 0's op ``i`` is the node plan's op ``i * ranks``)."""
-    uses_nvme = any(op.resource.kind in _NVME for op in plan.ops)
-    simulated = m.local_ranks if ranks_share_host(m, uses_nvme) else 1
+    # One rank on its own shares nothing: the scan of the plan for NVMe ops is only needed with several.
+    several = not m.legacy and m.local_ranks > 1
+    simulated = m.local_ranks if several and ranks_share_host(
+        m, any(op.resource.kind in _NVME for op in plan.ops)) else 1
     node = expand_ranks(plan, simulated)
     return node, contention_for(sc, m, node, simulated), simulated
 
@@ -118,62 +120,89 @@ def contention_for(sc: Scenario, m: Machine, plan: Plan, simulated_ranks: int) -
         # One node-wide pool unless a neighbour's cores are borrowed (then one pool per socket).
         return f"cores{socket}" if borrow else "cores"
     uses: dict[int, tuple[tuple[int, float], ...]] = {}
+    # What an op draws on depends on its kind, rank and (for CPU work) category, and only its rate on the op
+    # itself: the routes and resource indices are worked out once per (kind, rank) below, not per op (this
+    # loop runs over every op of every simulation of a search). Same demands, same order, as written out.
+    copy_static: dict[tuple[ResourceKind, int], tuple[str, list[int], int | None, int | None]] = {}
+    nvme_static: dict[tuple[ResourceKind, int], list[int]] = {}
+    host_static: dict[int, tuple[tuple[int, float], ...] | None] = {}
+    cpu_static: dict[tuple[ResourceKind, int, bool], tuple[float, tuple[int, float] | None, int | None]] = {}
     for op in plan.ops:
-        if op.duration_s <= 0:
+        duration = op.duration_s
+        if duration <= 0:
             continue
-        kind, rank = op.resource.kind, op.resource.instance
+        resource = op.resource
+        kind, rank = resource.kind, resource.instance
         if rank >= simulated_ranks:
             continue
         if kind in _COPY:
-            direction = _COPY[kind]
+            cs = copy_static.get((kind, rank))
+            if cs is None:
+                direction = _COPY[kind]
+                # The rank's host buffers live with its optimizer state: on a borrowed socket the copy also
+                # crosses the socket link and draws on that socket's DRAM.
+                host = m.opt_socket(rank) if borrow else None
+                route = m.route(rank, "host", "hbm", host) if direction == "h2d" else m.route(rank, "hbm", "host",
+                                                                                                 host)
+                own = m.rank_socket[rank] if not m.legacy else rank
+                staged_socket = m.opt_socket(rank) if borrow else own
+                cs = (direction, [index[name] for name in route if name in index], index.get(cores_of(own)),
+                      index.get(f"dram{staged_socket}"))
+                copy_static[(kind, rank)] = cs
+            direction, route_ks, cores_k, dram_k = cs
             # Its average rate over its whole duration (latency included): the rate the engine scales, so
             # a copy's time under a fair share is its bytes over that share whatever its nominal speed.
-            bps = op.n_bytes / op.duration_s if op.n_bytes > 0 else rate[direction]
-            # The rank's host buffers live with its optimizer state: on a borrowed socket the copy also
-            # crosses the socket link and draws on that socket's DRAM.
-            host = m.opt_socket(rank) if borrow else None
-            route = m.route(rank, "host", "hbm", host) if direction == "h2d" else m.route(rank, "hbm", "host", host)
-            demand = [(index[name], bps) for name in route if name in index]
+            bps = op.n_bytes / duration if op.n_bytes > 0 else rate[direction]
+            demand = [(k, bps) for k in route_ks]
             if bps < STAGED_FRACTION * rate[direction]:
                 # Far below the link's pinned rate: a copy the CPU stages (pageable memory through a bounce
                 # buffer, DeepSpeed's cast-and-copy refresh with its page faults). Its speed is the CPU's: it
                 # takes the rank's threads, and its bytes cross the socket's memory three times (read the
                 # source, write the staging buffer, the DMA's read).
-                own = m.rank_socket[rank] if not m.legacy else rank
-                if cores_of(own) in index:
-                    demand.append((index[cores_of(own)], threads))
-                socket = m.opt_socket(rank) if borrow else own
-                for k, (res, d) in enumerate(demand):
-                    if res == index.get(f"dram{socket}"):
-                        demand[k] = (res, 3.0 * d)
+                if cores_k is not None:
+                    demand.append((cores_k, threads))
+                for j, (res, d) in enumerate(demand):
+                    if res == dram_k:
+                        demand[j] = (res, 3.0 * d)
             uses[op.id] = tuple(demand)
         elif kind in _NVME:
             # The node's volume in that direction, and the pinned host buffer it fills or drains.
-            bps = op.n_bytes / op.duration_s if op.n_bytes > 0 else 0.0
-            socket = m.rank_socket[rank] if not m.legacy else rank
-            names = [_NVME[kind], f"dram{socket}"]
+            bps = op.n_bytes / duration if op.n_bytes > 0 else 0.0
             if bps > 0:
-                uses[op.id] = tuple((index[n], bps) for n in names if n in index)
+                nvme_ks = nvme_static.get((kind, rank))
+                if nvme_ks is None:
+                    socket = m.rank_socket[rank] if not m.legacy else rank
+                    nvme_ks = [index[n] for n in (_NVME[kind], f"dram{socket}") if n in index]
+                    nvme_static[(kind, rank)] = nvme_ks
+                uses[op.id] = tuple((k, bps) for k in nvme_ks)
         elif kind in _CPU and op.category in _HOST_THREAD:
             # The training process's host thread itself (framework hooks, step()'s bookkeeping, waits): one
             # core of Python, not a memory-bound kernel.
-            own = m.rank_socket[rank] if not m.legacy else rank
-            if cores_of(own) in index:
-                uses[op.id] = ((index[cores_of(own)], 1.0),)
+            if rank not in host_static:
+                own = m.rank_socket[rank] if not m.legacy else rank
+                host_static[rank] = ((index[cores_of(own)], 1.0),) if cores_of(own) in index else None
+            hs = host_static[rank]
+            if hs is not None:
+                uses[op.id] = hs
         elif kind in _CPU:
-            t = split[kind]
-            socket = m.rank_socket[rank] if not m.legacy else rank
-            if borrow and (kind == ResourceKind.CPU_OPT or op.category == Category.OPTIMIZER):
-                # CPU Adam on the borrowed socket: its cores and the DRAM holding the optimizer state.
-                socket = m.opt_socket(rank)
-            demand = [(index[cores_of(socket)], t)] if cores_of(socket) in index else []
-            if dram_Bps > 0 and f"dram{socket}" in index:
+            borrowed = borrow and (kind == ResourceKind.CPU_OPT or op.category == Category.OPTIMIZER)
+            cpu = cpu_static.get((kind, rank, borrowed))
+            if cpu is None:
+                t = split[kind]
+                # CPU Adam on a borrowed socket: its cores and the DRAM holding the optimizer state.
+                socket = m.opt_socket(rank) if borrowed else (m.rank_socket[rank] if not m.legacy else rank)
+                cores = (index[cores_of(socket)], t) if cores_of(socket) in index else None
+                dram = index[f"dram{socket}"] if dram_Bps > 0 and f"dram{socket}" in index else None
+                cpu = (t, cores, dram)
+                cpu_static[(kind, rank, borrowed)] = cpu
+            t, cores, dram = cpu
+            if dram is not None:
                 # Its memory traffic per second: the op's bytes over its duration when the plan says (CPU Adam
                 # moves 28 B/param), else a memory-bound kernel's share of the socket by its threads.
-                bps = op.n_bytes / op.duration_s if op.n_bytes > 0 else dram_Bps * min(1.0, t / saturation)
-                demand.insert(0, (index[f"dram{socket}"], bps))
-            if demand:
-                uses[op.id] = tuple(demand)
+                bps = op.n_bytes / duration if op.n_bytes > 0 else dram_Bps * min(1.0, t / saturation)
+                uses[op.id] = ((dram, bps), cores) if cores is not None else ((dram, bps),)
+            elif cores is not None:
+                uses[op.id] = (cores,)
     capacity = tuple(s.capacity for s in shared)
     # An op alone runs at its planned duration (the cost model's, measured or analytic): where its estimated
     # demand exceeds a capacity on its own (a measured copy slightly faster than the profile's nominal rate, or
@@ -182,6 +211,13 @@ def contention_for(sc: Scenario, m: Machine, plan: Plan, simulated_ranks: int) -
     # must be slowed to the socket link's, which is what the engine does with an over-capacity demand.
     bridge = {k for k, s in enumerate(shared) if s.kind == "socket_link"}
     for op_id, ks in uses.items():
+        # min(1.0, capacity / d...) is below 1 exactly when some d exceeds its capacity (for doubles c < d
+        # rounds c / d below 1): the common case skips the division.
+        for k, d in ks:
+            if d > capacity[k] and k not in bridge:
+                break
+        else:
+            continue
         scale = min(1.0, *(capacity[k] / d for k, d in ks if d > 0 and k not in bridge))
         if scale < 1.0:
             uses[op_id] = tuple((k, d * scale) for k, d in ks)

@@ -24,7 +24,7 @@ plain path: without contention the result is bit for bit :func:`sosim.plan.list_
 from __future__ import annotations
 
 import math
-from collections.abc import Generator, Hashable, Mapping, Sequence
+from collections.abc import Generator, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -85,22 +85,32 @@ def effective_contention(plan: Plan, contention: Contention | None) -> Contentio
     """
     if contention is None or not contention.uses:
         return None
-    worst: dict[int, dict[Hashable, float]] = {}
+    ops = plan.ops
+    n = len(ops)
+    # The largest demand of each (shared resource, serial resource), in first-seen order. A serial resource
+    # is keyed by its kind's identity and its instance (what Resource equality compares; kinds are enum
+    # singletons): hashing a Resource runs Python code, hashing this tuple does not.
+    worst: dict[tuple[int, int, int], float] = {}
     for op_id, ks in contention.uses.items():
-        if op_id >= len(plan.ops):
+        if op_id >= n:
             raise ValueError(f"Contention: op {op_id} is not in the plan")
-        queue = plan.ops[op_id].resource
+        queue = ops[op_id].resource
+        kind, instance = id(queue.kind), queue.instance
         for k, demand in ks:
-            per_queue = worst.setdefault(k, {})
-            per_queue[queue] = max(per_queue.get(queue, 0.0), demand)
-    contended = {k for k, per_queue in worst.items()
-                 if sum(per_queue.values()) > contention.capacity[k] * (1 + _REL_EPS)}
+            key = (k, kind, instance)
+            worst[key] = max(worst.get(key, 0.0), demand)
+    # Summed per shared resource by sum() over the queues in first-seen order, as one dict per resource would.
+    per_resource: dict[int, list[float]] = {}
+    for (k, _kind, _instance), demand in worst.items():
+        per_resource.setdefault(k, []).append(demand)
+    capacity = contention.capacity
+    contended = {k for k, demands in per_resource.items() if sum(demands) > capacity[k] * (1 + _REL_EPS)}
     if not contended:
         return None
     uses = {}
     for op_id, ks in contention.uses.items():
         kept = tuple((k, d) for k, d in ks if k in contended and d > 0)
-        if kept and plan.ops[op_id].duration_s > 0:
+        if kept and ops[op_id].duration_s > 0:
             uses[op_id] = kept
     if not uses:
         return None

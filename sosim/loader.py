@@ -469,6 +469,26 @@ def _non_finite(value: Any, path: KeyPath) -> Iterator[tuple[KeyPath, float]]:
             yield from _non_finite(item, (*path, k))
 
 
+def _all_finite(value: Any) -> bool:
+    """True when :func:`_non_finite` would find nothing in ``value`` (a quick gate: a model's ``__dict__``
+    may also hold cached values, which can only make it answer False, and then the full scan decides)."""
+    stack = [value]
+    while stack:
+        v = stack.pop()
+        if isinstance(v, float):
+            if not math.isfinite(v):
+                return False
+        elif isinstance(v, (str, int, bool)) or v is None:
+            continue
+        elif isinstance(v, BaseModel):
+            stack.extend(v.__dict__.values())
+        elif isinstance(v, (list, tuple)):
+            stack.extend(v)
+        elif isinstance(v, Mapping):
+            stack.extend(v.values())
+    return True
+
+
 def finite_problems(value: BaseModel, loc: Located, prefix: KeyPath = ()) -> list[str]:
     """Every inf/NaN in a validated model (pydantic accepts them in float fields), with its location."""
     return [f"{loc.where(p)}: {dotted(p)}: not a finite number ({v}); give a finite value"
@@ -648,6 +668,36 @@ def load_scenario(
     except ValidationError as exc:
         raise ConfigError(nan_problems + _format_validation(exc, located, skip=raw_bad)) from None
     problems = nan_problems or finite_problems(sc, located) or _work_problems(sc, located)
+    if problems:
+        raise ConfigError(problems)
+    return sc
+
+
+def load_derived(base: Scenario, sections: Mapping[str, Any]) -> Scenario:
+    """``base`` with the top-level ``sections`` (e.g. ``training``, ``cluster``, ``schedule``) replaced by new
+    data, validated exactly as :func:`load_scenario` validates ``{**base's data, **sections}`` (same checks,
+    same messages, origin ``<dict>``), but the sections left as they are (the hardware profile above all, the
+    largest) are reused as validated rather than copied, re-validated and re-scanned: a search derives
+    thousands of candidates from one base (sosim/tune.py).
+
+    Only valid for a ``base`` that :func:`load_scenario` produced (its sections are finite and validated).
+    """
+    # Nothing here writes to the data (load_scenario copies because overrides and the profile are written in).
+    located = Located(data=dict(sections), origin="<dict>")
+    data = located.data
+    # The reused sections are validated instances: pydantic keeps them as they are (no re-validation).
+    full: dict[str, Any] = {name: getattr(base, name) for name in type(base).model_fields if name not in data}
+    full.update(data)
+    raw_bad = {} if _all_finite(data) else dict(_non_finite(data, ()))
+    nan_problems = [f"{located.where(p)}: {dotted(p)}: not a finite number ({v}); give a finite value"
+                    for p, v in raw_bad.items()]
+    try:
+        sc = Scenario.model_validate(full)
+    except ValidationError as exc:
+        raise ConfigError(nan_problems + _format_validation(exc, located, skip=raw_bad)) from None
+    problems = nan_problems or [
+        problem for name in type(sc).model_fields if name in data and not _all_finite(getattr(sc, name))
+        for problem in finite_problems(getattr(sc, name), located, (name,))] or _work_problems(sc, located)
     if problems:
         raise ConfigError(problems)
     return sc

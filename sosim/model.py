@@ -19,6 +19,7 @@ Conventions (stated once, used everywhere):
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 from sosim.config import ModelSpec, TrainingSpec
@@ -52,6 +53,7 @@ def layer_gemms(m: ModelSpec) -> list[Gemm]:
     return gemms
 
 
+@functools.lru_cache(maxsize=64)
 def layer_params(m: ModelSpec) -> int:
     """Parameters of one decoder layer (weights, GPT-style biases, norm scales)."""
     weights = sum(g.k_in * g.n_out for g in layer_gemms(m))

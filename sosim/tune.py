@@ -43,7 +43,7 @@ from typing import Any, Literal
 
 from sosim.config import Scenario
 from sosim.errors import ConfigError, SosimError
-from sosim.loader import load_scenario
+from sosim.loader import load_derived, load_scenario
 from sosim.tune_space import BATCH_KEYS, PARALLEL_KEYS, SEARCH_SPACE, TRAINING_KNOBS, Knob, refine_values
 
 Objective = Literal["tokens_per_s", "time_to_tokens"]
@@ -445,6 +445,16 @@ class Tuner:
                 _set_dotted(data, key, value)
         return data
 
+    def _load(self, space: _SystemSpace, settings: Settings) -> Scenario:
+        """The candidate's scenario, validated as ``load_scenario`` would validate its data. Candidates only
+        change the training, cluster and schedule sections: those are validated, and the base's hardware
+        profile and model are reused as validated (the same scenario, a fraction of the cost)."""
+        data = self._scenario_data(space, settings)
+        changed = ("training", "cluster", "schedule")
+        if any(key.partition(".")[0] not in changed for key in settings):
+            return load_scenario(data)  # a key outside those sections: the full load
+        return load_derived(self.base_sc, {key: data[key] for key in changed})
+
     def _check(self, space: _SystemSpace, settings: Settings) -> Evaluation:
         """Validate and memory-check one candidate (cached by its settings)."""
         key = canonical_key(space.system, settings)
@@ -452,7 +462,7 @@ class Tuner:
             return self.evals[key]
         ev = Evaluation(system=space.system, settings=dict(settings), key=key)
         try:
-            sc = load_scenario(self._scenario_data(space, settings))
+            sc = self._load(space, settings)
         except SosimError as exc:
             first = str(exc).splitlines()[0]
             ev.reason = first

@@ -68,3 +68,41 @@ def test_two_copies_share_a_link_by_hand() -> None:
     start, end, stretch = _replay(plan, link)
     assert start.tolist() == [0.0, 0.0] and end.tolist() == pytest.approx([2.0, 2.0], rel=1e-12)
     assert stretch == pytest.approx({"bidir": 2.0})
+
+
+def _effective_reference(plan: Plan, contention: Contention) -> Contention | None:
+    """effective_contention as first written (one dict per shared resource keyed by the serial Resource): the
+    oracle for the version that keys queues without hashing a Resource."""
+    if not contention.uses:
+        return None
+    worst: dict[int, dict[Resource, float]] = {}
+    for op_id, ks in contention.uses.items():
+        queue = plan.ops[op_id].resource
+        for k, demand in ks:
+            per_queue = worst.setdefault(k, {})
+            per_queue[queue] = max(per_queue.get(queue, 0.0), demand)
+    contended = {k for k, per_queue in worst.items()
+                 if sum(per_queue.values()) > contention.capacity[k] * (1 + engine._REL_EPS)}
+    if not contended:
+        return None
+    uses = {}
+    for op_id, ks in contention.uses.items():
+        kept = tuple((k, d) for k, d in ks if k in contended and d > 0)
+        if kept and plan.ops[op_id].duration_s > 0:
+            uses[op_id] = kept
+    return Contention(contention.names, contention.capacity, uses) if uses else None
+
+
+@settings(max_examples=300, deadline=None)
+@given(contended_plans())
+def test_effective_contention_equals_its_reference(case: tuple[Plan, Contention]) -> None:
+    """Same resources dropped, same uses kept (in the same order), whichever way queues are keyed. Equal but
+    distinct Resource objects (an expanded node plan makes one per op) are one queue."""
+    plan, contention = case
+    # Every op on a fresh Resource object: equality, not identity, must decide what a queue is.
+    for op in plan.ops:
+        op.resource = Resource(op.resource.kind, op.resource.instance)
+    got, ref = engine.effective_contention(plan, contention), _effective_reference(plan, contention)
+    assert (got is None) == (ref is None)
+    if got is not None and ref is not None:
+        assert list(got.uses.items()) == list(ref.uses.items())

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol, cast
 
 from sosim.machine import zero_group
-from sosim.plan import GPU, NET, SYNC, Category, Op, Phase, Plan, Resource, ResourceKind
+from sosim.plan import COMPUTE, GPU, NET, SYNC, Category, Op, Phase, Plan, Resource, ResourceKind
 
 if TYPE_CHECKING:
     from sosim.config import Scenario
@@ -53,15 +53,17 @@ class Ctx:
     computed: list[int] = field(default_factory=list)
 
     dp: int = 1  # data-parallel ranks (set from the scenario)
+    ops: list[Op] = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
         self.dp = zero_group(self.sc)
+        self.ops = self.plan.ops  # the plan's op list (read by every add)
 
     def add(self, resource: Resource, name: str, duration_s: float, deps: Sequence[int | None], *,
             phase: Phase, category: Category, layer: int = -1, n_bytes: float = 0.0, flops: float = 0.0,
             group: int = -1) -> int:
         # Plan.add's checks, inlined: this is the hot path of plan building.
-        ops = self.plan.ops
+        ops = self.ops
         op_id = len(ops)
         # Dependencies sorted, without duplicates or None. One or two are the common cases: done without a set.
         n = len(deps)
@@ -97,10 +99,13 @@ class Ctx:
     def gpu_op(self, name: str, duration_s: float, deps: Sequence[int | None], *, phase: Phase,
                category: Category, layer: int = -1, flops: float = 0.0, group: int = -1) -> int:
         """Work on the compute stream: after the host issued it and after what the stream holds before it."""
-        op = self.add(GPU, name, duration_s, [*deps, self.host_issue, *self.compute_gate], phase=phase,
-                      category=category, layer=layer, flops=flops, group=group)
-        self.compute_gate = []
-        return op
+        gate = self.compute_gate
+        if gate:
+            self.compute_gate = []
+            return self.add(GPU, name, duration_s, [*deps, self.host_issue, *gate], phase=phase, category=category,
+                            layer=layer, flops=flops, group=group)
+        return self.add(GPU, name, duration_s, [*deps, self.host_issue], phase=phase, category=category,
+                        layer=layer, flops=flops, group=group)
 
 
 @dataclass
@@ -193,17 +198,19 @@ def pass_op(ctx: Ctx, u: Unit, phase: Phase, deps: Sequence[int]) -> int:
     The all-to-all of Q/K/V (and of the attention output) sits on the critical path: attention cannot
     start before every rank holds its heads for the whole sequence, so the compute op depends on it.
     """
-    tag = "fwd" if phase is Phase.FORWARD else "bwd"
-    deps = list(deps)
+    forward = phase is Phase.FORWARD
+    tag = "fwd" if forward else "bwd"
     if u.a2a_s > 0:
         # It exchanges this layer's activations, which the previous compute op produces: it cannot run ahead
         # of it (it sits inside the layer: projection, all-to-all, attention, all-to-all, projection).
         deps = [ctx.add(NET, f"all_to_all_{tag}:{u.name}", u.a2a_s, [*deps, *ctx.computed[-1:]], layer=u.index,
                         category=Category.COMM,
                         phase=phase, n_bytes=u.a2a_bytes)]
-    duration, flops = (u.fwd_s, u.fwd_flops) if phase is Phase.FORWARD else (u.bwd_s, u.bwd_flops)
-    op = ctx.gpu_op(f"{tag}:{u.name}", duration, deps, phase=phase, category=Category.COMPUTE, layer=u.index,
-                    flops=flops)
+    if forward:
+        duration, flops = u.fwd_s, u.fwd_flops
+    else:
+        duration, flops = u.bwd_s, u.bwd_flops
+    op = ctx.gpu_op(f"{tag}:{u.name}", duration, deps, phase=phase, category=COMPUTE, layer=u.index, flops=flops)
     ctx.computed.append(op)
     return op
 

@@ -47,7 +47,8 @@ class Unit:
     fwd_flops: float = 0.0
     bwd_flops: float = 0.0
 
-    @property
+    # Read for every unit of every pass while a plan is built: computed once per unit.
+    @functools.cached_property
     def is_layer(self) -> bool:
         return self.name.startswith("layer")
 
