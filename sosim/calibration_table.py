@@ -144,8 +144,11 @@ class CalibrationTable:
             raise ValueError(f"quantile must be in [0, 1], got {q}")
         return self._with_times({key: q for key in self.columns_by_op})
 
-    def sampled(self, rng: np.random.Generator) -> tuple[CalibrationTable, dict[str, float]]:
-        """One seeded draw: a uniform quantile per op (component kind), shared by all its variants and rows.
+    def sampled(
+        self, rng: np.random.Generator, lease_log_sd: Mapping[str, float] | None = None
+    ) -> tuple[CalibrationTable, dict[str, float]]:
+        """One seeded draw: a uniform quantile per op (component kind), shared by all its variants and rows,
+        then (where a lease spread is known) one lease factor per op.
 
         Why one draw per kind and not per row: the rows of one kind were measured minutes apart on the same
         machine state (clocks, NUMA placement, background load), so they move together; independent draws
@@ -155,7 +158,9 @@ class CalibrationTable:
         ops = sorted({op for op, _ in self.columns_by_op})
         draws = {op: float(rng.uniform()) for op in ops}
         table = self._with_times({key: draws[key[0]] for key in self.columns_by_op})
-        if not self.session_log_sd:
+        # The table's own (measured) lease spread wins; else the profile's stated one (``lease_log_sd``).
+        spread = self.session_log_sd or lease_log_sd or {}
+        if not any(spread.values()):
             return table, draws
         # The lease: one more draw per kind, a factor on its medians with the measured lease-to-lease spread of
         # its class (p10 / p90 at exp(-+1.2816 sd), flat outside, like every other draw). Drawn after the
@@ -163,7 +168,7 @@ class CalibrationTable:
         leases = {op: float(rng.uniform()) for op in ops}
         columns = {}
         for key, cols in table.columns_by_op.items():
-            sd = self.session_log_sd.get(component_class(*key), 0.0)
+            sd = spread.get(component_class(*key), 0.0)
             u = min(max(leases[key[0]], 0.1), 0.9)
             factor = float(np.exp(sd * 1.2815515655446004 * (u - 0.5) / 0.4))
             columns[key] = {**cols, "median_s": cols["median_s"] * factor}

@@ -287,6 +287,20 @@ class NodeSpec(_Sourced):
         return self
 
 
+class LeaseSpread(_Sourced):
+    """How much a component's median moves between leases (machines) of this kind: the log-sd of the median
+    between measuring sessions, for host-side work (CPU Adam, casts, pageable copies, refresh, hooks) and for
+    device-side work (kernels, pinned DMA). Measured when the profile's tables repeat a section on another lease
+    (:attr:`sosim.calibration_table.CalibrationTable.session_log_sd`, which wins); else stated here, with its
+    source, for the error bands."""
+
+    host_log_sd: float = Field(default=0.0, ge=0.0, le=1.0)
+    device_log_sd: float = Field(default=0.0, ge=0.0, le=1.0)
+
+    def as_mapping(self) -> dict[str, float]:
+        return {"host": self.host_log_sd, "device": self.device_log_sd}
+
+
 class HardwareProfile(_Strict):
     name: str
     description: str = ""
@@ -299,6 +313,8 @@ class HardwareProfile(_Strict):
     # Optional measured table(s) (see docs/calibration.md); resolved to absolute paths by the loader. A list:
     # later tables add the (op, variant) measurements the earlier ones lack and replace those they re-measure.
     calibration: str | list[str] | None = None
+    # The lease-to-lease spread for the error bands when the tables do not repeat a section themselves.
+    lease_spread: LeaseSpread | None = None
 
     @property
     def calibration_paths(self) -> list[str]:

@@ -228,7 +228,8 @@ class TableCostModel(AnalyticCostModel):
     def sample(self, rng: np.random.Generator, label: str = "sample") -> TableCostModel:
         """One replay's draw: each component kind (GEMMs, attention, layers, copies, CPU Adam, ...) takes one
         quantile drawn from ``rng``, shared by all its lookups, so related costs move together."""
-        table, draws = self.table.sampled(rng)
+        stated = self.hw.lease_spread.as_mapping() if self.hw.lease_spread is not None else None
+        table, draws = self.table.sampled(rng, stated)
         desc = ", ".join(f"{op} {u:.2f}" for op, u in sorted(draws.items()))
         return dataclasses.replace(self, table=table, timings=f"{label} (quantiles: {desc})", _ledger=_Ledger())
 

@@ -159,3 +159,24 @@ def test_a_non_string_entry_is_a_load_error_naming_the_line(tmp_path: Path) -> N
     with pytest.raises(ConfigError) as err:
         load_profile(str(path))
     assert "calibration" in str(err.value) and "p.yaml" in str(err.value)
+
+
+def test_the_two_gpu_profile_states_the_h200_kinds_measured_lease_spread() -> None:
+    # The 2-GPU machine's tables repeat no section: its profile states the spread measured on the H200 kind's
+    # leases (an estimate for this kind, sourced); the numbers must be those the H200 tables give.
+    h200 = load_profile("h200-pcie-gen5-x86")
+    measured = CalibrationTable.merged([CalibrationTable.from_csv(p) for p in h200.calibration_paths])
+    x2 = load_profile("h200x2-pcie-gen5-x86")
+    assert x2.lease_spread is not None
+    assert x2.lease_spread.host_log_sd == pytest.approx(measured.session_log_sd["host"], abs=0.005)
+    assert x2.lease_spread.device_log_sd == pytest.approx(measured.session_log_sd["device"], abs=0.0005)
+    assert "estimate" in x2.lease_spread.sources["host_log_sd"]
+
+
+def test_a_stated_lease_spread_is_drawn_when_the_table_has_none(tmp_path: Path) -> None:
+    a = _one_op_csv(tmp_path / "a.csv", {1e8: 0.100})
+    table, draws = a.sampled(np.random.default_rng(3), {"host": 0.2, "device": 0.05})
+    u = min(max(draws["cpu_adam lease"], 0.1), 0.9)
+    base = a.at_quantile(draws["cpu_adam"]).cpu_adam_time_s(1e8, 16, "deepspeed")
+    assert table.cpu_adam_time_s(1e8, 16, "deepspeed") == pytest.approx(
+        base * math.exp(0.2 * 1.2815515655446004 * (u - 0.5) / 0.4), rel=1e-9)
