@@ -128,7 +128,7 @@ def test_a_sampled_table_moves_each_kind_by_its_lease_draw(tmp_path: Path) -> No
     assert lows and min(lows) == pytest.approx(math.exp(-1.2815515655446004 * sd))
     assert highs and max(highs) == pytest.approx(math.exp(1.2815515655446004 * sd))
     # A table from one session has no lease draw: its sampling is unchanged.
-    table_a, draws_a = a.sampled(np.random.default_rng(0))
+    _, draws_a = a.sampled(np.random.default_rng(0))
     assert not any(k.endswith(" lease") for k in draws_a)
 
 
