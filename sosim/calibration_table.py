@@ -76,24 +76,45 @@ class CalibrationTable:
     # (op, variant) -> the file whose rows answer it (merged tables only).
     origin: Mapping[tuple[str, str], Path] = field(default_factory=dict, repr=False, compare=False)
 
+    # Lease-to-lease spread (log-sd of one component's median between measuring sessions), by class:
+    # "host" for work the host CPU and its memory do, "device" for the GPU and pinned DMA. Empty unless
+    # the table was merged from sessions that measured the same points (see :meth:`merged`).
+    session_log_sd: Mapping[str, float] = field(default_factory=dict, compare=False)
+    # How many points measured by two or more sessions each class's spread rests on.
+    session_points: Mapping[str, int] = field(default_factory=dict, compare=False)
+
     @classmethod
     def merged(cls, tables: Sequence[CalibrationTable]) -> CalibrationTable:
-        """One table from several measured on different days: a later table adds the (op, variant)
-        measurements the earlier ones lack and replaces those it measured again (a measurement is one
-        session's rows, never a mix of two sessions). sha256 is that of the parts' digests in order."""
+        """One table from several measuring sessions (leases of one machine kind, listed in order).
+
+        The point estimate: a later table adds the (op, variant) measurements the earlier ones lack and
+        replaces those it measured again; a measurement is one session's rows, never a mix of two sessions
+        (its sizes and thread counts were measured together, minutes apart).
+        The spread: where two or more sessions measured the same points, how much their medians differ is the
+        lease-to-lease spread of that class of component (:attr:`session_log_sd`), which error bands draw.
+        Why not pool the sessions into their mean instead: on the H200 the repeated host-side sections of a
+        third lease came out 10-30% faster than the first two leases' (docs/calibration.md "Lease to lease"),
+        while that lease's own DeepSpeed steps were not faster; a re-measurement on another lease moves a
+        component by as much as the spread itself, so it widens the band and leaves the point estimate with
+        the session that was checked phase by phase against its own training steps. List a repeat session
+        first to use it for the spread only. sha256 is that of the parts' digests in order."""
         if not tables:
             raise ValueError("merged() needs at least one table")
         if len(tables) == 1:
             return tables[0]
         columns: dict[tuple[str, str], Mapping[str, Array]] = {}
         origin: dict[tuple[str, str], Path] = {}
-        for t in tables:
+        pieces: dict[tuple[str, str], list[tuple[int, Mapping[str, Array]]]] = {}
+        for index, t in enumerate(tables):
             for key, cols in t.columns_by_op.items():
                 columns[key] = cols
                 origin[key] = t.path
+                pieces.setdefault(key, []).append((index, cols))
+        log_sd, points = _session_spread({key: _concat_columns(parts) for key, parts in pieces.items()})
         digest = hashlib.sha256("".join(t.sha256 for t in tables).encode()).hexdigest()
         return cls(path=tables[0].path, sha256=digest, columns_by_op=columns,
-                   parts=tuple((t.path, t.sha256) for t in tables), origin=origin)
+                   parts=tuple((t.path, t.sha256) for t in tables), origin=origin,
+                   session_log_sd=log_sd, session_points=points)
 
     @classmethod
     def from_csv(cls, path: str | Path) -> CalibrationTable:
@@ -133,7 +154,21 @@ class CalibrationTable:
         """
         ops = sorted({op for op, _ in self.columns_by_op})
         draws = {op: float(rng.uniform()) for op in ops}
-        return self._with_times({key: draws[key[0]] for key in self.columns_by_op}), draws
+        table = self._with_times({key: draws[key[0]] for key in self.columns_by_op})
+        if not self.session_log_sd:
+            return table, draws
+        # The lease: one more draw per kind, a factor on its medians with the measured lease-to-lease spread of
+        # its class (p10 / p90 at exp(-+1.2816 sd), flat outside, like every other draw). Drawn after the
+        # quantiles, so a table without repeated sessions gives exactly the draws it gave before.
+        leases = {op: float(rng.uniform()) for op in ops}
+        columns = {}
+        for key, cols in table.columns_by_op.items():
+            sd = self.session_log_sd.get(component_class(*key), 0.0)
+            u = min(max(leases[key[0]], 0.1), 0.9)
+            factor = float(np.exp(sd * 1.2815515655446004 * (u - 0.5) / 0.4))
+            columns[key] = {**cols, "median_s": cols["median_s"] * factor}
+        draws |= {f"{op} lease": u for op, u in leases.items()}
+        return dataclasses.replace(table, columns_by_op=columns), draws
 
     def _with_times(self, q_by_key: Mapping[tuple[str, str], float]) -> CalibrationTable:
         columns = {
@@ -520,6 +555,79 @@ def quantile_times(cols: Mapping[str, Array], q: float) -> Array:
     if q <= 0.5:
         return low + (median - low) * (q - 0.1) / 0.4
     return median + (high - median) * (q - 0.5) / 0.4
+
+
+# ---- sessions: pooling and the lease-to-lease spread -------------------------------------------------------
+
+# Work done by the host CPU and its memory: the components whose medians move between leases of one machine
+# kind (measured: docs/calibration.md "Lease to lease"). Everything else (GPU kernels, pinned DMA, NCCL) is
+# "device".
+_HOST_OPS = frozenset(("cpu_adam", "ds_refresh", "so_worker", "so_flush", "so_fp32_d2h", "ds_step_fixed", "disk"))
+# Session spreads are read only from points that take at least this long: below ~1 ms a CPU timing is
+# dominated by thread wake-up and launch jitter, which the within-session p10/p90 already carry.
+_SESSION_MIN_S = 1e-3
+
+
+def component_class(op: str, variant: str) -> str:
+    """'host' or 'device': which lease-to-lease spread a component takes."""
+    if op in _HOST_OPS:
+        return "host"
+    if op == "cast" and variant.startswith("cpu_"):
+        return "host"
+    if op == "copy" and "pageable" in variant:
+        return "host"
+    if op == "layer" and variant.startswith("z3"):
+        return "host"  # ZeRO-3's hooks: host-side Python the GPU waits for
+    return "device"
+
+
+def _concat_columns(parts: Sequence[tuple[int, Mapping[str, Array]]]) -> Mapping[str, Array]:
+    """The rows of one (op, variant) from several sessions as one set of columns, with a ``session`` column."""
+    if len(parts) == 1 and "session" not in parts[0][1]:
+        index, cols = parts[0]
+        return {**cols, "session": np.full(len(cols["median_s"]), float(index))}
+    names = sorted({name for _, cols in parts for name in cols} - {"session"})
+    out: dict[str, Array] = {}
+    for name in names:
+        out[name] = np.concatenate([
+            np.asarray(cols[name], dtype=float) if name in cols else np.full(len(cols["median_s"]), np.nan)
+            for _, cols in parts
+        ])
+    out["session"] = np.concatenate([np.full(len(cols["median_s"]), float(i)) for i, cols in parts])
+    return out
+
+
+def _session_spread(columns: Mapping[tuple[str, str], Mapping[str, Array]]) -> tuple[dict[str, float], dict[str, int]]:
+    """Per class, the pooled log-sd of a point's median between the sessions that measured it.
+
+    A point is one (op, variant) at one shape (every shape column equal). With k sessions at a point, the
+    deviations of their log medians from the point's mean log median carry k - 1 degrees of freedom; the
+    estimate is sum(dev^2) / sum(k - 1) over every such point of the class (the usual pooled variance).
+    """
+    sums: dict[str, float] = {}
+    dof: dict[str, int] = {}
+    points: dict[str, int] = {}
+    for (op, variant), cols in columns.items():
+        session = cols.get("session")
+        if session is None or len(np.unique(session)) < 2:
+            continue
+        shape_names = [n for n in cols if n not in TIMING_COLUMNS and n not in ("session", "n_samples")]
+        median = cols["median_s"]
+        keys = [tuple(np.round(cols[n][i], 6) if np.isfinite(cols[n][i]) else -1.0 for n in shape_names)
+                for i in range(len(median))]
+        by_point: dict[tuple[float, ...], dict[float, list[float]]] = {}
+        for i, key in enumerate(keys):
+            if np.isfinite(median[i]) and median[i] >= _SESSION_MIN_S:
+                by_point.setdefault(key, {}).setdefault(float(session[i]), []).append(float(np.log(median[i])))
+        cls = component_class(op, variant)
+        for sessions in by_point.values():
+            if len(sessions) < 2:
+                continue
+            logs = np.array([np.mean(v) for v in sessions.values()])
+            sums[cls] = sums.get(cls, 0.0) + float(np.sum((logs - logs.mean()) ** 2))
+            dof[cls] = dof.get(cls, 0) + len(logs) - 1
+            points[cls] = points.get(cls, 0) + 1
+    return {c: float(np.sqrt(sums[c] / dof[c])) for c in sums if dof[c] > 0}, points
 
 
 # ---- interpolation helpers -----------------------------------------------------------------------------

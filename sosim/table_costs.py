@@ -64,8 +64,15 @@ def _read_table(path: str, mtime_ns: int, size: int) -> CalibrationTable:
 
 
 def load_tables(paths: list[str]) -> CalibrationTable:
-    """The profile's tables as one (see :meth:`CalibrationTable.merged`: later tables add ops)."""
-    return CalibrationTable.merged([load_table(p) for p in paths])
+    """The profile's tables as one (see :meth:`CalibrationTable.merged`: sessions pooled, their spread kept)."""
+    return _merged(tuple(load_table(p) for p in paths))
+
+
+@functools.lru_cache(maxsize=16)
+def _merged(tables: tuple[CalibrationTable, ...]) -> CalibrationTable:
+    """Merge once per set of parsed tables (the parsed tables are themselves memoised per file version, so
+    the same objects come back and hash by identity)."""
+    return CalibrationTable.merged(list(tables))
 
 
 def load_table(path: str) -> CalibrationTable:

@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import hashlib
+import math
 from pathlib import Path
 
+import numpy as np
 import pytest
 import yaml
 
-from sosim.calibration_table import CalibrationTable
+from sosim.calibrate.records import COLUMNS
+from sosim.calibration_table import CalibrationTable, component_class
 from sosim.errors import ConfigError
 from sosim.loader import load_profile
 from tests.test_whatif import H200, costs_of
@@ -16,6 +19,8 @@ from tests.test_whatif import H200, costs_of
 ROOT = Path(__file__).resolve().parents[1]
 DAY1 = ROOT / "calibration" / "nvidia-h200-2026-11-29" / "measurements.csv"
 DAY2 = ROOT / "calibration" / "nvidia-h200-2026-11-30" / "measurements.csv"
+DAY2B = ROOT / "calibration" / "nvidia-h200-2026-11-30b" / "measurements.csv"
+REPEAT = ROOT / "calibration" / "nvidia-h200-2026-11-30c" / "measurements.csv"
 
 
 def test_merged_table_adds_the_later_ops_and_keeps_the_earlier() -> None:
@@ -48,15 +53,94 @@ def test_a_later_table_replaces_an_op_it_measured_again(tmp_path: Path) -> None:
     assert m.cpu_adam_time_s(1e8, 16, "deepspeed") == pytest.approx(2 * a.cpu_adam_time_s(1e8, 16, "deepspeed"))
 
 
-def test_the_h200_profile_names_both_days_and_provenance_lists_each_sha() -> None:
+def test_the_h200_profile_names_every_session_and_provenance_lists_each_sha() -> None:
     hw = load_profile("h200-pcie-gen5-x86")
-    assert [Path(p) for p in hw.calibration_paths] == [DAY1, DAY2]
+    assert [Path(p) for p in hw.calibration_paths] == [REPEAT, DAY1, DAY2, DAY2B]
     c = costs_of(H200)
     p = c.provenance
     assert p["hardware_vs_baseline"] == "same"
-    assert hashlib.sha256(DAY1.read_bytes()).hexdigest() in p["calibration_parts"]
-    assert hashlib.sha256(DAY2.read_bytes()).hexdigest() in p["calibration_parts"]
-    assert p["calibration"] == "nvidia-h200-2026-11-29/measurements.csv, nvidia-h200-2026-11-30/measurements.csv"
+    for path in (REPEAT, DAY1, DAY2, DAY2B):
+        assert hashlib.sha256(path.read_bytes()).hexdigest() in p["calibration_parts"]
+    assert p["calibration"] == ("nvidia-h200-2026-11-30c/measurements.csv, nvidia-h200-2026-11-29/measurements.csv, "
+                                "nvidia-h200-2026-11-30/measurements.csv, nvidia-h200-2026-11-30b/measurements.csv")
+
+
+def test_the_repeat_lease_listed_first_moves_no_point_estimate() -> None:
+    # Every (op, variant) the repeat lease measured was measured again by a later table, which replaces it:
+    # the profile's costs are those of the tables after it; the repeat only adds the lease spread.
+    first = CalibrationTable.merged([CalibrationTable.from_csv(p) for p in (DAY1, DAY2, DAY2B)])
+    every = CalibrationTable.merged([CalibrationTable.from_csv(p) for p in (REPEAT, DAY1, DAY2, DAY2B)])
+    assert set(every.columns_by_op) == set(first.columns_by_op)
+    for key, cols in first.columns_by_op.items():
+        assert every.origin[key] == first.origin[key]
+        np.testing.assert_array_equal(every.columns_by_op[key]["median_s"], cols["median_s"])
+    assert not first.session_log_sd  # no point measured twice without the repeat
+    assert set(every.session_log_sd) == {"host", "device"}
+    # Host-side components move between leases far more than GPU kernels and pinned DMA do.
+    assert 0.10 < every.session_log_sd["host"] < 0.30
+    assert every.session_log_sd["device"] < every.session_log_sd["host"] / 2
+
+
+def _one_op_csv(path: Path, medians: dict[float, float]) -> CalibrationTable:
+    header = ",".join(COLUMNS)
+    rows = []
+    for elements, median in medians.items():
+        cells = dict.fromkeys(COLUMNS, "")
+        cells.update(op="cpu_adam", variant="deepspeed", dtype="fp32", elements=repr(elements), threads="16",
+                     median_s=repr(median), p10_s=repr(median), p90_s=repr(median), n_samples="5")
+        rows.append(",".join(cells[c] for c in COLUMNS))
+    path.write_text("\n".join([header, *rows]) + "\n")
+    return CalibrationTable.from_csv(path)
+
+
+def test_session_spread_is_the_pooled_log_sd_of_repeated_points(tmp_path: Path) -> None:
+    # Two sessions, two points each: log ratios ln(1.2) and ln(0.9). With k = 2 sessions per point, each
+    # point's squared deviations from its mean log sum to d^2 / 2 (one degree of freedom).
+    a = _one_op_csv(tmp_path / "a.csv", {1e7: 0.010, 1e8: 0.100})
+    b = _one_op_csv(tmp_path / "b.csv", {1e7: 0.012, 1e8: 0.090, 1e9: 0.9})
+    m = CalibrationTable.merged([a, b])
+    d1, d2 = math.log(1.2), math.log(0.9)
+    assert m.session_log_sd == {"host": pytest.approx(math.sqrt((d1**2 / 2 + d2**2 / 2) / 2), rel=1e-9)}
+    assert m.session_points == {"host": 2}
+    # The point estimate is the later session's rows (replace rule), the 1e9 point included.
+    assert m.cpu_adam_time_s(1e8, 16, "deepspeed") == pytest.approx(0.090)
+
+
+def test_points_under_a_millisecond_carry_no_session_spread(tmp_path: Path) -> None:
+    a = _one_op_csv(tmp_path / "a.csv", {1e5: 0.0002})
+    b = _one_op_csv(tmp_path / "b.csv", {1e5: 0.0009})
+    assert CalibrationTable.merged([a, b]).session_log_sd == {}
+
+
+def test_a_sampled_table_moves_each_kind_by_its_lease_draw(tmp_path: Path) -> None:
+    a = _one_op_csv(tmp_path / "a.csv", {1e7: 0.010, 1e8: 0.100})
+    b = _one_op_csv(tmp_path / "b.csv", {1e7: 0.012, 1e8: 0.090})
+    m = CalibrationTable.merged([a, b])
+    sd = m.session_log_sd["host"]
+    lows, highs = [], []
+    for seed in range(200):
+        table, draws = m.sampled(np.random.default_rng(seed))
+        factor = table.cpu_adam_time_s(1e8, 16, "deepspeed") / m.cpu_adam_time_s(1e8, 16, "deepspeed")
+        u = min(max(draws["cpu_adam lease"], 0.1), 0.9)
+        assert factor == pytest.approx(math.exp(sd * 1.2815515655446004 * (u - 0.5) / 0.4), rel=1e-9)
+        (lows if u <= 0.1 else highs if u >= 0.9 else []).append(factor)
+    # p10 / p90 of the lease factor sit at exp(-+1.2816 sd): the factor's 80% interval is the measured spread.
+    assert lows and min(lows) == pytest.approx(math.exp(-1.2815515655446004 * sd))
+    assert highs and max(highs) == pytest.approx(math.exp(1.2815515655446004 * sd))
+    # A table from one session has no lease draw: its sampling is unchanged.
+    table_a, draws_a = a.sampled(np.random.default_rng(0))
+    assert not any(k.endswith(" lease") for k in draws_a)
+
+
+def test_component_classes() -> None:
+    assert component_class("cpu_adam", "deepspeed") == "host"
+    assert component_class("copy", "d2h_pageable") == "host"
+    assert component_class("copy", "d2h_pinned") == "device"
+    assert component_class("cast", "cpu_fp32_to_bf16") == "host"
+    assert component_class("cast", "gpu_fp32_to_bf16") == "device"
+    assert component_class("layer", "z3_fwd_bwd") == "host"
+    assert component_class("layer", "fwd_bwd") == "device"
+    assert component_class("gemm", "fwd") == "device"
 
 
 def test_whatif_still_rescales_a_cost_from_the_second_table() -> None:
