@@ -162,6 +162,9 @@ class TuneResult:
     invalid: int
     interrupted: bool = False
     budget_exhausted: bool = False
+    # Of ``simulated``: candidates whose metrics were an earlier candidate's identical simulation, reused
+    # (sosim/tune_memo.py); they count against the budget like the others, so the searched set is the same.
+    reused: int = 0
     search_space: dict[str, list[str]] = field(default_factory=dict)  # system -> searched knob keys
     dropped_knobs: dict[str, list[str]] = field(default_factory=dict)  # system -> keys not in this schema
     hbm_usable_gib: float = 0.0
@@ -965,6 +968,7 @@ class Tuner:
             memory_rejected=sum(1 for e in evals if e.scenario is not None and not e.fits and not e.simulated),
             invalid=sum(1 for e in evals if e.scenario is None),
             interrupted=self.interrupted, budget_exhausted=self.budget_exhausted,
+            reused=0 if self.memo is None else self.memo.hits,
             search_space={s.system: [k.key for k in (*s.structural, *s.knobs)] for s in self.spaces},
             dropped_knobs={s.system: list(s.dropped) for s in self.spaces if s.dropped},
             hbm_usable_gib=self.hbm_usable, host_usable_gib=self.host_usable,
