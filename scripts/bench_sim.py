@@ -153,7 +153,7 @@ def bench_tune(budget: int, workers: int, layers: int) -> dict[str, Any]:
     wall = time.perf_counter() - t0
     children = resource.getrusage(resource.RUSAGE_CHILDREN)
     worker_cpu = (children.ru_utime - children_before.ru_utime) + (children.ru_stime - children_before.ru_stime)
-    return {"simulated": result.simulated, "candidates": len(result.evaluations),
+    return {"simulated": result.simulated, "reused": result.reused, "candidates": len(result.evaluations),
             "memory_rejected": result.memory_rejected, "workers": workers, "wall_s": round(wall, 2),
             "parent_cpu_s": round(time.process_time() - self_before, 2), "worker_cpu_s": round(worker_cpu, 2)}
 

@@ -44,6 +44,7 @@ from typing import Any, Literal
 from sosim.config import Scenario
 from sosim.errors import ConfigError, SosimError
 from sosim.loader import load_derived, load_scenario
+from sosim.tune_memo import ReadMemo
 from sosim.tune_space import BATCH_KEYS, PARALLEL_KEYS, SEARCH_SPACE, TRAINING_KNOBS, Knob, refine_values
 
 Objective = Literal["tokens_per_s", "time_to_tokens"]
@@ -161,6 +162,9 @@ class TuneResult:
     invalid: int
     interrupted: bool = False
     budget_exhausted: bool = False
+    # Of ``simulated``: candidates whose metrics were an earlier candidate's identical simulation, reused
+    # (sosim/tune_memo.py); they count against the budget like the others, so the searched set is the same.
+    reused: int = 0
     search_space: dict[str, list[str]] = field(default_factory=dict)  # system -> searched knob keys
     dropped_knobs: dict[str, list[str]] = field(default_factory=dict)  # system -> keys not in this schema
     hbm_usable_gib: float = 0.0
@@ -298,16 +302,20 @@ class Tuner:
 
     def __init__(self, base: Scenario, options: TuneOptions | None = None, *,
                  evaluate: Callable[[Scenario], dict[str, Any]] | None = None,
-                 executor: Executor | None = None) -> None:
+                 executor: Executor | None = None, memo: bool = True) -> None:
         self.options = options or TuneOptions()
         self.options.check()
         # Looked up at call time, so a test can replace the module's evaluator.
         self.evaluate_fn = evaluate or simulate_metrics
         self.parallel_ok = evaluate is None  # a custom evaluator may not pickle: keep it in this process
+        # Reuse of identical simulations (sosim/tune_memo.py); only for simulate() itself, whose purity it needs.
+        self.memo: ReadMemo | None = None
         self.executor = executor
         self._own_executor = False
         base = self._with_gpus(base)
         self.base_sc = base
+        if evaluate is None and memo:
+            self.memo = ReadMemo(base)
         self.base_data: dict[str, Any] = base.model_dump(mode="python", exclude_unset=True)
         t, c = base.training, base.cluster
         self.gpus = c.gpus
@@ -537,7 +545,9 @@ class Tuner:
             self.bar.refresh()
         try:
             executor = self._executor() if len(todo) >= PARALLEL_MIN_BATCH else None
-            if executor is None:
+            if self.memo is not None:
+                self._simulate_memo(executor, todo)
+            elif executor is None:
                 for ev in todo:
                     assert ev.scenario is not None
                     try:
@@ -556,6 +566,106 @@ class Tuner:
             raise _Interrupted from None
         if self.budget_exhausted:
             raise _BudgetExhausted
+
+    def _simulate_memo(self, executor: Executor | None, todo: list[Evaluation]) -> None:
+        """Simulate ``todo`` in generation order, each candidate that agrees with an earlier simulation on every
+        field that simulation read taking its metrics instead (exact: sosim/tune_memo.py). Recorded runs go
+        to ``executor`` (at most two in flight per worker, so that later candidates can still hit), or run here."""
+        from concurrent.futures import FIRST_COMPLETED, Future, wait
+
+        from sosim.tune_memo import classes_of, key_of, simulate_recorded
+
+        memo = self.memo
+        assert memo is not None
+        done: set[str] = set()
+        # Candidates waiting, by read set and key, so that each new recorded run resolves its twins at once.
+        waiting: dict[Any, dict[Any, list[Evaluation]]] = {}
+        pending: list[Evaluation] = []
+        plain: list[Evaluation] = []
+        for e in todo:
+            (pending if e.scenario is not None and memo.eligible(e.scenario) else plain).append(e)
+        classes = {e.key: classes_of(e.scenario) for e in pending if e.scenario is not None}
+
+        def finish(ev: Evaluation, metrics: Mapping[str, Any] | None, error: str | None) -> None:
+            if ev.key in done:
+                return
+            done.add(ev.key)
+            self._record(ev, metrics, error)
+            self.simulated += 1
+            if self.bar is not None:
+                self.bar.update(1)
+
+        def index(shape: Any, evs: Iterable[Evaluation]) -> None:
+            table = waiting.setdefault(shape, {})
+            for ev in evs:
+                if ev.key not in done and classes[ev.key] == shape[0]:
+                    assert ev.scenario is not None
+                    table.setdefault(key_of(ev.scenario, shape[1]), []).append(ev)
+
+        def store(ev: Evaluation, metrics: dict[str, Any], reads: Any) -> None:
+            assert ev.scenario is not None
+            shape, key, new = memo.add(ev.scenario, reads, metrics)
+            finish(ev, metrics, None)
+            if new:
+                index(shape, pending)
+            for twin in waiting.get(shape, {}).pop(key, []):
+                if twin.key not in done:
+                    memo.hits += 1
+                    finish(twin, metrics, None)
+
+        for ev in pending:  # hits on earlier batches' runs
+            assert ev.scenario is not None
+            hit = memo.lookup(ev.scenario)
+            if hit is not None:
+                memo.hits += 1
+                finish(ev, hit, None)
+        for shape in memo.tables:
+            index(shape, pending)
+        if executor is None:
+            for ev in pending:
+                if ev.key in done:
+                    continue
+                assert ev.scenario is not None
+                try:
+                    # Through the module's evaluator, looked up now (a test replaces it).
+                    metrics, reads = simulate_recorded(ev.scenario, simulate_metrics)
+                except SosimError as exc:
+                    finish(ev, None, str(exc))
+                else:
+                    store(ev, metrics, reads)
+        else:
+            limit = 2 * max(1, self.options.jobs)
+            flight: dict[Future[tuple[dict[str, Any], Any]], Evaluation] = {}
+            queue = iter(pending)
+            try:
+                while True:
+                    while len(flight) < limit:
+                        nxt = next((e for e in queue if e.key not in done), None)
+                        if nxt is None:
+                            break
+                        flight[executor.submit(simulate_recorded, nxt.scenario)] = nxt  # type: ignore[arg-type]
+                    if not flight:
+                        break
+                    finished, _ = wait(flight, return_when=FIRST_COMPLETED)
+                    for fut in sorted(finished, key=lambda f: flight[f].key):
+                        ev = flight.pop(fut)
+                        try:
+                            metrics, reads = fut.result()
+                        except SosimError as exc:
+                            finish(ev, None, str(exc))
+                        else:
+                            store(ev, metrics, reads)
+            finally:
+                for fut in flight:
+                    fut.cancel()
+        for ev in plain:
+            assert ev.scenario is not None
+            try:
+                metrics = simulate_metrics(ev.scenario)
+            except SosimError as exc:
+                finish(ev, None, str(exc))
+            else:
+                finish(ev, metrics, None)
 
     def _executor(self) -> Executor | None:
         if not self.parallel_ok:  # the workers run simulate(), not a custom evaluator
@@ -858,6 +968,7 @@ class Tuner:
             memory_rejected=sum(1 for e in evals if e.scenario is not None and not e.fits and not e.simulated),
             invalid=sum(1 for e in evals if e.scenario is None),
             interrupted=self.interrupted, budget_exhausted=self.budget_exhausted,
+            reused=0 if self.memo is None else self.memo.hits,
             search_space={s.system: [k.key for k in (*s.structural, *s.knobs)] for s in self.spaces},
             dropped_knobs={s.system: list(s.dropped) for s in self.spaces if s.dropped},
             hbm_usable_gib=self.hbm_usable, host_usable_gib=self.host_usable,
@@ -890,17 +1001,18 @@ class Tuner:
 
 def tune(base: Scenario | str | Path | Mapping[str, Any], options: TuneOptions | None = None, *,
          overrides: Sequence[str] | None = None, executor: Executor | None = None,
-         evaluate: Callable[[Scenario], dict[str, Any]] | None = None) -> TuneResult:
+         evaluate: Callable[[Scenario], dict[str, Any]] | None = None, memo: bool = True) -> TuneResult:
     """Search the fastest configuration of ``base`` that fits (see the module docstring).
 
     ``base`` is a Scenario, a scenario YAML path or dict (``overrides`` apply as with ``load_scenario``).
     ``executor`` (any ``concurrent.futures.Executor``) evaluates large batches in parallel; by default
-    ``options.jobs`` worker processes are started when ``jobs > 1``.
+    ``options.jobs`` worker processes are started when ``jobs > 1``. ``memo=False`` simulates every candidate
+    rather than reusing an identical earlier simulation (sosim/tune_memo.py; the same result, slower).
     """
     sc = base if isinstance(base, Scenario) else load_scenario(base, list(overrides or []))
     if isinstance(base, Scenario) and overrides:
         sc = load_scenario(base.model_dump(mode="python", exclude_unset=True), list(overrides))
-    return Tuner(sc, options, evaluate=evaluate, executor=executor).run()
+    return Tuner(sc, options, evaluate=evaluate, executor=executor, memo=memo).run()
 
 
 

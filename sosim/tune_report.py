@@ -241,7 +241,10 @@ def format_text(result: TuneResult, top: int = 5, scenario_name: str = "", hardw
                  f"objective {obj}")
     n_considered = len(result.evaluations)
     took = f" in {elapsed_s:.1f} s" if elapsed_s is not None else ""
-    lines.append(f"searched {len(result.search_space)} system(s): {result.simulated} candidates simulated{took}; "
+    reused = (f" ({result.reused} of them the same simulation as an earlier candidate, reused)"
+              if result.reused else "")
+    lines.append(f"searched {len(result.search_space)} system(s): {result.simulated} candidates simulated{reused}"
+                 f"{took}; "
                  f"{n_considered} considered, {result.memory_rejected} rejected by the memory check before "
                  f"simulation, {result.invalid} not valid")
     for note in result.notes:
@@ -343,7 +346,7 @@ def to_json(result: TuneResult, top: int = 5, written: Mapping[str, Any] | None 
     out: dict[str, Any] = {
         "objective": result.options.objective, "token_budget": result.options.token_budget,
         "global_batch": result.global_batch, "tokens_per_step": result.tokens_per_step, "gpus": result.gpus,
-        "simulated": result.simulated, "considered": len(result.evaluations),
+        "simulated": result.simulated, "reused": result.reused, "considered": len(result.evaluations),
         "memory_rejected": result.memory_rejected, "invalid": result.invalid,
         "interrupted": result.interrupted, "budget_exhausted": result.budget_exhausted, "elapsed_s": elapsed_s,
         "infeasible": [{"reason": k, "count": n} for k, n in result.infeasible_summary()],
