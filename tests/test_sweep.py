@@ -327,13 +327,15 @@ def test_rows_are_in_point_order_whatever_the_workers(tmp_path: Path) -> None:
 
 
 def test_sigterm_stops_the_workers_and_prints_the_resume_hint(tmp_path: Path) -> None:
-    # A sweep that takes a while: 400 points of a 32-layer scenario in chunks of 5, two workers.
+    # A sweep that takes a while: 1,200 points of a 32-layer scenario in chunks of 5, two workers (400 points
+    # once finished before the signal on a fast run: the test then raced the sweep, not the signal handling).
     sweep_file = _write(tmp_path, f"""
         base: {BASE}
         grid:
           training.micro_batch: [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20]
           schedule.bucket_mb: [50, 60, 70, 80, 90, 100, 110, 120, 130, 140, 150, 160, 170, 180, 190, 200, 210, 220,
                                230, 240]
+          training.grad_accum: [1, 2, 3]
         """)
     out = tmp_path / "r.csv"
     cmd = [sys.executable, "-m", "sosim", "sweep", str(sweep_file), "--out", str(out), "--workers", "2",
