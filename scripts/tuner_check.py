@@ -17,7 +17,8 @@ workload (model and sequence length); each group with at least ``--min-settings`
 Usage::
 
     PYTHONPATH=$PWD python scripts/tuner_check.py calibration/nvidia-h200-2026-11-30/deepspeed_steps.csv \\
-        [--profile h200-pcie-gen5-x86] [--timing unsynced] [--min-settings 12] [--format table|json]
+        [more deepspeed_steps.csv of other leases] [--profile h200-pcie-gen5-x86] [--timing unsynced]
+        [--min-settings 12] [--format table|json]
 
 Exit status: 0 when every checked group passes both targets, 1 when one misses, 2 for bad input.
 """
@@ -141,18 +142,24 @@ def load_runs(csv_path: Path, timing: str | None) -> pd.DataFrame:
     return frame.drop_duplicates("run_id", keep="last").reset_index(drop=True)
 
 
-def check(csv_path: Path, profile: str, timing: str | None = None, min_settings: int = 12) -> dict[str, Any]:
-    frame = load_runs(csv_path, timing)
+def check(csv_path: Path | list[Path], profile: str, timing: str | None = None, min_settings: int = 12,
+          ) -> dict[str, Any]:
+    """Several csvs (leases of one machine kind) pool their runs per workload; a run measured on several
+    leases is several rows, each named ``run_id@folder``, so the check sees the lease-to-lease spread too."""
+    paths = csv_path if isinstance(csv_path, list) else [csv_path]
     rows: list[Row] = []
-    for _, r in frame.iterrows():
-        group = f"{r.get('model', '?')} seq {int(r['seq'])}"
-        try:
-            tps, feasible, system, text = predict(csv_path.parent, r, profile)
-        except Exception as exc:  # one run's config problem is reported, the check goes on
-            rows.append(Row(str(r["run_id"]), group, "?", "", float(r["tokens_per_s"]), math.nan, False,
-                            f"{type(exc).__name__}: {exc}"))
-            continue
-        rows.append(Row(str(r["run_id"]), group, system, text, float(r["tokens_per_s"]), tps, feasible))
+    for path in paths:
+        frame = load_runs(path, timing)
+        for _, r in frame.iterrows():
+            group = f"{r.get('model', '?')} seq {int(r['seq'])}"
+            run_id = str(r["run_id"]) if len(paths) == 1 else f"{r['run_id']}@{path.parent.name}"
+            try:
+                tps, feasible, system, text = predict(path.parent, r, profile)
+            except Exception as exc:  # one run's config problem is reported, the check goes on
+                rows.append(Row(run_id, group, "?", "", float(r["tokens_per_s"]), math.nan, False,
+                                f"{type(exc).__name__}: {exc}"))
+                continue
+            rows.append(Row(run_id, group, system, text, float(r["tokens_per_s"]), tps, feasible))
     groups: dict[str, Any] = {}
     for group in sorted({r.group for r in rows}):
         mine = [r for r in rows if r.group == group and not r.error and r.feasible]
@@ -180,7 +187,7 @@ def check(csv_path: Path, profile: str, timing: str | None = None, min_settings:
         groups[group] = out
     checked = [g for g in groups.values() if g["checked"]]
     return {
-        "csv": str(csv_path), "profile": profile, "timing": timing or "auto",
+        "csv": ", ".join(str(p) for p in paths), "profile": profile, "timing": timing or "auto",
         "targets": {"spearman": SPEARMAN_TARGET, "within": WITHIN_TARGET, "min_settings": min_settings},
         "runs": [r.__dict__ for r in rows], "groups": groups,
         "passed": bool(checked) and all(g["spearman_ok"] and g["within_5pct"] for g in checked),
@@ -222,14 +229,15 @@ def format_report(report: dict[str, Any]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("csv", type=Path, help="deepspeed_steps.csv of a measured grid")
+    parser.add_argument("csv", type=Path, nargs="+", help="deepspeed_steps.csv of a measured grid (several: leases "
+                        "of one machine kind, pooled per workload)")
     parser.add_argument("--profile", default="h200-pcie-gen5-x86", help="calibrated hardware profile")
     parser.add_argument("--timing", help="timing mode rows to use (default: unsynced when present)")
     parser.add_argument("--min-settings", type=int, default=12, help="settings a workload needs to be checked")
     parser.add_argument("--format", choices=["table", "json"], default="table")
     args = parser.parse_args(argv)
     try:
-        report = check(args.csv, args.profile, args.timing, args.min_settings)
+        report = check(list(args.csv), args.profile, args.timing, args.min_settings)
     except (OSError, ValueError) as exc:
         print(f"tuner_check: {exc}", file=sys.stderr)
         return 2
