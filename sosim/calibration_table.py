@@ -445,6 +445,21 @@ class CalibrationTable:
         xs, ys = _average_duplicates(cols["elements"][keep], cols["median_s"][keep])
         return max(0.0, _linear_extrapolated(float(elements), xs, ys))
 
+    def so_flush_time_s(self, elements: float, variant: str = "shared") -> float | None:
+        """SuperOffload's gradient flush of ``elements`` parameters as ``partition_grads`` runs it (op
+        ``so_flush``: per parameter the bf16 round trip through the host buffer, the norm, the GPU cast and the
+        pageable fp32 copy into the worker's shared memory; one sync). Affine in elements like the worker's
+        round trip (a per-parameter overhead and per-element copies), extended by the end segments' slopes."""
+        _check_non_negative(elements=elements)
+        cols = self.columns_by_op.get(("so_flush", variant))
+        if cols is None:
+            return None
+        keep = np.isfinite(cols["elements"])
+        if not keep.any():
+            return None
+        xs, ys = _average_duplicates(cols["elements"][keep], cols["median_s"][keep])
+        return max(0.0, _linear_extrapolated(float(elements), xs, ys))
+
     def collective_time_s(self, kind: str, n_bytes: float, gpus: int) -> float | None:
         """NCCL collective ``kind`` over a buffer of ``n_bytes`` on ``gpus`` GPUs (op ``nccl``).
 

@@ -113,6 +113,7 @@ class CostModel(Protocol):
     def ds_unscale_clip_s(self, elements: float, system: str) -> float: ...
     def ds_step_fixed_s(self, params: float, subgroups: int, system: str) -> float: ...
     def so_worker_roundtrip_s(self, elements: float, with_copies: bool = False) -> float: ...
+    def so_flush_s(self, elements: float) -> float | None: ...
     @property
     def duplex_factors(self) -> dict[str, float]: ...
     @property
@@ -363,6 +364,12 @@ class AnalyticCostModel:
         if elements <= 0:
             return 0.0
         return SO_WORKER_IPC_S + elements * SO_WORKER_COPY_BYTES_PER_ELEMENT / (self.hw.cpu.mem_GBps * GB)
+
+    def so_flush_s(self, elements: float) -> float | None:
+        """SuperOffload's whole gradient flush of ``elements`` as measured (``so_grads``), or None: the
+        analytic model has no number of its own, and the plan then sums its copy and cast ops."""
+        del elements
+        return None
 
     @property
     def provenance(self) -> dict[str, str]:

@@ -36,7 +36,14 @@ import numpy as np
 from sosim import model as tm
 from sosim.calibration_table import CalibrationError, CalibrationTable
 from sosim.config import AdamImpl, HardwareProfile
-from sosim.costs import AnalyticCostModel, CollectiveKind, Direction, model_parameter_tensors, stage3_variant
+from sosim.costs import (
+    AnalyticCostModel,
+    CollectiveKind,
+    CostModel,
+    Direction,
+    model_parameter_tensors,
+    stage3_variant,
+)
 from sosim.errors import ConfigError
 
 # Parameter tensors of the model whose step() the ds_step_fixed section timed: the runs' Llama "0.5b" (8
@@ -53,6 +60,7 @@ _KIND_SECTIONS: dict[str, tuple[str, ...]] = {
     "copy": ("link",), "duplex": ("link",), "cpu_adam": ("cpu",), "cpu_cast": ("cpu",),
     "nccl": ("interconnect",), "disk": (), "ds_refresh": ("cpu", "link"), "stage3_hook": (),
     "ds_step_fixed": ("cpu",), "ds_step_unscale_clip": ("cpu",), "so_worker": ("cpu",),
+    "so_flush": ("gpu", "link"),
 }
 
 
@@ -477,6 +485,15 @@ class TableCostModel(AnalyticCostModel):
             measured = max(0.0, total - adam)
         return self._use("so_worker", measured, lambda a: a.so_worker_roundtrip_s(elements, with_copies))
 
+    def so_flush_s(self, elements: float) -> float | None:
+        """SuperOffload's whole gradient flush as measured (``so_grads`` section, variant ``shared``: the fp32
+        gradients go to the worker's shared memory), rescaled like its parts on other hardware; None without
+        the rows (the plan then times its four ops from the copy and cast costs)."""
+        measured = self.table.so_flush_time_s(elements)
+        if measured is None:
+            return None
+        return self._use("so_flush", measured, lambda a: so_flush_parts_s(a, elements))
+
     # --- provenance ------------------------------------------------------------------------------------------
     @property
     def provenance(self) -> dict[str, str]:
@@ -532,3 +549,11 @@ def _counts(counts: dict[str, int]) -> str:
 def _factor(lo: float, hi: float) -> str:
     return f"{lo:.4g}" if f"{lo:.4g}" == f"{hi:.4g}" else f"{lo:.4g}..{hi:.4g}"
 
+
+
+def so_flush_parts_s(costs: CostModel, elements: float) -> float:
+    """The four ops of one SuperOffload flush as the plan builds them: bf16 D2H and H2D (pinned host buffer),
+    the GPU cast to fp32, the pageable fp32 D2H (``gradients.Stage3Gradients``)."""
+    b16 = elements * 2.0
+    return (costs.copy_s(b16, "d2h", True) + costs.copy_s(b16, "h2d", True) + costs.gpu_cast_s(elements)
+            + costs.copy_s(elements * 4.0, "d2h", False))

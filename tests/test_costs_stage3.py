@@ -53,6 +53,9 @@ ROWS = [
     row("so_worker", "alone", 200e-6 + 1e-9 * 1e8, elements=10**8, threads=12),
     row("so_worker", "with_copies", 300e-6 + 2e-9 * 1e6, elements=10**6, threads=12),
     row("so_worker", "with_copies", 300e-6 + 2e-9 * 1e8, elements=10**8, threads=12),
+    # SuperOffload's flush: 1 ms + 0.3 ns/element into shared memory.
+    row("so_flush", "shared", 1e-3 + 0.3e-9 * 1e7, elements=10**7, threads=3),
+    row("so_flush", "shared", 1e-3 + 0.3e-9 * 1e8, elements=10**8, threads=3),
     # NCCL all-reduce on 2 GPUs: 50 GB/s at 1 MiB, 100 GB/s at 64 MiB.
     row("nccl", "all_reduce", MIB / 50e9, bytes=MIB, gpus=2),
     row("nccl", "all_reduce", 64 * MIB / 100e9, bytes=64 * MIB, gpus=2),
@@ -117,6 +120,36 @@ def test_worker_round_trip_affine(table: CalibrationTable) -> None:
     # Beyond the largest size: the end segment's slope.
     assert table.so_worker_time_s(10**9, "with_copies") == pytest.approx(300e-6 + 2.0, rel=1e-9)
     assert table.so_worker_time_s(0, "alone") == pytest.approx(200e-6, rel=1e-6)
+
+
+def test_superoffload_flush_affine(table: CalibrationTable) -> None:
+    assert table.so_flush_time_s(5 * 10**7) == pytest.approx(1e-3 + 0.3e-9 * 5e7, rel=1e-9)
+    assert table.so_flush_time_s(10**9) == pytest.approx(1e-3 + 0.3, rel=1e-9)  # the end segment's slope
+    assert table.so_flush_time_s(10**8, "private") is None
+
+
+def test_the_superoffload_plan_times_its_flush_as_measured() -> None:
+    # On the calibrated H200 (so_grads rows): the fp32 copy of each flush is the measured whole flush minus the
+    # bf16 round trip and the cast before it, so the four ops of a flush add up to the measured flush.
+    from sosim.simulate import make_cost_model, simulate
+    from sosim.validate_measured import read_runs, scenario_for
+
+    runs, _ = read_runs(Path(__file__).resolve().parents[1] / "calibration" / "nvidia-h200-2026-11-30b")
+    run = next(r for r in runs if r.run_id == "1.1b-s2048-mb4-superoffload-clip0")
+    sc = scenario_for(run, "h200-pcie-gen5-x86")
+    res = simulate(sc)
+    costs = make_cost_model(sc)
+    ops = {op.name: op for op in res.plan.ops if op.iteration == res.plan.ops[-1].iteration}
+    flushes = sorted(k.split(":")[1] for k in ops if k.startswith("grad_d2h_fp32:"))
+    assert len(flushes) == 3  # 1.1B at reduce_bucket_size 5e8
+    for flush in flushes:
+        parts = sum(ops[f"{name}:{flush}"].duration_s
+                    for name in ("grad_d2h_bf16", "grad_h2d_bf16", "grad_cast_fp32", "grad_d2h_fp32"))
+        elements = ops[f"grad_d2h_bf16:{flush}"].n_bytes / 2
+        measured = costs.so_flush_s(elements)
+        assert measured is not None and parts == pytest.approx(measured, rel=1e-9)
+        # The measured flush is slower than the plain copies would be (per-parameter pageable copies).
+        assert measured > sum(ops[f"{name}:{flush}"].duration_s for name in ("grad_d2h_bf16", "grad_h2d_bf16"))
 
 
 def test_collective_and_disk(table: CalibrationTable) -> None:

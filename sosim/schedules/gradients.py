@@ -182,17 +182,27 @@ class Stage3Gradients(_PerFlush):
         shard = cpu + gpu
         b16 = shard * BF16_BYTES
         n, u = f.index, f.unit
-        s.add(ctx, D2H, f"grad_d2h_bf16:f{n}", ctx.costs.copy_s(b16, "d2h", self.pinned),
-              [_reduce_scatter(ctx, f, op, s)], phase=G, category=Category.TRANSFER, layer=u, group=n, n_bytes=b16)
-        s.add(ctx, H2D, f"grad_h2d_bf16:f{n}", ctx.costs.copy_s(b16, "h2d", self.pinned), [], phase=G,
+        d2h_b16 = ctx.costs.copy_s(b16, "d2h", self.pinned)
+        h2d_b16 = ctx.costs.copy_s(b16, "h2d", self.pinned)
+        s.add(ctx, D2H, f"grad_d2h_bf16:f{n}", d2h_b16, [_reduce_scatter(ctx, f, op, s)], phase=G,
               category=Category.TRANSFER, layer=u, group=n, n_bytes=b16)
+        s.add(ctx, H2D, f"grad_h2d_bf16:f{n}", h2d_b16, [], phase=G, category=Category.TRANSFER, layer=u, group=n,
+              n_bytes=b16)
         if ctx.boundary:
-            s.add(ctx, GPU_CAST, f"grad_cast_fp32:f{n}", ctx.costs.gpu_cast_s(shard), [], phase=G,
-                  category=Category.CAST, layer=u, group=n)
+            cast_s = ctx.costs.gpu_cast_s(shard)
+            s.add(ctx, GPU_CAST, f"grad_cast_fp32:f{n}", cast_s, [], phase=G, category=Category.CAST, layer=u,
+                  group=n)
             if cpu > 0:
                 b32 = cpu * FP32_BYTES
                 pinned = self.pinned and not self.superoffload
-                s.add(ctx, D2H, f"grad_d2h_fp32:f{n}", ctx.costs.copy_s(b32, "d2h", pinned), [], phase=G,
+                fp32_s = ctx.costs.copy_s(b32, "d2h", pinned)
+                whole = ctx.costs.so_flush_s(shard) if self.superoffload else None
+                if whole is not None:
+                    # The flush as measured (so_grads: per parameter, into the worker's shared memory) minus the
+                    # ops before it: the per-parameter overheads and the norm land on the pageable copy, the op
+                    # that holds the host (its CPU-sub-group share when ratio < 1 keeps some on the GPU).
+                    fp32_s = max(0.0, whole - d2h_b16 - h2d_b16 - cast_s) * cpu / shard
+                s.add(ctx, D2H, f"grad_d2h_fp32:f{n}", fp32_s, [], phase=G,
                       category=Category.TRANSFER, layer=u, group=n, n_bytes=b32)
         end = s.last
         assert end is not None
