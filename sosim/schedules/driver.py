@@ -21,9 +21,13 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from enum import Enum
+from types import FunctionType, MethodType
 from typing import TYPE_CHECKING, Any, Protocol, cast
 
-from sosim.machine import zero_group
+from pydantic import BaseModel
+
+from sosim.machine import Machine, zero_group
 from sosim.plan import COMPUTE, GPU, NET, SYNC, Category, Op, Phase, Plan, Resource, ResourceKind
 
 if TYPE_CHECKING:
@@ -215,8 +219,13 @@ def pass_op(ctx: Ctx, u: Unit, phase: Phase, deps: Sequence[int]) -> int:
     return op
 
 
-def build(ctx: Ctx, r: Recipe) -> Plan:
-    """Every iteration of ``ctx.sc`` through the blocks of ``r``; returns the finished plan."""
+def build(ctx: Ctx, r: Recipe, replicate: bool = True) -> Plan:
+    """Every iteration of ``ctx.sc`` through the blocks of ``r``; returns the finished plan.
+
+    ``replicate``: once an iteration has been built whose end state is its start state with every op id
+    moved by the iteration's op count (see :func:`_shifted_state`), the remaining iterations are that
+    iteration's ops copied with shifted ids instead of being built again (the same ops, bit for bit).
+    """
     sc = ctx.sc
     units = r.layout.units
     backward_order = units[::-1]
@@ -227,7 +236,16 @@ def build(ctx: Ctx, r: Recipe) -> Plan:
     after_forward, before_backward = r.activations.after_forward, r.activations.before_backward
     after_backward = r.grads.after_backward
     ready: dict[int, dict[int, list[int]]] = {}  # iteration -> group -> ops its next use waits for
-    for it in range(sc.training.iterations + r.warmup_iterations):
+    iterations = sc.training.iterations + r.warmup_iterations
+    previous: list[object] | None = None  # the start state of the previous iteration (see _state)
+    begin = 0  # its first op
+    for it in range(iterations):
+        if replicate and it >= 1:
+            state = _state(ctx, r, ready, it)
+            if previous is not None and state is not None and _replicate(ctx.plan, begin, previous, state, it,
+                                                                         iterations):
+                return ctx.plan
+            previous, begin = state, len(ctx.ops)
         ctx.it = it
         gates = ready.get(it - r.staleness, {})
         done = _Arrivals(r.step)
@@ -253,6 +271,132 @@ def build(ctx: Ctx, r: Recipe) -> Plan:
             r.grads.finish(ctx, done)
         ready[it] = r.step.run(ctx, done.arrivals, backward_end)
     return ctx.plan
+
+
+# --- replicating a periodic iteration ------------------------------------------------------------------------
+# Why it is exact. Building iteration k reads only its start state S_k -- the context's op references
+# (host_issue, compute_gate, computed), the groups' gates of earlier iterations, and whatever the blocks keep
+# between calls -- and the scenario, layout and cost model, which do not change while a plan is built (the
+# cost model is a pure function, and no block reads ``ctx.it`` or the plan's ops). Op ids enter the blocks only
+# as references: they are stored, compared, sorted and passed as dependencies, never computed with. So
+# building from S + d (every op id of S moved by d) on a plan d ops longer gives the same ops with every id
+# and dependency moved by d, and ends in the end state moved by d. If the state after iteration k is its
+# start state moved by D (the number of ops of iteration k), iteration k + 1 is iteration k moved by D, its
+# end state is moved by D again, and so on: every later iteration is a copy. The check is on the whole
+# state, leaf by leaf: an int either moves by exactly D (an op id) or stays (a constant, such as a group
+# index), and an int that stays must not be an op that iteration k depends on (a reference that did not
+# move would be copied as one that did). Anything the walk cannot read (an unknown object type) means no copy.
+_LEAF = (float, str, bool, type(None), Enum)
+_CONFIG = (BaseModel, Machine, Resource)
+
+
+def _state(ctx: Ctx, r: Recipe, ready: dict[int, dict[int, list[int]]], it: int) -> list[object] | None:
+    """The start state of iteration ``it`` as a flat list of leaves and shape markers (None: unreadable)."""
+    out: list[object] = []
+    fixed = {id(ctx.sc), id(ctx.costs), id(ctx.plan), id(ctx.layout), id(ctx.cpu), id(ctx.ops), id(ctx)}
+    for name, value in vars(ctx).items():
+        if name != "it" and id(value) not in fixed:
+            out.append(name)
+            if not _walk(value, out, fixed):
+                return None
+    out.append("ready")
+    if not _walk([ready.get(k) for k in range(it - r.staleness, it)], out, fixed):
+        return None
+    for block in (r.weights, r.hooks, r.activations, r.grads, r.step):
+        out.append(type(block))
+        if not _walk(block, out, fixed):
+            return None
+    return out
+
+
+def _walk(value: object, out: list[object], fixed: set[int]) -> bool:
+    """Append ``value``'s leaves to ``out``; False if it holds something this walk cannot read."""
+    cls = type(value)
+    if cls is int:
+        out.append(value)
+        return True
+    if cls is list or cls is tuple:
+        # Lists of op ids are most of the state (the groups' gates): their ints without a call each.
+        out.append((cls, len(value)))  # type: ignore[arg-type]
+        for v in value:  # type: ignore[attr-defined]
+            if type(v) is int:
+                out.append(v)
+            elif not _walk(v, out, fixed):
+                return False
+        return True
+    if cls is dict:
+        out.append((dict, len(value)))  # type: ignore[arg-type]
+        for k, v in value.items():  # type: ignore[attr-defined]
+            if type(k) is int:
+                out.append(k)
+            elif not _walk(k, out, fixed):
+                return False
+            if type(v) is int:
+                out.append(v)
+            elif not _walk(v, out, fixed):
+                return False
+        return True
+    if isinstance(value, _LEAF):
+        out.append((value,))  # a constant leaf: compared as is
+        return True
+    if id(value) in fixed or isinstance(value, _CONFIG):
+        # Configuration, immutable while a plan is built: the same object in both states is the same value.
+        out.append(("obj", id(value)))
+        return True
+    if isinstance(value, (list, tuple, dict)):  # subclasses (named tuples, ...): walked like their base
+        return _walk(dict(value) if isinstance(value, dict) else list(value), out, fixed)
+    if isinstance(value, MethodType):
+        out.append(MethodType)
+        return _walk(value.__self__, out, fixed) and _walk(value.__func__, out, fixed)
+    if isinstance(value, FunctionType):
+        out.append(("fn", id(value.__code__)))
+        cells = value.__closure__ or ()
+        return all(_walk(c.cell_contents, out, fixed) for c in cells)
+    if isinstance(value, type):
+        return False
+    if hasattr(value, "__dict__"):
+        out.append(cls)
+        return _walk(vars(value), out, fixed)
+    slots = getattr(cls, "__slots__", None)
+    if slots is not None:
+        out.append(cls)
+        return all(_walk(getattr(value, name, None), out, fixed) for name in slots)
+    return False
+
+
+def _replicate(plan: Plan, lo: int, before: list[object], after: list[object], it: int, iterations: int) -> bool:
+    """If ``after`` (the state after iteration ``it - 1``, whose ops start at ``lo``) is ``before`` (its start
+    state) with every op id moved by the iteration's op count, append iterations ``it`` .. ``iterations - 1``
+    as copies of it and return True."""
+    ops = plan.ops
+    shift = len(ops) - lo
+    if len(before) != len(after) or shift <= 0:
+        return False
+    moved: set[int] = set()
+    for a, b in zip(before, after):
+        if type(a) is int:
+            if type(b) is not int:
+                return False
+            if b == a + shift:
+                moved.add(a)
+            elif b != a:
+                return False
+        elif a != b:
+            return False
+    src = ops[lo:]
+    # Every op before the iteration that it depends on must be one the state refers to by a moving reference
+    # (an id kept in some object the walk does not read, or a reference that stays, would be copied wrongly).
+    if any(d < lo and d not in moved for op in src for d in op.deps):
+        return False
+    last_it = it - 1
+    own_starts = [s for s in plan.iteration_starts if s >= lo]
+    for k in range(it, iterations):
+        d = (k - last_it) * shift
+        for op in src:
+            ops.append(Op(op.id + d, op.resource, op.name, op.duration_s, tuple([x + d for x in op.deps]), op.layer,
+                          k, op.category, op.phase, op.n_bytes, op.flops, op.group))
+        plan.iteration_starts.extend(s + d for s in own_starts)
+    return True
 
 
 @dataclass
