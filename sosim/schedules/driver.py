@@ -63,7 +63,9 @@ class Ctx:
         self.dp = zero_group(self.sc)
         self.ops = self.plan.ops  # the plan's op list (read by every add)
 
-    def add(self, resource: Resource, name: str, duration_s: float, deps: Sequence[int | None], *,
+    # The arguments after ``deps`` may be given by position (the driver's own calls do: a keyword argument
+    # costs a lookup per call, and this is called once per op).
+    def add(self, resource: Resource, name: str, duration_s: float, deps: Sequence[int | None],
             phase: Phase, category: Category, layer: int = -1, n_bytes: float = 0.0, flops: float = 0.0,
             group: int = -1) -> int:
         # Plan.add's checks, inlined: this is the hot path of plan building.
@@ -92,24 +94,23 @@ class Ctx:
                       float(n_bytes), float(flops), group))
         return op_id
 
-    def host_op(self, name: str, duration_s: float, deps: Sequence[int | None], *, phase: Phase,
+    def host_op(self, name: str, duration_s: float, deps: Sequence[int | None], phase: Phase,
                 category: Category = SYNC, layer: int = -1, group: int = -1) -> int:
         """A blocking call of the training process's host thread: kernels issued after it wait for it."""
-        op = self.add(self.cpu.host, name, duration_s, [*deps, self.host_issue], phase=phase, category=category,
-                      layer=layer, group=group)
+        op = self.add(self.cpu.host, name, duration_s, [*deps, self.host_issue], phase, category, layer, 0.0, 0.0,
+                      group)
         self.host_issue = op
         return op
 
-    def gpu_op(self, name: str, duration_s: float, deps: Sequence[int | None], *, phase: Phase,
+    def gpu_op(self, name: str, duration_s: float, deps: Sequence[int | None], phase: Phase,
                category: Category, layer: int = -1, flops: float = 0.0, group: int = -1) -> int:
         """Work on the compute stream: after the host issued it and after what the stream holds before it."""
         gate = self.compute_gate
         if gate:
             self.compute_gate = []
-            return self.add(GPU, name, duration_s, [*deps, self.host_issue, *gate], phase=phase, category=category,
-                            layer=layer, flops=flops, group=group)
-        return self.add(GPU, name, duration_s, [*deps, self.host_issue], phase=phase, category=category,
-                        layer=layer, flops=flops, group=group)
+            return self.add(GPU, name, duration_s, [*deps, self.host_issue, *gate], phase, category, layer, 0.0,
+                            flops, group)
+        return self.add(GPU, name, duration_s, [*deps, self.host_issue], phase, category, layer, 0.0, flops, group)
 
 
 @dataclass
@@ -118,10 +119,10 @@ class Stream:
 
     last: int | None = None
 
-    def add(self, ctx: Ctx, resource: Resource, name: str, duration_s: float, deps: Sequence[int | None], *,
+    def add(self, ctx: Ctx, resource: Resource, name: str, duration_s: float, deps: Sequence[int | None],
             phase: Phase, category: Category, layer: int = -1, n_bytes: float = 0.0, group: int = -1) -> int:
-        self.last = ctx.add(resource, name, duration_s, [*deps, self.last], phase=phase, category=category,
-                            layer=layer, n_bytes=n_bytes, group=group)
+        self.last = ctx.add(resource, name, duration_s, [*deps, self.last], phase, category, layer, n_bytes, 0.0,
+                            group)
         return self.last
 
 
@@ -207,14 +208,13 @@ def pass_op(ctx: Ctx, u: Unit, phase: Phase, deps: Sequence[int]) -> int:
     if u.a2a_s > 0:
         # It exchanges this layer's activations, which the previous compute op produces: it cannot run ahead
         # of it (it sits inside the layer: projection, all-to-all, attention, all-to-all, projection).
-        deps = [ctx.add(NET, f"all_to_all_{tag}:{u.name}", u.a2a_s, [*deps, *ctx.computed[-1:]], layer=u.index,
-                        category=Category.COMM,
-                        phase=phase, n_bytes=u.a2a_bytes)]
+        deps = [ctx.add(NET, f"all_to_all_{tag}:{u.name}", u.a2a_s, [*deps, *ctx.computed[-1:]], phase,
+                        Category.COMM, u.index, u.a2a_bytes)]
     if forward:
         duration, flops = u.fwd_s, u.fwd_flops
     else:
         duration, flops = u.bwd_s, u.bwd_flops
-    op = ctx.gpu_op(f"{tag}:{u.name}", duration, deps, phase=phase, category=COMPUTE, layer=u.index, flops=flops)
+    op = ctx.gpu_op(f"{tag}:{u.name}", duration, deps, phase, COMPUTE, u.index, flops)
     ctx.computed.append(op)
     return op
 
@@ -386,15 +386,17 @@ def _replicate(plan: Plan, lo: int, before: list[object], after: list[object], i
     src = ops[lo:]
     # Every op before the iteration that it depends on must be one the state refers to by a moving reference
     # (an id kept in some object the walk does not read, or a reference that stays, would be copied wrongly).
-    if any(d < lo and d not in moved for op in src for d in op.deps):
-        return False
+    # Dependencies are sorted: only an op whose first one is older can have any.
+    for op in src:
+        deps = op.deps
+        if deps and deps[0] < lo and any(x < lo and x not in moved for x in deps):
+            return False
     last_it = it - 1
     own_starts = [s for s in plan.iteration_starts if s >= lo]
     for k in range(it, iterations):
         d = (k - last_it) * shift
-        for op in src:
-            ops.append(Op(op.id + d, op.resource, op.name, op.duration_s, tuple([x + d for x in op.deps]), op.layer,
-                          k, op.category, op.phase, op.n_bytes, op.flops, op.group))
+        ops.extend([Op(op.id + d, op.resource, op.name, op.duration_s, tuple([x + d for x in op.deps]), op.layer, k,
+                       op.category, op.phase, op.n_bytes, op.flops, op.group) for op in src])
         plan.iteration_starts.extend(s + d for s in own_starts)
     return True
 

@@ -289,8 +289,13 @@ def _one_group(tensors: tuple[Tensor, ...], on_gpu: bool) -> Group:
 
 def groups_from_flushes(flushes: Sequence[Flush]) -> list[Group]:
     """The paper's schedule updates each transfer bucket as one group (registration order)."""
+    return list(_groups_from_flushes(tuple(flushes)))
+
+
+@functools.lru_cache(maxsize=64)
+def _groups_from_flushes(flushes: tuple[Flush, ...]) -> tuple[Group, ...]:
     ordered = sorted(flushes, key=lambda f: min(f.tensors))
-    return [Group(i, tuple(sorted(f.tensors)), f.elements) for i, f in enumerate(ordered)]
+    return tuple(Group(i, tuple(sorted(f.tensors)), f.elements) for i, f in enumerate(ordered))
 
 
 def gpu_groups_by_ratio(groups: list[Group], ratio: float) -> list[Group]:
@@ -303,13 +308,18 @@ def gpu_groups_by_ratio(groups: list[Group], ratio: float) -> list[Group]:
 def gpu_groups_by_fraction(groups: list[Group], fraction: float) -> list[Group]:
     """The paper's bucketization: the first groups (produced last by backward, needed first by the next
     forward) whose parameters fit in ``fraction`` of the model keep their optimizer state in HBM."""
+    return list(_gpu_groups_by_fraction(tuple(groups), fraction))
+
+
+@functools.lru_cache(maxsize=64)
+def _gpu_groups_by_fraction(groups: tuple[Group, ...], fraction: float) -> tuple[Group, ...]:
     budget = fraction * sum(g.elements for g in groups)
     out = []
     for g in groups:
         on_gpu = g.elements <= budget
         budget = budget - g.elements if on_gpu else -1.0  # a prefix only: stop at the first that does not fit
         out.append(Group(g.index, g.tensors, g.elements, on_gpu))
-    return out
+    return tuple(out)
 
 
 def make_layout(units: list[Unit], tensors: list[Tensor], flushes: list[Flush], groups: list[Group]) -> Layout:

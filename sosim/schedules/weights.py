@@ -110,7 +110,7 @@ class Stage3Hooks:
             return
         forward = phase is Phase.FORWARD
         ctx.host_op(f"stage3_hooks_{'fwd' if forward else 'bwd'}:{u.name}", self.fwd_s if forward else self.bwd_s,
-                    [], phase=phase, category=Category.FRAMEWORK, layer=u.index)
+                    (), phase, Category.FRAMEWORK, u.index)
 
 
 @dataclass(frozen=True)
@@ -123,4 +123,4 @@ class HostSyncsInBackward:
 
     def around(self, ctx: Ctx, u: Unit, phase: Phase) -> None:
         if phase is Phase.BACKWARD and self.sync_s > 0:
-            ctx.gpu_op(f"host_syncs:{u.name}", self.sync_s, [], phase=phase, category=Category.SYNC, layer=u.index)
+            ctx.gpu_op(f"host_syncs:{u.name}", self.sync_s, (), phase, Category.SYNC, u.index)
