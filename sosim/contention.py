@@ -98,6 +98,22 @@ def node_plan(sc: Scenario, m: Machine, plan: Plan) -> tuple[Plan, Contention, i
     return node, contention_for(sc, m, node, simulated), simulated
 
 
+_SKIP, _BRANCH_COPY, _BRANCH_NVME, _BRANCH_CPU = range(4)
+
+
+def _branch(resource: Resource, simulated_ranks: int) -> int:
+    kind = resource.kind
+    if resource.instance >= simulated_ranks:
+        return _SKIP
+    if kind in _COPY:
+        return _BRANCH_COPY
+    if kind in _NVME:
+        return _BRANCH_NVME
+    if kind in _CPU:
+        return _BRANCH_CPU
+    return _SKIP
+
+
 def contention_for(sc: Scenario, m: Machine, plan: Plan, simulated_ranks: int) -> Contention:
     shared = m.shared_resources()
     index = {s.name: k for k, s in enumerate(shared)}
@@ -127,15 +143,23 @@ def contention_for(sc: Scenario, m: Machine, plan: Plan, simulated_ranks: int) -
     nvme_static: dict[tuple[ResourceKind, int], list[int]] = {}
     host_static: dict[int, tuple[tuple[int, float], ...] | None] = {}
     cpu_static: dict[tuple[ResourceKind, int, bool], tuple[float, tuple[int, float] | None, int | None]] = {}
+    # Which branch below an op's resource takes, by the resource object's identity (resources are shared
+    # objects: the lookup is one dict read, where the kind tests hash an enum): _SKIP for resources that draw
+    # on nothing shared (GPU streams, collectives, ranks not simulated).
+    branch_of: dict[int, int] = {}
     for op in plan.ops:
         duration = op.duration_s
         if duration <= 0:
             continue
         resource = op.resource
-        kind, rank = resource.kind, resource.instance
-        if rank >= simulated_ranks:
+        branch = branch_of.get(id(resource))
+        if branch is None:
+            branch = _branch(resource, simulated_ranks)
+            branch_of[id(resource)] = branch
+        if branch == _SKIP:
             continue
-        if kind in _COPY:
+        kind, rank = resource.kind, resource.instance
+        if branch == _BRANCH_COPY:
             cs = copy_static.get((kind, rank))
             if cs is None:
                 direction = _COPY[kind]
@@ -165,7 +189,7 @@ def contention_for(sc: Scenario, m: Machine, plan: Plan, simulated_ranks: int) -
                     if res == dram_k:
                         demand[j] = (res, 3.0 * d)
             uses[op.id] = tuple(demand)
-        elif kind in _NVME:
+        elif branch == _BRANCH_NVME:
             # The node's volume in that direction, and the pinned host buffer it fills or drains.
             bps = op.n_bytes / duration if op.n_bytes > 0 else 0.0
             if bps > 0:
@@ -175,7 +199,7 @@ def contention_for(sc: Scenario, m: Machine, plan: Plan, simulated_ranks: int) -
                     nvme_ks = [index[n] for n in (_NVME[kind], f"dram{socket}") if n in index]
                     nvme_static[(kind, rank)] = nvme_ks
                 uses[op.id] = tuple((k, bps) for k in nvme_ks)
-        elif kind in _CPU and op.category in _HOST_THREAD:
+        elif op.category in _HOST_THREAD:  # CPU work
             # The training process's host thread itself (framework hooks, step()'s bookkeeping, waits): one
             # core of Python, not a memory-bound kernel.
             if rank not in host_static:
@@ -184,7 +208,7 @@ def contention_for(sc: Scenario, m: Machine, plan: Plan, simulated_ranks: int) -
             hs = host_static[rank]
             if hs is not None:
                 uses[op.id] = hs
-        elif kind in _CPU:
+        else:  # CPU work
             borrowed = borrow and (kind == ResourceKind.CPU_OPT or op.category == Category.OPTIMIZER)
             cpu = cpu_static.get((kind, rank, borrowed))
             if cpu is None:

@@ -223,7 +223,7 @@ def build(ctx: Ctx, r: Recipe, replicate: bool = True) -> Plan:
     """Every iteration of ``ctx.sc`` through the blocks of ``r``; returns the finished plan.
 
     ``replicate``: once an iteration has been built whose end state is its start state with every op id
-    moved by the iteration's op count (see :func:`_shifted_state`), the remaining iterations are that
+    moved by the iteration's op count (see :func:`_replicate`), the remaining iterations are that
     iteration's ops copied with shifted ids instead of being built again (the same ops, bit for bit).
     """
     sc = ctx.sc
@@ -235,6 +235,9 @@ def build(ctx: Ctx, r: Recipe, replicate: bool = True) -> Plan:
     before_use, around = r.weights.before_use, r.hooks.around
     after_forward, before_backward = r.activations.after_forward, r.activations.before_backward
     after_backward = r.grads.after_backward
+    # Blocks that add nothing (no hooks, activations kept on the GPU) are not called at all.
+    hooks = type(r.hooks) is not NoHooks
+    activations = type(r.activations) is not ActivationsOnGpu
     ready: dict[int, dict[int, list[int]]] = {}  # iteration -> group -> ops its next use waits for
     iterations = sc.training.iterations + r.warmup_iterations
     previous: list[object] | None = None  # the start state of the previous iteration (see _state)
@@ -257,15 +260,20 @@ def build(ctx: Ctx, r: Recipe, replicate: bool = True) -> Plan:
                 deps = before_use(ctx, u, forward)
                 if micro == 0:
                     deps += [d for g in unit_groups.get(u.index, ()) for d in gates.get(g, [])]
-                around(ctx, u, forward)
+                if hooks:
+                    around(ctx, u, forward)
                 op = pass_op(ctx, u, forward, deps)
                 if micro == 0 and u.index == 0:
                     ctx.plan.mark_iteration_start(op)
-                after_forward(ctx, u, op)
+                if activations:
+                    after_forward(ctx, u, op)
             r.grads.start(ctx)
             for u in backward_order:
-                deps = before_use(ctx, u, backward) + before_backward(ctx, u)
-                around(ctx, u, backward)
+                deps = before_use(ctx, u, backward)
+                if activations:
+                    deps = deps + before_backward(ctx, u)
+                if hooks:
+                    around(ctx, u, backward)
                 backward_end = pass_op(ctx, u, backward, deps)
                 after_backward(ctx, u, backward_end, done)
             r.grads.finish(ctx, done)
@@ -436,9 +444,11 @@ class _MemoCosts:
 
         def call(*args: object, **kwargs: object) -> object:
             key = (name, args, tuple(sorted(kwargs.items()))) if kwargs else (name, args)
-            if key not in memo:
-                memo[key] = attr(*args, **kwargs)
-            return memo[key]
+            try:
+                return memo[key]  # one lookup when remembered (most calls)
+            except KeyError:
+                value = memo[key] = attr(*args, **kwargs)
+                return value
 
         setattr(self, name, call)
         return call
