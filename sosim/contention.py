@@ -139,7 +139,8 @@ def contention_for(sc: Scenario, m: Machine, plan: Plan, simulated_ranks: int) -
     # What an op draws on depends on its kind, rank and (for CPU work) category, and only its rate on the op
     # itself: the routes and resource indices are worked out once per (kind, rank) below, not per op (this
     # loop runs over every op of every simulation of a search). Same demands, same order, as written out.
-    copy_static: dict[tuple[ResourceKind, int], tuple[str, list[int], int | None, int | None]] = {}
+    # By the resource object's identity (see branch_of).
+    copy_static: dict[int, tuple[list[int], int | None, int | None, float, float]] = {}
     nvme_static: dict[tuple[ResourceKind, int], list[int]] = {}
     host_static: dict[int, tuple[tuple[int, float], ...] | None] = {}
     cpu_static: dict[tuple[ResourceKind, int, bool], tuple[float, tuple[int, float] | None, int | None]] = {}
@@ -155,12 +156,17 @@ def contention_for(sc: Scenario, m: Machine, plan: Plan, simulated_ranks: int) -
         branch = branch_of.get(id(resource))
         if branch is None:
             branch = _branch(resource, simulated_ranks)
+            if branch == _BRANCH_CPU and not borrow:
+                # CPU work draws on its socket's cores and DRAM: when the machine shares neither, nothing.
+                own = m.rank_socket[resource.instance] if not m.legacy else resource.instance
+                if cores_of(own) not in index and not (dram_Bps > 0 and f"dram{own}" in index):
+                    branch = _SKIP
             branch_of[id(resource)] = branch
         if branch == _SKIP:
             continue
         kind, rank = resource.kind, resource.instance
         if branch == _BRANCH_COPY:
-            cs = copy_static.get((kind, rank))
+            cs = copy_static.get(id(resource))
             if cs is None:
                 direction = _COPY[kind]
                 # The rank's host buffers live with its optimizer state: on a borrowed socket the copy also
@@ -170,25 +176,28 @@ def contention_for(sc: Scenario, m: Machine, plan: Plan, simulated_ranks: int) -
                                                                                                  host)
                 own = m.rank_socket[rank] if not m.legacy else rank
                 staged_socket = m.opt_socket(rank) if borrow else own
-                cs = (direction, [index[name] for name in route if name in index], index.get(cores_of(own)),
-                      index.get(f"dram{staged_socket}"))
-                copy_static[(kind, rank)] = cs
-            direction, route_ks, cores_k, dram_k = cs
+                cs = ([index[name] for name in route if name in index], index.get(cores_of(own)),
+                      index.get(f"dram{staged_socket}"), rate[direction], STAGED_FRACTION * rate[direction])
+                copy_static[id(resource)] = cs
+            route_ks, cores_k, dram_k, full_Bps, staged_below_Bps = cs
             # Its average rate over its whole duration (latency included): the rate the engine scales, so
             # a copy's time under a fair share is its bytes over that share whatever its nominal speed.
-            bps = op.n_bytes / duration if op.n_bytes > 0 else rate[direction]
-            demand = [(k, bps) for k in route_ks]
-            if bps < STAGED_FRACTION * rate[direction]:
+            n_bytes = op.n_bytes
+            bps = n_bytes / duration if n_bytes > 0 else full_Bps
+            if bps < staged_below_Bps:
                 # Far below the link's pinned rate: a copy the CPU stages (pageable memory through a bounce
                 # buffer, DeepSpeed's cast-and-copy refresh with its page faults). Its speed is the CPU's: it
                 # takes the rank's threads, and its bytes cross the socket's memory three times (read the
                 # source, write the staging buffer, the DMA's read).
+                demand = [(k, bps) for k in route_ks]
                 if cores_k is not None:
                     demand.append((cores_k, threads))
                 for j, (res, d) in enumerate(demand):
                     if res == dram_k:
                         demand[j] = (res, 3.0 * d)
-            uses[op.id] = tuple(demand)
+                uses[op.id] = tuple(demand)
+            else:
+                uses[op.id] = tuple([(k, bps) for k in route_ks])
         elif branch == _BRANCH_NVME:
             # The node's volume in that direction, and the pinned host buffer it fills or drains.
             bps = op.n_bytes / duration if op.n_bytes > 0 else 0.0

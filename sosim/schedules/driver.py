@@ -237,6 +237,9 @@ def build(ctx: Ctx, r: Recipe, replicate: bool = True) -> Plan:
     after_backward = r.grads.after_backward
     # Blocks that add nothing (no hooks, activations kept on the GPU) are not called at all.
     hooks = type(r.hooks) is not NoHooks
+    # A weight source may say that it adds nothing for this plan (weights resident on one rank).
+    adds_nothing = getattr(r.weights, "adds_nothing", None)
+    weights = not (adds_nothing is not None and adds_nothing(ctx))
     activations = type(r.activations) is not ActivationsOnGpu
     ready: dict[int, dict[int, list[int]]] = {}  # iteration -> group -> ops its next use waits for
     iterations = sc.training.iterations + r.warmup_iterations
@@ -257,7 +260,7 @@ def build(ctx: Ctx, r: Recipe, replicate: bool = True) -> Plan:
             ctx.micro, ctx.boundary = micro, micro == sc.training.grad_accum - 1
             ctx.computed = []
             for u in units:
-                deps = before_use(ctx, u, forward)
+                deps = before_use(ctx, u, forward) if weights else []
                 if micro == 0:
                     deps += [d for g in unit_groups.get(u.index, ()) for d in gates.get(g, [])]
                 if hooks:
@@ -269,7 +272,7 @@ def build(ctx: Ctx, r: Recipe, replicate: bool = True) -> Plan:
                     after_forward(ctx, u, op)
             r.grads.start(ctx)
             for u in backward_order:
-                deps = before_use(ctx, u, backward)
+                deps = before_use(ctx, u, backward) if weights else []
                 if activations:
                     deps = deps + before_backward(ctx, u)
                 if hooks:

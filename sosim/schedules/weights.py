@@ -33,6 +33,11 @@ class Replicated:
         del ctx, u, phase
         return []
 
+    def adds_nothing(self, ctx: Ctx) -> bool:
+        """``before_use`` adds no op and returns [] for every unit of ``ctx``'s plan (the driver skips it)."""
+        del ctx
+        return True
+
 
 @dataclass(frozen=True)
 class Partitioned:
@@ -40,6 +45,10 @@ class Partitioned:
 
     def before_use(self, ctx: Ctx, u: Unit, phase: Phase) -> list[int]:
         return _gather(ctx, u, phase, [])
+
+    def adds_nothing(self, ctx: Ctx) -> bool:
+        """One rank holds all of its weights: nothing to gather (the driver skips ``before_use``)."""
+        return ctx.dp <= 1
 
 
 @dataclass(frozen=True)
