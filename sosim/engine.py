@@ -91,6 +91,7 @@ def effective_contention(plan: Plan, contention: Contention | None) -> Contentio
     # is keyed by its kind's identity and its instance (what Resource equality compares; kinds are enum
     # singletons): hashing a Resource runs Python code, hashing this tuple does not.
     worst: dict[tuple[int, int, int], float] = {}
+    get = worst.get
     for op_id, ks in contention.uses.items():
         if op_id >= n:
             raise ValueError(f"Contention: op {op_id} is not in the plan")
@@ -98,7 +99,9 @@ def effective_contention(plan: Plan, contention: Contention | None) -> Contentio
         kind, instance = id(queue.kind), queue.instance
         for k, demand in ks:
             key = (k, kind, instance)
-            worst[key] = max(worst.get(key, 0.0), demand)
+            # max(worst.get(key, 0.0), demand) without the call: the same value (demands are >= 0).
+            w = get(key, 0.0)
+            worst[key] = demand if demand > w else w
     # Summed per shared resource by sum() over the queues in first-seen order, as one dict per resource would.
     per_resource: dict[int, list[float]] = {}
     for (k, _kind, _instance), demand in worst.items():
