@@ -73,9 +73,11 @@ class Ctx:
         op_id = len(ops)
         # Dependencies sorted, without duplicates or None. One or two are the common cases: done without a set.
         n = len(deps)
-        if n == 1:
+        if n == 0:
+            clean: tuple[int, ...] = ()
+        elif n == 1:
             first = deps[0]
-            clean: tuple[int, ...] = () if first is None else (first,)
+            clean = () if first is None else (first,)
         elif n == 2:
             a, b = deps
             if a is None or a == b:

@@ -146,14 +146,23 @@ def build_units(sc: Scenario, costs: CostModel) -> list[Unit]:
     m = sc.model
     emb, head, layer_p, layer_fwd_flops, layer_bwd_flops, head_flops = _unit_counts(
         m, tokens_per_gpu(sc), sc.training.seq_len, sc.training.activation_checkpointing)
-    units = [Unit(0, "embed", emb, 0.0, 0.0)]
     fwd, bwd = costs.layer_fwd_s(), costs.layer_bwd_s()
     a2a, a2a_bytes = ulysses_all_to_all_s(sc, costs), ulysses_all_to_all_bytes(sc)
+    return list(_units(m.layers, emb, head, layer_p, layer_fwd_flops, layer_bwd_flops, head_flops, fwd, bwd, a2a,
+                       a2a_bytes, costs.head_fwd_s(), costs.head_bwd_s()))
+
+
+@functools.lru_cache(maxsize=256)
+def _units(layers: int, emb: int, head: int, layer_p: int, layer_fwd_flops: float, layer_bwd_flops: float,
+           head_flops: float, fwd: float, bwd: float, a2a: float, a2a_bytes: float, head_fwd: float,
+           head_bwd: float) -> tuple[Unit, ...]:
+    # Cached on the numbers that make them (units are immutable): a search builds the same units for every
+    # setting that keeps the model and the per-layer costs, and each unit's ``is_layer`` is worked out once.
+    units = [Unit(0, "embed", emb, 0.0, 0.0)]
     units += [Unit(i, f"layer{i - 1}", layer_p, fwd, bwd, a2a, a2a_bytes, layer_fwd_flops, layer_bwd_flops)
-              for i in range(1, m.layers + 1)]
-    units.append(Unit(m.layers + 1, "head", head, costs.head_fwd_s(), costs.head_bwd_s(),
-                      fwd_flops=head_flops, bwd_flops=2.0 * head_flops))
-    return units
+              for i in range(1, layers + 1)]
+    units.append(Unit(layers + 1, "head", head, head_fwd, head_bwd, fwd_flops=head_flops, bwd_flops=2.0 * head_flops))
+    return tuple(units)
 
 
 @functools.lru_cache(maxsize=256)
