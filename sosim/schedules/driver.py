@@ -408,7 +408,9 @@ def _replicate(plan: Plan, lo: int, before: list[object], after: list[object], i
     own_starts = [s for s in plan.iteration_starts if s >= lo]
     for k in range(it, iterations):
         d = (k - last_it) * shift
-        ops.extend([Op(op.id + d, op.resource, op.name, op.duration_s, tuple([x + d for x in op.deps]), op.layer, k,
+        # One dependency is the common case: its tuple without a list.
+        ops.extend([Op(op.id + d, op.resource, op.name, op.duration_s,
+                       (op.deps[0] + d,) if len(op.deps) == 1 else tuple([x + d for x in op.deps]), op.layer, k,
                        op.category, op.phase, op.n_bytes, op.flops, op.group) for op in src])
         plan.iteration_starts.extend(s + d for s in own_starts)
     return True
