@@ -213,10 +213,16 @@ def pass_op(ctx: Ctx, u: Unit, phase: Phase, deps: Sequence[int]) -> int:
         deps = [ctx.add(NET, f"all_to_all_{tag}:{u.name}", u.a2a_s, [*deps, *ctx.computed[-1:]], phase,
                         Category.COMM, u.index, u.a2a_bytes)]
     if forward:
-        duration, flops = u.fwd_s, u.fwd_flops
+        duration, flops, name = u.fwd_s, u.fwd_flops, u.pass_names[0]
     else:
-        duration, flops = u.bwd_s, u.bwd_flops
-    op = ctx.gpu_op(f"{tag}:{u.name}", duration, deps, phase, COMPUTE, u.index, flops)
+        duration, flops, name = u.bwd_s, u.bwd_flops, u.pass_names[1]
+    # ctx.gpu_op, inlined (once per unit and pass).
+    gate = ctx.compute_gate
+    if gate:
+        ctx.compute_gate = []
+        op = ctx.add(GPU, name, duration, [*deps, ctx.host_issue, *gate], phase, COMPUTE, u.index, 0.0, flops)
+    else:
+        op = ctx.add(GPU, name, duration, [*deps, ctx.host_issue], phase, COMPUTE, u.index, 0.0, flops)
     ctx.computed.append(op)
     return op
 

@@ -52,6 +52,11 @@ class Unit:
     def is_layer(self) -> bool:
         return self.name.startswith("layer")
 
+    # The names of its forward and backward compute ops (units are memoised: worked out once, not per pass).
+    @functools.cached_property
+    def pass_names(self) -> tuple[str, str]:
+        return f"fwd:{self.name}", f"bwd:{self.name}"
+
 
 # Tensors, flushes and groups are named tuples (immutable, and hashed in C): a search builds the same layout
 # for many settings, and the layout functions below are memoised on them. Their ``index`` field shadows
