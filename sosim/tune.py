@@ -35,11 +35,11 @@ import math
 import os
 import sys
 from collections import Counter
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
 from concurrent.futures import Executor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
 from sosim.config import Scenario
 from sosim.errors import ConfigError, SosimError
@@ -190,6 +190,26 @@ def divisors(n: int) -> list[int]:
     return [d for d in range(1, n + 1) if n % d == 0]
 
 
+_SCALARS = (bool, int, float, str, type(None))
+
+
+def _section_keys(system: str, settings: Mapping[str, Any]) -> dict[str, Hashable] | None:
+    """Per searched section, a key of its data that two candidates of ``system`` share only when that
+    section's data are equal value for value and type for type (``1``, ``1.0`` and ``True`` differ; floats by
+    their exact bits). A section's data are the base's (the system's schedule base) with the candidate's
+    settings of that section written in (``Tuner._scenario_data``), so the settings of the section are its key.
+    None when a setting is not a scalar (nothing cached)."""
+    items: dict[str, list[tuple[str, str, Any]]] = {"training": [], "cluster": [], "schedule": []}
+    for k, v in settings.items():
+        section, _, name = k.partition(".")
+        t = type(v)
+        if t not in _SCALARS or section not in items:
+            return None
+        items[section].append((name, t.__name__, v.hex() if t is float else v))
+    return {section: (section, system if section == "schedule" else "", tuple(sorted(found)))
+            for section, found in items.items()}
+
+
 def canonical_key(system: str, settings: Mapping[str, Any]) -> str:
     return json.dumps([system, sorted(settings.items())], default=str)
 
@@ -316,6 +336,10 @@ class Tuner:
         self.base_sc = base
         if evaluate is None and memo:
             self.memo = ReadMemo(base)
+        # Memory verdicts reused the same way (the check is always memory_check itself, whatever ``evaluate``).
+        self.memory_memo: ReadMemo | None = ReadMemo(base) if memo else None
+        # Validated sections by their data (see _load).
+        self._sections: dict[Hashable, Any] = {}
         self.base_data: dict[str, Any] = base.model_dump(mode="python", exclude_unset=True)
         t, c = base.training, base.cluster
         self.gpus = c.gpus
@@ -444,7 +468,10 @@ class Tuner:
         data = dict(self.base_data)
         data["training"] = dict(self.base_data.get("training", {}))
         data["cluster"] = dict(self.base_data.get("cluster", {}))
-        data["schedule"] = copy.deepcopy(space.schedule_base)
+        base_sched = space.schedule_base
+        # A flat dict of scalars (the usual schedule) needs no deep copy: only its top level is written below.
+        data["schedule"] = dict(base_sched) if all(type(v) in _SCALARS for v in base_sched.values()) \
+            else copy.deepcopy(base_sched)
         for key, value in settings.items():
             section, _, name = key.partition(".")
             if section in ("training", "cluster", "schedule"):
@@ -461,7 +488,28 @@ class Tuner:
         changed = ("training", "cluster", "schedule")
         if any(key.partition(".")[0] not in changed for key in settings):
             return load_scenario(data)  # a key outside those sections: the full load
-        return load_derived(self.base_sc, {key: data[key] for key in changed})
+        sections: dict[str, Any] = {}
+        keys: list[tuple[str, Hashable]] = []
+        reused: list[str] = []
+        skeys = _section_keys(space.system, settings)
+        for name in changed:
+            skey = None if skeys is None else skeys[name]
+            hit = None if skey is None else self._sections.get(skey)
+            if hit is None:
+                sections[name] = data[name]
+                if skey is not None:
+                    keys.append((name, skey))
+            else:
+                sections[name] = hit
+                reused.append(name)
+        sc = load_derived(self.base_sc, sections, checked=reused)
+        for name, skey in keys:
+            # The section as validated from exactly this data (validation of a section is a function of its
+            # data alone: sosim.schedules.registry.validate_knobs, pydantic's nested models); a later candidate
+            # with the same section data passes this instance, which validation keeps as it is, and the
+            # scenario-wide checks still run on every candidate.
+            self._sections[skey] = getattr(sc, name)
+        return sc
 
     def _check(self, space: _SystemSpace, settings: Settings) -> Evaluation:
         """Validate and memory-check one candidate (cached by its settings)."""
@@ -478,13 +526,29 @@ class Tuner:
             ev.reason_key = "not valid: " + first.split(": ", 1)[-1][:100]
         else:
             ev.scenario = sc
-            gpu, cpu, fits, reason, klass = memory_check(sc)
+            gpu, cpu, fits, reason, klass = self._memory_check(sc)
             ev.gpu_mem_gib, ev.cpu_mem_gib = gpu, cpu
             fits, reason, klass = self._caps(gpu, cpu, fits, reason, klass)
             ev.fits, ev.reason, ev.reason_key = fits, reason, klass
         self.evals[key] = ev
         self.order.append(key)
         return ev
+
+    def _memory_check(self, sc: Scenario) -> tuple[float, float, bool, str, str]:
+        """:func:`memory_check`, reusing the verdict of an earlier candidate that agrees on every field the
+        check read (the same rule as the simulation memo: sosim/tune_memo.py; the check is a pure function)."""
+        memo = self.memory_memo
+        if memo is None or not memo.eligible(sc):
+            return memory_check(sc)
+        hit = memo.lookup(sc)
+        if hit is not None:
+            memo.hits += 1
+            return cast(tuple[float, float, bool, str, str], hit["check"])
+        from sosim.tune_memo import simulate_recorded
+
+        out, reads = simulate_recorded(sc, lambda s: {"check": memory_check(s)})
+        memo.add(sc, reads, out)
+        return cast(tuple[float, float, bool, str, str], out["check"])
 
     def _caps(self, gpu: float, cpu: float, fits: bool, reason: str, klass: str) -> tuple[bool, str, str]:
         o = self.options
@@ -573,7 +637,7 @@ class Tuner:
         to ``executor`` (at most two in flight per worker, so that later candidates can still hit), or run here."""
         from concurrent.futures import FIRST_COMPLETED, Future, wait
 
-        from sosim.tune_memo import classes_of, key_of, simulate_recorded
+        from sosim.tune_memo import classes_of, simulate_recorded
 
         memo = self.memo
         assert memo is not None
@@ -600,7 +664,7 @@ class Tuner:
             for ev in evs:
                 if ev.key not in done and classes[ev.key] == shape[0]:
                     assert ev.scenario is not None
-                    table.setdefault(key_of(ev.scenario, shape[1]), []).append(ev)
+                    table.setdefault(memo.key(ev.scenario, shape[1]), []).append(ev)
 
         def store(ev: Evaluation, metrics: dict[str, Any], reads: Any) -> None:
             assert ev.scenario is not None
