@@ -29,6 +29,7 @@ configuration found so far (``TuneResult.interrupted``).
 from __future__ import annotations
 
 import copy
+import gc
 import itertools
 import json
 import math
@@ -55,6 +56,8 @@ PARALLEL_MIN_BATCH = 24
 # Scores are compared to this many significant digits: differences below ~0.05% are noise next to the model's
 # error (docs/validation.md) and should not pull a knob away from its default.
 SCORE_DIGITS = 4
+# Candidates per worker task of the memoised search (each costs a few ms; a round trip ~1 ms).
+MEMO_CHUNK = 8
 # Memory checks (~0.3 ms each, no simulation) spent looking for a fitting variant of one structural point.
 RESCUE_CHECKS = 80
 
@@ -277,6 +280,21 @@ def simulate_metrics(sc: Scenario) -> dict[str, Any]:
     from sosim.simulate import simulate
 
     return dict(simulate(sc).metrics)
+
+
+def simulate_recorded_batch(scs: Sequence[Scenario | None]) -> list[tuple[dict[str, Any], Any] | str]:
+    """:func:`sosim.tune_memo.simulate_recorded` of each scenario (a worker's task: several candidates per
+    round trip), or the message of the error it raised."""
+    from sosim.tune_memo import simulate_recorded
+
+    out: list[tuple[dict[str, Any], Any] | str] = []
+    for sc in scs:
+        assert sc is not None
+        try:
+            out.append(simulate_recorded(sc))
+        except SosimError as exc:
+            out.append(str(exc))
+    return out
 
 
 def _ignore_sigint() -> None:
@@ -634,9 +652,7 @@ class Tuner:
     def _simulate_memo(self, executor: Executor | None, todo: list[Evaluation]) -> None:
         """Simulate ``todo`` in generation order, each candidate that agrees with an earlier simulation on every
         field that simulation read taking its metrics instead (exact: sosim/tune_memo.py). Recorded runs go
-        to ``executor`` (at most two in flight per worker, so that later candidates can still hit), or run here."""
-        from concurrent.futures import FIRST_COMPLETED, Future, wait
-
+        to ``executor`` (:meth:`_simulate_memo_pool`), or run here."""
         from sosim.tune_memo import classes_of, simulate_recorded
 
         memo = self.memo
@@ -659,12 +675,17 @@ class Tuner:
             if self.bar is not None:
                 self.bar.update(1)
 
+        # Each waiting candidate's (shape, key) pairs: runs in flight with one of them may be its twin.
+        twin_keys: dict[str, list[tuple[Any, Any]]] = {}
+
         def index(shape: Any, evs: Iterable[Evaluation]) -> None:
             table = waiting.setdefault(shape, {})
             for ev in evs:
                 if ev.key not in done and classes[ev.key] == shape[0]:
                     assert ev.scenario is not None
-                    table.setdefault(memo.key(ev.scenario, shape[1]), []).append(ev)
+                    key = memo.key(ev.scenario, shape[1])
+                    table.setdefault(key, []).append(ev)
+                    twin_keys.setdefault(ev.key, []).append((shape, key))
 
         def store(ev: Evaluation, metrics: dict[str, Any], reads: Any) -> None:
             assert ev.scenario is not None
@@ -698,30 +719,7 @@ class Tuner:
                 else:
                     store(ev, metrics, reads)
         else:
-            limit = 2 * max(1, self.options.jobs)
-            flight: dict[Future[tuple[dict[str, Any], Any]], Evaluation] = {}
-            queue = iter(pending)
-            try:
-                while True:
-                    while len(flight) < limit:
-                        nxt = next((e for e in queue if e.key not in done), None)
-                        if nxt is None:
-                            break
-                        flight[executor.submit(simulate_recorded, nxt.scenario)] = nxt  # type: ignore[arg-type]
-                    if not flight:
-                        break
-                    finished, _ = wait(flight, return_when=FIRST_COMPLETED)
-                    for fut in sorted(finished, key=lambda f: flight[f].key):
-                        ev = flight.pop(fut)
-                        try:
-                            metrics, reads = fut.result()
-                        except SosimError as exc:
-                            finish(ev, None, str(exc))
-                        else:
-                            store(ev, metrics, reads)
-            finally:
-                for fut in flight:
-                    fut.cancel()
+            self._simulate_memo_pool(executor, pending, done, classes, twin_keys, finish, store)
         for ev in plain:
             assert ev.scenario is not None
             try:
@@ -730,6 +728,68 @@ class Tuner:
                 finish(ev, None, str(exc))
             else:
                 finish(ev, metrics, None)
+
+    def _simulate_memo_pool(self, executor: Executor, pending: list[Evaluation], done: set[str],
+                            classes: Mapping[str, Any], twin_keys: Mapping[str, list[tuple[Any, Any]]],
+                            finish: Callable[[Evaluation, Mapping[str, Any] | None, str | None], None],
+                            store: Callable[[Evaluation, dict[str, Any], Any], None]) -> None:
+        """The recorded runs of :meth:`_simulate_memo` on ``executor``, ``MEMO_CHUNK`` candidates per task (a
+        task's round trip costs about as much as a simulation's tenth) and two tasks in flight per worker.
+        A candidate waits while a run that may be its twin is in flight (same shape and key: its result
+        resolves the candidate), and so does a candidate whose sections' classes have no recorded shape yet
+        while another of those classes runs (the first run of a system tells which fields it reads)."""
+        from collections import deque
+        from concurrent.futures import FIRST_COMPLETED, Future, wait
+
+        limit = 2 * max(1, self.options.jobs)
+        flight: dict[Future[list[Any]], list[Evaluation]] = {}
+        busy_keys: Counter[Any] = Counter()
+        busy_classes: Counter[Any] = Counter()
+        todo: deque[Evaluation] = deque(e for e in pending if e.key not in done)
+
+        def ready(ev: Evaluation) -> bool:
+            keys = twin_keys.get(ev.key)
+            if not keys:
+                return busy_classes[classes[ev.key]] == 0
+            return not any(busy_keys[k] for k in keys)
+
+        def mark(ev: Evaluation, n: int) -> None:
+            busy_classes[classes[ev.key]] += n
+            for k in twin_keys.get(ev.key, ()):
+                busy_keys[k] += n
+
+        try:
+            while todo or flight:
+                blocked: list[Evaluation] = []
+                while todo and len(flight) < limit:
+                    chunk: list[Evaluation] = []
+                    while todo and len(chunk) < MEMO_CHUNK:
+                        ev = todo.popleft()
+                        if ev.key in done:
+                            continue
+                        if ready(ev):
+                            mark(ev, 1)
+                            chunk.append(ev)
+                        else:
+                            blocked.append(ev)
+                    if chunk:
+                        flight[executor.submit(simulate_recorded_batch, [e.scenario for e in chunk])] = chunk
+                todo.extendleft(reversed(blocked))
+                if not flight:
+                    break  # pragma: no cover - a blocked candidate always has a run in flight
+                finished, _ = wait(flight, return_when=FIRST_COMPLETED)
+                for fut in sorted(finished, key=lambda f: flight[f][0].key):
+                    chunk = flight.pop(fut)
+                    for ev in chunk:
+                        mark(ev, -1)
+                    for ev, out in zip(chunk, fut.result()):
+                        if isinstance(out, str):
+                            finish(ev, None, out)
+                        else:
+                            store(ev, out[0], out[1])
+        finally:
+            for fut in flight:
+                fut.cancel()
 
     def _executor(self) -> Executor | None:
         if not self.parallel_ok:  # the workers run simulate(), not a custom evaluator
@@ -868,6 +928,11 @@ class Tuner:
 
         self.bar = tqdm(total=0, unit="cfg", desc="tune", file=sys.stderr, dynamic_ncols=True,
                         disable=None if o.progress is None else not o.progress)
+        # A search allocates tens of thousands of candidates (scenarios, evaluations) that live until it ends:
+        # the cyclic garbage collector would walk them again and again (~25% of the checks' time). Paused for
+        # the search, as simulate() pauses it, and restored after.
+        paused = gc.isenabled()
+        gc.disable()
         try:
             self._search()
         except _Interrupted:
@@ -876,6 +941,8 @@ class Tuner:
             self.notes.append(f"search budget of {o.budget} simulations reached: the search stopped early "
                               "(raise --budget for a fuller search)")
         finally:
+            if paused:
+                gc.enable()
             self.bar.close()
             if self._own_executor and self.executor is not None:
                 self.executor.shutdown(wait=not self.interrupted, cancel_futures=True)
