@@ -435,23 +435,20 @@ class CalibrationTable:
         Affine in elements (a fixed hand-off plus per-element copies through shared buffers): piecewise
         linear between measured sizes, extended by the end segments' slopes, never below zero.
         """
-        _check_non_negative(elements=elements)
-        cols = self.columns_by_op.get(("so_worker", variant))
-        if cols is None:
-            return None
-        keep = np.isfinite(cols["elements"])
-        if not keep.any():
-            return None
-        xs, ys = _average_duplicates(cols["elements"][keep], cols["median_s"][keep])
-        return max(0.0, _linear_extrapolated(float(elements), xs, ys))
+        return self._affine_in_elements("so_worker", variant, elements)
 
     def so_flush_time_s(self, elements: float, variant: str = "shared") -> float | None:
         """SuperOffload's gradient flush of ``elements`` parameters as ``partition_grads`` runs it (op
         ``so_flush``: per parameter the bf16 round trip through the host buffer, the norm, the GPU cast and the
         pageable fp32 copy into the worker's shared memory; one sync). Affine in elements like the worker's
         round trip (a per-parameter overhead and per-element copies), extended by the end segments' slopes."""
+        return self._affine_in_elements("so_flush", variant, elements)
+
+    def _affine_in_elements(self, op: str, variant: str, elements: float) -> float | None:
+        """Piecewise linear in elements between the measured sizes, extended by the end segments' slopes,
+        never below zero; None without rows."""
         _check_non_negative(elements=elements)
-        cols = self.columns_by_op.get(("so_flush", variant))
+        cols = self.columns_by_op.get((op, variant))
         if cols is None:
             return None
         keep = np.isfinite(cols["elements"])

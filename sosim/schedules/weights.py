@@ -45,7 +45,8 @@ class Partitioned:
 @dataclass(frozen=True)
 class HostStreamed:
     """Weights in host memory, copied to the GPU per layer ``prefetch_layers`` ahead of use, in forward and
-    again in backward (ZeRO-Infinity's ``offload_param: cpu``, SuperOffload's weight-flow).
+    again in backward (ZeRO-Infinity's ``offload_param: cpu``, SuperOffload's weight-flow); with dp ranks each
+    copies its 1/dp shard, then the layer is all-gathered.
 
     ``bytes_per_param``: 2 (bf16) or 4 (fp32, cast on the GPU as it arrives). The copy of a layer may start
     once the layer ``prefetch_layers`` before it has been computed (its buffer is then free).
@@ -60,7 +61,10 @@ class HostStreamed:
         p = self.prefetch_layers
         buffer_free = ctx.computed[-1 - p:-p or None][:1]
         tag = "fwd" if phase is Phase.FORWARD else "bwd"
-        n_bytes = u.params * self.bytes_per_param
+        # Each rank holds 1/dp of the weights in host memory (ZeRO-3 partitions before it offloads): it copies
+        # its own shard, and the all-gather below assembles the layer (partitioned_param_coordinator fetches
+        # the rank's partition; the all-gather follows).
+        n_bytes = u.params * self.bytes_per_param / ctx.dp
         fetch = ctx.add(H2D, f"fetch_{tag}:{u.name}", ctx.costs.copy_s(n_bytes, "h2d", True), buffer_free,
                         phase=Phase.FETCH, category=Category.TRANSFER, layer=u.index, n_bytes=n_bytes)
         return _gather(ctx, u, phase, [fetch])
