@@ -652,144 +652,55 @@ class Tuner:
     def _simulate_memo(self, executor: Executor | None, todo: list[Evaluation]) -> None:
         """Simulate ``todo`` in generation order, each candidate that agrees with an earlier simulation on every
         field that simulation read taking its metrics instead (exact: sosim/tune_memo.py). Recorded runs go
-        to ``executor`` (:meth:`_simulate_memo_pool`), or run here."""
-        from sosim.tune_memo import classes_of, simulate_recorded
-
-        memo = self.memo
-        assert memo is not None
-        done: set[str] = set()
-        # Candidates waiting, by read set and key, so that each new recorded run resolves its twins at once.
-        waiting: dict[Any, dict[Any, list[Evaluation]]] = {}
-        pending: list[Evaluation] = []
-        plain: list[Evaluation] = []
-        for e in todo:
-            (pending if e.scenario is not None and memo.eligible(e.scenario) else plain).append(e)
-        classes = {e.key: classes_of(e.scenario) for e in pending if e.scenario is not None}
-
-        def finish(ev: Evaluation, metrics: Mapping[str, Any] | None, error: str | None) -> None:
-            if ev.key in done:
-                return
-            done.add(ev.key)
-            self._record(ev, metrics, error)
-            self.simulated += 1
-            if self.bar is not None:
-                self.bar.update(1)
-
-        # Each waiting candidate's (shape, key) pairs: runs in flight with one of them may be its twin.
-        twin_keys: dict[str, list[tuple[Any, Any]]] = {}
-
-        def index(shape: Any, evs: Iterable[Evaluation]) -> None:
-            table = waiting.setdefault(shape, {})
-            for ev in evs:
-                if ev.key not in done and classes[ev.key] == shape[0]:
-                    assert ev.scenario is not None
-                    key = memo.key(ev.scenario, shape[1])
-                    table.setdefault(key, []).append(ev)
-                    twin_keys.setdefault(ev.key, []).append((shape, key))
-
-        def store(ev: Evaluation, metrics: dict[str, Any], reads: Any) -> None:
-            assert ev.scenario is not None
-            shape, key, new = memo.add(ev.scenario, reads, metrics)
-            finish(ev, metrics, None)
-            if new:
-                index(shape, pending)
-            for twin in waiting.get(shape, {}).pop(key, []):
-                if twin.key not in done:
-                    memo.hits += 1
-                    finish(twin, metrics, None)
-
-        for ev in pending:  # hits on earlier batches' runs
-            assert ev.scenario is not None
-            hit = memo.lookup(ev.scenario)
-            if hit is not None:
-                memo.hits += 1
-                finish(ev, hit, None)
-        for shape in memo.tables:
-            index(shape, pending)
-        if executor is None:
-            for ev in pending:
-                if ev.key in done:
-                    continue
-                assert ev.scenario is not None
-                try:
-                    # Through the module's evaluator, looked up now (a test replaces it).
-                    metrics, reads = simulate_recorded(ev.scenario, simulate_metrics)
-                except SosimError as exc:
-                    finish(ev, None, str(exc))
-                else:
-                    store(ev, metrics, reads)
-        else:
-            self._simulate_memo_pool(executor, pending, done, classes, twin_keys, finish, store)
-        for ev in plain:
-            assert ev.scenario is not None
-            try:
-                metrics = simulate_metrics(ev.scenario)
-            except SosimError as exc:
-                finish(ev, None, str(exc))
-            else:
-                finish(ev, metrics, None)
-
-    def _simulate_memo_pool(self, executor: Executor, pending: list[Evaluation], done: set[str],
-                            classes: Mapping[str, Any], twin_keys: Mapping[str, list[tuple[Any, Any]]],
-                            finish: Callable[[Evaluation, Mapping[str, Any] | None, str | None], None],
-                            store: Callable[[Evaluation, dict[str, Any], Any], None]) -> None:
-        """The recorded runs of :meth:`_simulate_memo` on ``executor``, ``MEMO_CHUNK`` candidates per task (a
-        task's round trip costs about as much as a simulation's tenth) and two tasks in flight per worker.
-        A candidate waits while a run that may be its twin is in flight (same shape and key: its result
-        resolves the candidate), and so does a candidate whose sections' classes have no recorded shape yet
-        while another of those classes runs (the first run of a system tells which fields it reads)."""
-        from collections import deque
-        from concurrent.futures import FIRST_COMPLETED, Future, wait
-
-        limit = 2 * max(1, self.options.jobs)
-        flight: dict[Future[list[Any]], list[Evaluation]] = {}
-        busy_keys: Counter[Any] = Counter()
-        busy_classes: Counter[Any] = Counter()
-        todo: deque[Evaluation] = deque(e for e in pending if e.key not in done)
-
-        def ready(ev: Evaluation) -> bool:
-            keys = twin_keys.get(ev.key)
-            if not keys:
-                return busy_classes[classes[ev.key]] == 0
-            return not any(busy_keys[k] for k in keys)
-
-        def mark(ev: Evaluation, n: int) -> None:
-            busy_classes[classes[ev.key]] += n
-            for k in twin_keys.get(ev.key, ()):
-                busy_keys[k] += n
-
+        to ``executor`` (:class:`_MemoRun`), or run here."""
+        run = _MemoRun(self, executor)
         try:
-            while todo or flight:
-                blocked: list[Evaluation] = []
-                while todo and len(flight) < limit:
-                    chunk: list[Evaluation] = []
-                    while todo and len(chunk) < MEMO_CHUNK:
-                        ev = todo.popleft()
-                        if ev.key in done:
-                            continue
-                        if ready(ev):
-                            mark(ev, 1)
-                            chunk.append(ev)
-                        else:
-                            blocked.append(ev)
-                    if chunk:
-                        flight[executor.submit(simulate_recorded_batch, [e.scenario for e in chunk])] = chunk
-                todo.extendleft(reversed(blocked))
-                if not flight:
-                    break  # pragma: no cover - a blocked candidate always has a run in flight
-                finished, _ = wait(flight, return_when=FIRST_COMPLETED)
-                for fut in sorted(finished, key=lambda f: flight[f][0].key):
-                    chunk = flight.pop(fut)
-                    for ev in chunk:
-                        mark(ev, -1)
-                    for ev, out in zip(chunk, fut.result()):
-                        if isinstance(out, str):
-                            finish(ev, None, out)
-                        else:
-                            store(ev, out[0], out[1])
+            run.add(todo)
+            run.drain()
         finally:
-            for fut in flight:
-                fut.cancel()
+            run.cancel()
+
+    # ---- stage 1 streamed: candidates simulated while the later ones are still being checked
+    def _stream_start(self) -> _MemoRun | None:
+        """A memoised run that takes stage 1's candidates as they are checked (the workers start while this
+        process checks the rest), or None where nothing would overlap (no memo, no workers)."""
+        if self.memo is None:
+            return None
+        executor = self._executor()
+        if executor is None:
+            return None
+        self._stream_seen: set[str] = set()
+        self._stream_room = self.options.budget - self.simulated
+        return _MemoRun(self, executor)
+
+    def _stream_add(self, run: _MemoRun, evs: Iterable[Evaluation]) -> None:
+        """Hand ``evs`` (the next candidates of stage 1, in its order) to ``run``: the same selection as
+        :meth:`_simulate` makes over the whole list (fitting, not simulated, first of its key, within the
+        budget), made one candidate at a time in the same order."""
+        todo = []
+        for e in evs:
+            if not (e.fits and e.metrics is None and e.scenario is not None) or e.key in self._stream_seen:
+                continue
+            self._stream_seen.add(e.key)
+            if len(self._stream_seen) > self._stream_room:
+                self.budget_exhausted = True
+                continue
+            todo.append(e)
+        if not todo:
+            return
+        if self.bar is not None:
+            self.bar.total = (self.bar.total or 0) + len(todo)
+            self.bar.refresh()
+        run.add(todo)
+        run.pump(block=False)
+
+    def _stream_finish(self, run: _MemoRun, stage1: list[Evaluation]) -> None:
+        """The rest of stage 1 (the whole list again: what was handed over already is skipped), then every
+        result; raises as :meth:`_simulate` does."""
+        self._stream_add(run, stage1)
+        run.drain()
+        if self.budget_exhausted:
+            raise _BudgetExhausted
 
     def _executor(self) -> Executor | None:
         if not self.parallel_ok:  # the workers run simulate(), not a custom evaluator
@@ -891,13 +802,18 @@ class Tuner:
             size *= len(k.values)
         return size
 
-    def _exhaustive(self, space: _SystemSpace, points: list[Settings]) -> list[Evaluation]:
-        """Every knob combination of every structural point."""
+    def _exhaustive(self, space: _SystemSpace, points: list[Settings],
+                    sink: Callable[[list[Evaluation]], None] | None = None) -> list[Evaluation]:
+        """Every knob combination of every structural point (each point's candidates also handed to ``sink``
+        as soon as they are checked)."""
         evs = []
         for point in points:
             knobs = self._knobs(space, point)
-            for combo in itertools.product(*[[(k.key, v) for v in k.values] for k in knobs]):
-                evs.append(self._check(space, {**point, **dict(combo)}))
+            mine = [self._check(space, {**point, **dict(combo)})
+                    for combo in itertools.product(*[[(k.key, v) for v in k.values] for k in knobs])]
+            evs.extend(mine)
+            if sink is not None:
+                sink(mine)
         return evs
 
     def _rank_key(self, ev: Evaluation) -> tuple[float, int, int, str]:
@@ -1016,16 +932,30 @@ class Tuner:
         # Stage 1: structural points of every system, knobs at their defaults.
         starts: dict[str, list[Evaluation]] = {}
         exhaustive: dict[str, list[Evaluation]] = {}
-        for space in self.spaces:
-            points = self._structural_points(space)
-            if self._grid_size(space, len(points)) <= o.exhaustive_limit:
-                knob_keys = {k.key for k in space.knobs}
-                structure = [{k: v for k, v in p.settings.items() if k not in knob_keys} for p in points]
-                exhaustive[space.system] = self._exhaustive(space, structure)
+        # With workers, the exhaustive grids' candidates go to them as they are checked (the same selection and
+        # results as one batch after all checks: _stream_add).
+        stream = self._stream_start()
+        sink = None if stream is None else (lambda evs: self._stream_add(stream, evs))
+        try:
+            for space in self.spaces:
+                points = self._structural_points(space)
+                if self._grid_size(space, len(points)) <= o.exhaustive_limit:
+                    knob_keys = {k.key for k in space.knobs}
+                    structure = [{k: v for k, v in p.settings.items() if k not in knob_keys} for p in points]
+                    exhaustive[space.system] = self._exhaustive(space, structure, sink)
+                else:
+                    starts[space.system] = points
+            stage1 = [e for evs in (*exhaustive.values(), *starts.values()) for e in evs]
+            if stream is None:
+                self._simulate(stage1)
             else:
-                starts[space.system] = points
-        stage1 = [e for evs in (*exhaustive.values(), *starts.values()) for e in evs]
-        self._simulate(stage1)
+                self._stream_finish(stream, stage1)
+        except KeyboardInterrupt:
+            self.interrupted = True
+            raise _Interrupted from None
+        finally:
+            if stream is not None:
+                stream.cancel()
         # Stage 2: coordinate descent from the best structural points of each staged system.
         chains: list[_Chain] = []
         for space in self.spaces:
@@ -1128,6 +1058,169 @@ class Tuner:
             min_host_gib=min_host, min_host_installed_gib=None if min_host is None else min_host + self.host_reserved,
             min_hbm_gib=min_hbm, min_hbm_installed_gib=None if min_hbm is None else min_hbm + self.hbm_reserved,
         )
+
+
+class _MemoRun:
+    """One memoised batch of simulations (:meth:`Tuner._simulate_memo`); candidates can be added while earlier
+    ones run (stage 1 hands its candidates over as they are checked).
+
+    Each candidate first looks for an earlier simulation it agrees with on every field that simulation read;
+    the others wait, indexed by every known read set of their sections' classes, so that each new recorded
+    run resolves its twins at once. Recorded runs go to ``executor`` ``MEMO_CHUNK`` candidates per task (a
+    task's round trip costs about a tenth of a simulation), two tasks in flight per worker. A candidate waits
+    while a run that may be its twin is in flight (same read set and key: its result resolves the candidate),
+    and so does a candidate whose classes have no recorded read set yet while another of those classes runs
+    (the first run of a system tells which fields it reads)."""
+
+    def __init__(self, tuner: Tuner, executor: Executor | None) -> None:
+        from collections import deque
+        from concurrent.futures import Future
+
+        assert tuner.memo is not None
+        self.tuner = tuner
+        self.memo = tuner.memo
+        self.executor = executor
+        self.done: set[str] = set()
+        self.waiting: dict[Any, dict[Any, list[Evaluation]]] = {}
+        self.twin_keys: dict[str, list[tuple[Any, Any]]] = {}  # candidate -> its (read set, key) pairs
+        self.classes: dict[str, Any] = {}
+        self.pending: list[Evaluation] = []
+        self.plain: list[Evaluation] = []  # not eligible for the memo: simulated as they are, here
+        self.todo: deque[Evaluation] = deque()
+        self.flight: dict[Future[list[Any]], list[Evaluation]] = {}
+        self.busy_keys: Counter[Any] = Counter()
+        self.busy_classes: Counter[Any] = Counter()
+        self.limit = 2 * max(1, tuner.options.jobs)
+
+    def add(self, evs: Iterable[Evaluation]) -> None:
+        from sosim.tune_memo import classes_of
+
+        memo = self.memo
+        for ev in evs:
+            sc = ev.scenario
+            assert sc is not None
+            if not memo.eligible(sc):
+                self.plain.append(ev)
+                continue
+            self.classes[ev.key] = classes_of(sc)
+            hit = memo.lookup(sc)
+            if hit is not None:  # a run of an earlier batch, or of this one already finished
+                memo.hits += 1
+                self.finish(ev, hit, None)
+                continue
+            self.pending.append(ev)
+            for shape in memo.tables:
+                self._index(shape, (ev,))
+            self.todo.append(ev)
+
+    def _index(self, shape: Any, evs: Iterable[Evaluation]) -> None:
+        table = self.waiting.setdefault(shape, {})
+        for ev in evs:
+            if ev.key not in self.done and self.classes[ev.key] == shape[0]:
+                assert ev.scenario is not None
+                key = self.memo.key(ev.scenario, shape[1])
+                table.setdefault(key, []).append(ev)
+                self.twin_keys.setdefault(ev.key, []).append((shape, key))
+
+    def finish(self, ev: Evaluation, metrics: Mapping[str, Any] | None, error: str | None) -> None:
+        if ev.key in self.done:
+            return
+        self.done.add(ev.key)
+        t = self.tuner
+        t._record(ev, metrics, error)
+        t.simulated += 1
+        if t.bar is not None:
+            t.bar.update(1)
+
+    def store(self, ev: Evaluation, metrics: dict[str, Any], reads: Any) -> None:
+        assert ev.scenario is not None
+        shape, key, new = self.memo.add(ev.scenario, reads, metrics)
+        self.finish(ev, metrics, None)
+        if new:
+            self._index(shape, self.pending)
+        for twin in self.waiting.get(shape, {}).pop(key, []):
+            if twin.key not in self.done:
+                self.memo.hits += 1
+                self.finish(twin, metrics, None)
+
+    def _ready(self, ev: Evaluation) -> bool:
+        keys = self.twin_keys.get(ev.key)
+        if not keys:
+            return self.busy_classes[self.classes[ev.key]] == 0
+        return not any(self.busy_keys[k] for k in keys)
+
+    def _mark(self, ev: Evaluation, n: int) -> None:
+        self.busy_classes[self.classes[ev.key]] += n
+        for k in self.twin_keys.get(ev.key, ()):
+            self.busy_keys[k] += n
+
+    def pump(self, block: bool) -> None:
+        """Submit what can run; take in finished tasks (waiting for one when ``block``). Without an executor,
+        ``block`` runs every waiting candidate here."""
+        from concurrent.futures import FIRST_COMPLETED, wait
+
+        from sosim.tune_memo import simulate_recorded
+
+        if self.executor is None:
+            while block and self.todo:
+                ev = self.todo.popleft()
+                if ev.key in self.done:
+                    continue
+                assert ev.scenario is not None
+                try:
+                    # Through the module's evaluator, looked up now (a test replaces it).
+                    metrics, reads = simulate_recorded(ev.scenario, simulate_metrics)
+                except SosimError as exc:
+                    self.finish(ev, None, str(exc))
+                else:
+                    self.store(ev, metrics, reads)
+            return
+        blocked: list[Evaluation] = []
+        todo = self.todo
+        while todo and len(self.flight) < self.limit:
+            chunk: list[Evaluation] = []
+            while todo and len(chunk) < MEMO_CHUNK:
+                ev = todo.popleft()
+                if ev.key in self.done:
+                    continue
+                if self._ready(ev):
+                    self._mark(ev, 1)
+                    chunk.append(ev)
+                else:
+                    blocked.append(ev)
+            if chunk:
+                self.flight[self.executor.submit(simulate_recorded_batch, [e.scenario for e in chunk])] = chunk
+        todo.extendleft(reversed(blocked))
+        if not self.flight:
+            return
+        finished, _ = wait(self.flight, timeout=None if block else 0, return_when=FIRST_COMPLETED)
+        for fut in sorted(finished, key=lambda f: self.flight[f][0].key):
+            chunk = self.flight.pop(fut)
+            for ev in chunk:
+                self._mark(ev, -1)
+            for ev, out in zip(chunk, fut.result()):
+                if isinstance(out, str):
+                    self.finish(ev, None, out)
+                else:
+                    self.store(ev, out[0], out[1])
+
+    def drain(self) -> None:
+        """Every candidate added, simulated or reused."""
+        while self.todo or self.flight:
+            self.pump(block=True)
+        for ev in self.plain:
+            assert ev.scenario is not None
+            try:
+                metrics = simulate_metrics(ev.scenario)
+            except SosimError as exc:
+                self.finish(ev, None, str(exc))
+            else:
+                self.finish(ev, metrics, None)
+        self.plain = []
+
+    def cancel(self) -> None:
+        for fut in self.flight:
+            fut.cancel()
 
 
 def tune(base: Scenario | str | Path | Mapping[str, Any], options: TuneOptions | None = None, *,

@@ -11,7 +11,7 @@ from typing import Any
 
 from sosim import load_scenario, simulate
 from sosim.loader import load_derived
-from sosim.tune import TuneOptions, Tuner, TuneResult, memory_check
+from sosim.tune import PARALLEL_MIN_BATCH, TuneOptions, Tuner, TuneResult, memory_check
 from sosim.tune_memo import WHOLE, ReadMemo, key_of, keyer, simulate_recorded
 from sosim.tune_report import format_text, to_json
 from tests.helpers import SRC, tiny_scenario
@@ -185,3 +185,25 @@ def test_load_derived_checked_sections_are_kept_and_the_others_still_scanned() -
     with pytest.raises(ConfigError):
         load_derived(base, {"training": base.training, "schedule": {"system": "zero_offload", "bucket_mb": math.nan},
                             "cluster": bad}, checked=["training"])
+
+
+SMALL = ("gpu_only", "zero_offload", "zero3_offload")
+
+
+def test_streamed_stage_one_with_workers_is_the_plain_search() -> None:
+    """Stage 1 handed to the workers while it is being checked: a staged search (stages 2 and 3 follow) and an
+    exhaustive one that the budget does not cut give the plain search's answer."""
+    from concurrent.futures import ProcessPoolExecutor
+
+    with ProcessPoolExecutor(max_workers=2) as pool:
+        staged, t1 = _run(TuneOptions(jobs=2), memo=True, executor=pool)
+        full, t2 = _run(TuneOptions(exhaustive_limit=10**6, budget=10**6, jobs=2, systems=SMALL), memo=True,
+                        executor=pool)
+    assert not full.budget_exhausted and full.simulated > PARALLEL_MIN_BATCH
+    assert t1.memo is not None and t2.memo is not None and t2.memo.hits > 0
+    assert _summary(staged) == _summary(_run(TuneOptions(), memo=False)[0])
+    plain_full = _run(TuneOptions(exhaustive_limit=10**6, budget=10**6, systems=SMALL), memo=False)[0]
+    assert _summary(full) == _summary(plain_full)
+    assert [e.key for e in full.ranked] == [e.key for e in plain_full.ranked]
+    plain_full.reused = full.reused  # the one line that differs: how many results were reused
+    assert format_text(full, 10) == format_text(plain_full, 10)
