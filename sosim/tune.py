@@ -20,6 +20,10 @@ How it stays cheap (every number it prints says how many candidates were simulat
    small (``exhaustive_limit``) is searched exhaustively instead. Stage 3 refines numeric knobs between the
    neighbours of their best coarse value.
 3. *A budget.* At most ``budget`` simulations; the output says when the budget cut the search short.
+4. *Nothing computed twice.* A candidate that agrees with an earlier one on every field its simulation (or
+   memory check) read takes that result (sosim/tune_memo.py: exact); a candidate's section data validated
+   once is reused as validated; with workers, stage 1's candidates go to them (several per task) while the
+   rest are still being checked. ``memo=False`` computes everything afresh: the same answer, slower.
 
 Order is deterministic: candidates are generated in table order, ties are broken by the candidate's
 settings, and parallel results are sorted before any decision. Ctrl-C stops the search and keeps the best
