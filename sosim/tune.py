@@ -720,9 +720,10 @@ class Tuner:
         return self.executor
 
     def _simulate_parallel(self, executor: Executor, todo: list[Evaluation]) -> None:
-        from sosim.sweep import ERROR_COLUMN, ID_COLUMN, run_items
+        from sosim.sweep import ERROR_COLUMN, ID_COLUMN, PROVENANCE_COLUMNS, run_items
 
         by_key = {e.key: e for e in todo}
+        not_metrics = {ID_COLUMN, ERROR_COLUMN, "scenario", *PROVENANCE_COLUMNS}
         items: list[tuple[str, list[str] | Scenario]] = [(e.key, e.scenario) for e in todo if e.scenario is not None]
         finished: list[dict[str, Any]] = []
 
@@ -744,7 +745,9 @@ class Tuner:
                     continue
                 self.simulated += 1
                 error = row.get(ERROR_COLUMN)
-                metrics = {k: v for k, v in row.items() if k not in (ID_COLUMN, ERROR_COLUMN, "scenario", "system")}
+                # A sweep row is {scenario, the provenance columns, **metrics} (sosim/sweep.py): the metrics alone
+                # are what simulate() gives, as the other paths record them.
+                metrics = {k: v for k, v in row.items() if k not in not_metrics}
                 self._record(ev, None if error else metrics, error if error else None)
 
     # ---- stages

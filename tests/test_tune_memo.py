@@ -207,3 +207,19 @@ def test_streamed_stage_one_with_workers_is_the_plain_search() -> None:
     assert [e.key for e in full.ranked] == [e.key for e in plain_full.ranked]
     plain_full.reused = full.reused  # the one line that differs: how many results were reused
     assert format_text(full, 10) == format_text(plain_full, 10)
+
+
+def test_plain_search_with_a_process_pool_records_what_the_serial_one_does() -> None:
+    """The plain (memo=False) search's worker rows are sweep rows (scenario and provenance columns + metrics):
+    only the metrics are recorded, the same dicts the serial search records (found by comparing a 10,000-
+    candidate search with memo=False against the memoised one)."""
+    from concurrent.futures import ProcessPoolExecutor
+
+    options = TuneOptions(exhaustive_limit=10**6, budget=10**6, systems=SMALL)
+    with ProcessPoolExecutor(max_workers=2) as pool:
+        pooled, _ = _run(TuneOptions(exhaustive_limit=10**6, budget=10**6, systems=SMALL, jobs=2), memo=False,
+                         executor=pool)
+    serial, _ = _run(options, memo=False)
+    assert pooled.simulated > PARALLEL_MIN_BATCH  # the batch went to the pool
+    assert _summary(pooled) == _summary(serial)
+    assert all("profile" not in (e.metrics or {}) for e in pooled.evaluations)
