@@ -668,14 +668,13 @@ class Tuner:
     def _stream_start(self) -> _MemoRun | None:
         """A memoised run that takes stage 1's candidates as they are checked (the workers start while this
         process checks the rest), or None where nothing would overlap (no memo, no workers)."""
-        if self.memo is None:
-            return None
-        executor = self._executor()
-        if executor is None:
+        if self.memo is None or not self.parallel_ok or (self.executor is None and self.options.jobs <= 1):
             return None
         self._stream_seen: set[str] = set()
         self._stream_room = self.options.budget - self.simulated
-        return _MemoRun(self, executor)
+        # The workers start once PARALLEL_MIN_BATCH candidates wait (a smaller stage 1 runs here, as _simulate
+        # would run it).
+        return _MemoRun(self, None)
 
     def _stream_add(self, run: _MemoRun, evs: Iterable[Evaluation]) -> None:
         """Hand ``evs`` (the next candidates of stage 1, in its order) to ``run``: the same selection as
@@ -696,7 +695,10 @@ class Tuner:
             self.bar.total = (self.bar.total or 0) + len(todo)
             self.bar.refresh()
         run.add(todo)
-        run.pump(block=False)
+        if run.executor is None and len(run.todo) + len(run.plain) >= PARALLEL_MIN_BATCH:
+            run.executor = self._executor()
+        if run.executor is not None:
+            run.pump(block=False)
 
     def _stream_finish(self, run: _MemoRun, stage1: list[Evaluation]) -> None:
         """The rest of stage 1 (the whole list again: what was handed over already is skipped), then every
