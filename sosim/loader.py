@@ -15,7 +15,7 @@ from __future__ import annotations
 import copy
 import math
 import os
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Collection, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -473,8 +473,17 @@ def _all_finite(value: Any) -> bool:
     """True when :func:`_non_finite` would find nothing in ``value`` (a quick gate: a model's ``__dict__``
     may also hold cached values, which can only make it answer False, and then the full scan decides)."""
     stack = [value]
+    isfinite = math.isfinite
     while stack:
         v = stack.pop()
+        t = type(v)
+        # Exact types first (the common case, cheaper than the isinstance chain below, same answers).
+        if t is float:
+            if not isfinite(v):
+                return False
+            continue
+        if t is str or t is int or t is bool or v is None:
+            continue
         if isinstance(v, float):
             if not math.isfinite(v):
                 return False
@@ -673,7 +682,7 @@ def load_scenario(
     return sc
 
 
-def load_derived(base: Scenario, sections: Mapping[str, Any]) -> Scenario:
+def load_derived(base: Scenario, sections: Mapping[str, Any], checked: Collection[str] = ()) -> Scenario:
     """``base`` with the top-level ``sections`` (e.g. ``training``, ``cluster``, ``schedule``) replaced by new
     data, validated exactly as :func:`load_scenario` validates ``{**base's data, **sections}`` (same checks,
     same messages, origin ``<dict>``), but the sections left as they are (the hardware profile above all, the
@@ -681,6 +690,8 @@ def load_derived(base: Scenario, sections: Mapping[str, Any]) -> Scenario:
     thousands of candidates from one base (sosim/tune.py).
 
     Only valid for a ``base`` that :func:`load_scenario` produced (its sections are finite and validated).
+    ``checked`` names sections given as instances that an earlier load validated (so finite): they are not
+    scanned again (validation keeps an instance as it is).
     """
     # Nothing here writes to the data (load_scenario copies because overrides and the profile are written in).
     located = Located(data=dict(sections), origin="<dict>")
@@ -688,15 +699,18 @@ def load_derived(base: Scenario, sections: Mapping[str, Any]) -> Scenario:
     # The reused sections are validated instances: pydantic keeps them as they are (no re-validation).
     full: dict[str, Any] = {name: getattr(base, name) for name in type(base).model_fields if name not in data}
     full.update(data)
-    raw_bad = {} if _all_finite(data) else dict(_non_finite(data, ()))
+    scan = data if not checked else {k: v for k, v in data.items() if k not in checked}
+    raw_bad = {} if _all_finite(scan) else dict(_non_finite(scan, ()))
     nan_problems = [f"{located.where(p)}: {dotted(p)}: not a finite number ({v}); give a finite value"
                     for p, v in raw_bad.items()]
     try:
         sc = Scenario.model_validate(full)
     except ValidationError as exc:
         raise ConfigError(nan_problems + _format_validation(exc, located, skip=raw_bad)) from None
+    # A section passed as an instance and kept as it is was scanned with the data above (found finite).
     problems = nan_problems or [
-        problem for name in type(sc).model_fields if name in data and not _all_finite(getattr(sc, name))
+        problem for name in type(sc).model_fields
+        if name in data and getattr(sc, name) is not data[name] and not _all_finite(getattr(sc, name))
         for problem in finite_problems(getattr(sc, name), located, (name,))] or _work_problems(sc, located)
     if problems:
         raise ConfigError(problems)

@@ -20,6 +20,10 @@ How it stays cheap (every number it prints says how many candidates were simulat
    small (``exhaustive_limit``) is searched exhaustively instead. Stage 3 refines numeric knobs between the
    neighbours of their best coarse value.
 3. *A budget.* At most ``budget`` simulations; the output says when the budget cut the search short.
+4. *Nothing computed twice.* A candidate that agrees with an earlier one on every field its simulation (or
+   memory check) read takes that result (sosim/tune_memo.py: exact); a candidate's section data validated
+   once is reused as validated; with workers, stage 1's candidates go to them (several per task) while the
+   rest are still being checked. ``memo=False`` computes everything afresh: the same answer, slower.
 
 Order is deterministic: candidates are generated in table order, ties are broken by the candidate's
 settings, and parallel results are sorted before any decision. Ctrl-C stops the search and keeps the best
@@ -29,17 +33,18 @@ configuration found so far (``TuneResult.interrupted``).
 from __future__ import annotations
 
 import copy
+import gc
 import itertools
 import json
 import math
 import os
 import sys
 from collections import Counter
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
 from concurrent.futures import Executor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
 from sosim.config import Scenario
 from sosim.errors import ConfigError, SosimError
@@ -55,6 +60,8 @@ PARALLEL_MIN_BATCH = 24
 # Scores are compared to this many significant digits: differences below ~0.05% are noise next to the model's
 # error (docs/validation.md) and should not pull a knob away from its default.
 SCORE_DIGITS = 4
+# Candidates per worker task of the memoised search (each costs a few ms; a round trip ~1 ms).
+MEMO_CHUNK = 8
 # Memory checks (~0.3 ms each, no simulation) spent looking for a fitting variant of one structural point.
 RESCUE_CHECKS = 80
 
@@ -190,6 +197,26 @@ def divisors(n: int) -> list[int]:
     return [d for d in range(1, n + 1) if n % d == 0]
 
 
+_SCALARS = (bool, int, float, str, type(None))
+
+
+def _section_keys(system: str, settings: Mapping[str, Any]) -> dict[str, Hashable] | None:
+    """Per searched section, a key of its data that two candidates of ``system`` share only when that
+    section's data are equal value for value and type for type (``1``, ``1.0`` and ``True`` differ; floats by
+    their exact bits). A section's data are the base's (the system's schedule base) with the candidate's
+    settings of that section written in (``Tuner._scenario_data``), so the settings of the section are its key.
+    None when a setting is not a scalar (nothing cached)."""
+    items: dict[str, list[tuple[str, str, Any]]] = {"training": [], "cluster": [], "schedule": []}
+    for k, v in settings.items():
+        section, _, name = k.partition(".")
+        t = type(v)
+        if t not in _SCALARS or section not in items:
+            return None
+        items[section].append((name, t.__name__, v.hex() if t is float else v))
+    return {section: (section, system if section == "schedule" else "", tuple(sorted(found)))
+            for section, found in items.items()}
+
+
 def canonical_key(system: str, settings: Mapping[str, Any]) -> str:
     return json.dumps([system, sorted(settings.items())], default=str)
 
@@ -259,6 +286,21 @@ def simulate_metrics(sc: Scenario) -> dict[str, Any]:
     return dict(simulate(sc).metrics)
 
 
+def simulate_recorded_batch(scs: Sequence[Scenario | None]) -> list[tuple[dict[str, Any], Any] | str]:
+    """:func:`sosim.tune_memo.simulate_recorded` of each scenario (a worker's task: several candidates per
+    round trip), or the message of the error it raised."""
+    from sosim.tune_memo import simulate_recorded
+
+    out: list[tuple[dict[str, Any], Any] | str] = []
+    for sc in scs:
+        assert sc is not None
+        try:
+            out.append(simulate_recorded(sc))
+        except SosimError as exc:
+            out.append(str(exc))
+    return out
+
+
 def _ignore_sigint() -> None:
     """Worker initializer: Ctrl-C is the parent's to handle (it keeps the best so far)."""
     import signal
@@ -316,6 +358,10 @@ class Tuner:
         self.base_sc = base
         if evaluate is None and memo:
             self.memo = ReadMemo(base)
+        # Memory verdicts reused the same way (the check is always memory_check itself, whatever ``evaluate``).
+        self.memory_memo: ReadMemo | None = ReadMemo(base) if memo else None
+        # Validated sections by their data (see _load).
+        self._sections: dict[Hashable, Any] = {}
         self.base_data: dict[str, Any] = base.model_dump(mode="python", exclude_unset=True)
         t, c = base.training, base.cluster
         self.gpus = c.gpus
@@ -444,7 +490,10 @@ class Tuner:
         data = dict(self.base_data)
         data["training"] = dict(self.base_data.get("training", {}))
         data["cluster"] = dict(self.base_data.get("cluster", {}))
-        data["schedule"] = copy.deepcopy(space.schedule_base)
+        base_sched = space.schedule_base
+        # A flat dict of scalars (the usual schedule) needs no deep copy: only its top level is written below.
+        data["schedule"] = dict(base_sched) if all(type(v) in _SCALARS for v in base_sched.values()) \
+            else copy.deepcopy(base_sched)
         for key, value in settings.items():
             section, _, name = key.partition(".")
             if section in ("training", "cluster", "schedule"):
@@ -461,7 +510,28 @@ class Tuner:
         changed = ("training", "cluster", "schedule")
         if any(key.partition(".")[0] not in changed for key in settings):
             return load_scenario(data)  # a key outside those sections: the full load
-        return load_derived(self.base_sc, {key: data[key] for key in changed})
+        sections: dict[str, Any] = {}
+        keys: list[tuple[str, Hashable]] = []
+        reused: list[str] = []
+        skeys = _section_keys(space.system, settings)
+        for name in changed:
+            skey = None if skeys is None else skeys[name]
+            hit = None if skey is None else self._sections.get(skey)
+            if hit is None:
+                sections[name] = data[name]
+                if skey is not None:
+                    keys.append((name, skey))
+            else:
+                sections[name] = hit
+                reused.append(name)
+        sc = load_derived(self.base_sc, sections, checked=reused)
+        for name, skey in keys:
+            # The section as validated from exactly this data (validation of a section is a function of its
+            # data alone: sosim.schedules.registry.validate_knobs, pydantic's nested models); a later candidate
+            # with the same section data passes this instance, which validation keeps as it is, and the
+            # scenario-wide checks still run on every candidate.
+            self._sections[skey] = getattr(sc, name)
+        return sc
 
     def _check(self, space: _SystemSpace, settings: Settings) -> Evaluation:
         """Validate and memory-check one candidate (cached by its settings)."""
@@ -478,13 +548,29 @@ class Tuner:
             ev.reason_key = "not valid: " + first.split(": ", 1)[-1][:100]
         else:
             ev.scenario = sc
-            gpu, cpu, fits, reason, klass = memory_check(sc)
+            gpu, cpu, fits, reason, klass = self._memory_check(sc)
             ev.gpu_mem_gib, ev.cpu_mem_gib = gpu, cpu
             fits, reason, klass = self._caps(gpu, cpu, fits, reason, klass)
             ev.fits, ev.reason, ev.reason_key = fits, reason, klass
         self.evals[key] = ev
         self.order.append(key)
         return ev
+
+    def _memory_check(self, sc: Scenario) -> tuple[float, float, bool, str, str]:
+        """:func:`memory_check`, reusing the verdict of an earlier candidate that agrees on every field the
+        check read (the same rule as the simulation memo: sosim/tune_memo.py; the check is a pure function)."""
+        memo = self.memory_memo
+        if memo is None or not memo.eligible(sc):
+            return memory_check(sc)
+        hit = memo.lookup(sc)
+        if hit is not None:
+            memo.hits += 1
+            return cast(tuple[float, float, bool, str, str], hit["check"])
+        from sosim.tune_memo import simulate_recorded
+
+        out, reads = simulate_recorded(sc, lambda s: {"check": memory_check(s)})
+        memo.add(sc, reads, out)
+        return cast(tuple[float, float, bool, str, str], out["check"])
 
     def _caps(self, gpu: float, cpu: float, fits: bool, reason: str, klass: str) -> tuple[bool, str, str]:
         o = self.options
@@ -570,102 +656,57 @@ class Tuner:
     def _simulate_memo(self, executor: Executor | None, todo: list[Evaluation]) -> None:
         """Simulate ``todo`` in generation order, each candidate that agrees with an earlier simulation on every
         field that simulation read taking its metrics instead (exact: sosim/tune_memo.py). Recorded runs go
-        to ``executor`` (at most two in flight per worker, so that later candidates can still hit), or run here."""
-        from concurrent.futures import FIRST_COMPLETED, Future, wait
+        to ``executor`` (:class:`_MemoRun`), or run here."""
+        run = _MemoRun(self, executor)
+        try:
+            run.add(todo)
+            run.drain()
+        finally:
+            run.cancel()
 
-        from sosim.tune_memo import classes_of, key_of, simulate_recorded
+    # ---- stage 1 streamed: candidates simulated while the later ones are still being checked
+    def _stream_start(self) -> _MemoRun | None:
+        """A memoised run that takes stage 1's candidates as they are checked (the workers start while this
+        process checks the rest), or None where nothing would overlap (no memo, no workers)."""
+        if self.memo is None or not self.parallel_ok or (self.executor is None and self.options.jobs <= 1):
+            return None
+        self._stream_seen: set[str] = set()
+        self._stream_room = self.options.budget - self.simulated
+        # The workers start once PARALLEL_MIN_BATCH candidates wait (a smaller stage 1 runs here, as _simulate
+        # would run it).
+        return _MemoRun(self, None)
 
-        memo = self.memo
-        assert memo is not None
-        done: set[str] = set()
-        # Candidates waiting, by read set and key, so that each new recorded run resolves its twins at once.
-        waiting: dict[Any, dict[Any, list[Evaluation]]] = {}
-        pending: list[Evaluation] = []
-        plain: list[Evaluation] = []
-        for e in todo:
-            (pending if e.scenario is not None and memo.eligible(e.scenario) else plain).append(e)
-        classes = {e.key: classes_of(e.scenario) for e in pending if e.scenario is not None}
+    def _stream_add(self, run: _MemoRun, evs: Iterable[Evaluation]) -> None:
+        """Hand ``evs`` (the next candidates of stage 1, in its order) to ``run``: the same selection as
+        :meth:`_simulate` makes over the whole list (fitting, not simulated, first of its key, within the
+        budget), made one candidate at a time in the same order."""
+        todo = []
+        for e in evs:
+            if not (e.fits and e.metrics is None and e.scenario is not None) or e.key in self._stream_seen:
+                continue
+            self._stream_seen.add(e.key)
+            if len(self._stream_seen) > self._stream_room:
+                self.budget_exhausted = True
+                continue
+            todo.append(e)
+        if not todo:
+            return
+        if self.bar is not None:
+            self.bar.total = (self.bar.total or 0) + len(todo)
+            self.bar.refresh()
+        run.add(todo)
+        if run.executor is None and len(run.todo) + len(run.plain) >= PARALLEL_MIN_BATCH:
+            run.executor = self._executor()
+        if run.executor is not None:
+            run.pump(block=False)
 
-        def finish(ev: Evaluation, metrics: Mapping[str, Any] | None, error: str | None) -> None:
-            if ev.key in done:
-                return
-            done.add(ev.key)
-            self._record(ev, metrics, error)
-            self.simulated += 1
-            if self.bar is not None:
-                self.bar.update(1)
-
-        def index(shape: Any, evs: Iterable[Evaluation]) -> None:
-            table = waiting.setdefault(shape, {})
-            for ev in evs:
-                if ev.key not in done and classes[ev.key] == shape[0]:
-                    assert ev.scenario is not None
-                    table.setdefault(key_of(ev.scenario, shape[1]), []).append(ev)
-
-        def store(ev: Evaluation, metrics: dict[str, Any], reads: Any) -> None:
-            assert ev.scenario is not None
-            shape, key, new = memo.add(ev.scenario, reads, metrics)
-            finish(ev, metrics, None)
-            if new:
-                index(shape, pending)
-            for twin in waiting.get(shape, {}).pop(key, []):
-                if twin.key not in done:
-                    memo.hits += 1
-                    finish(twin, metrics, None)
-
-        for ev in pending:  # hits on earlier batches' runs
-            assert ev.scenario is not None
-            hit = memo.lookup(ev.scenario)
-            if hit is not None:
-                memo.hits += 1
-                finish(ev, hit, None)
-        for shape in memo.tables:
-            index(shape, pending)
-        if executor is None:
-            for ev in pending:
-                if ev.key in done:
-                    continue
-                assert ev.scenario is not None
-                try:
-                    # Through the module's evaluator, looked up now (a test replaces it).
-                    metrics, reads = simulate_recorded(ev.scenario, simulate_metrics)
-                except SosimError as exc:
-                    finish(ev, None, str(exc))
-                else:
-                    store(ev, metrics, reads)
-        else:
-            limit = 2 * max(1, self.options.jobs)
-            flight: dict[Future[tuple[dict[str, Any], Any]], Evaluation] = {}
-            queue = iter(pending)
-            try:
-                while True:
-                    while len(flight) < limit:
-                        nxt = next((e for e in queue if e.key not in done), None)
-                        if nxt is None:
-                            break
-                        flight[executor.submit(simulate_recorded, nxt.scenario)] = nxt  # type: ignore[arg-type]
-                    if not flight:
-                        break
-                    finished, _ = wait(flight, return_when=FIRST_COMPLETED)
-                    for fut in sorted(finished, key=lambda f: flight[f].key):
-                        ev = flight.pop(fut)
-                        try:
-                            metrics, reads = fut.result()
-                        except SosimError as exc:
-                            finish(ev, None, str(exc))
-                        else:
-                            store(ev, metrics, reads)
-            finally:
-                for fut in flight:
-                    fut.cancel()
-        for ev in plain:
-            assert ev.scenario is not None
-            try:
-                metrics = simulate_metrics(ev.scenario)
-            except SosimError as exc:
-                finish(ev, None, str(exc))
-            else:
-                finish(ev, metrics, None)
+    def _stream_finish(self, run: _MemoRun, stage1: list[Evaluation]) -> None:
+        """The rest of stage 1 (the whole list again: what was handed over already is skipped), then every
+        result; raises as :meth:`_simulate` does."""
+        self._stream_add(run, stage1)
+        run.drain()
+        if self.budget_exhausted:
+            raise _BudgetExhausted
 
     def _executor(self) -> Executor | None:
         if not self.parallel_ok:  # the workers run simulate(), not a custom evaluator
@@ -681,9 +722,10 @@ class Tuner:
         return self.executor
 
     def _simulate_parallel(self, executor: Executor, todo: list[Evaluation]) -> None:
-        from sosim.sweep import ERROR_COLUMN, ID_COLUMN, run_items
+        from sosim.sweep import ERROR_COLUMN, ID_COLUMN, PROVENANCE_COLUMNS, run_items
 
         by_key = {e.key: e for e in todo}
+        not_metrics = {ID_COLUMN, ERROR_COLUMN, "scenario", *PROVENANCE_COLUMNS}
         items: list[tuple[str, list[str] | Scenario]] = [(e.key, e.scenario) for e in todo if e.scenario is not None]
         finished: list[dict[str, Any]] = []
 
@@ -705,7 +747,9 @@ class Tuner:
                     continue
                 self.simulated += 1
                 error = row.get(ERROR_COLUMN)
-                metrics = {k: v for k, v in row.items() if k not in (ID_COLUMN, ERROR_COLUMN, "scenario", "system")}
+                # A sweep row is {scenario, the provenance columns, **metrics} (sosim/sweep.py): the metrics alone
+                # are what simulate() gives, as the other paths record them.
+                metrics = {k: v for k, v in row.items() if k not in not_metrics}
                 self._record(ev, None if error else metrics, error if error else None)
 
     # ---- stages
@@ -767,13 +811,18 @@ class Tuner:
             size *= len(k.values)
         return size
 
-    def _exhaustive(self, space: _SystemSpace, points: list[Settings]) -> list[Evaluation]:
-        """Every knob combination of every structural point."""
+    def _exhaustive(self, space: _SystemSpace, points: list[Settings],
+                    sink: Callable[[list[Evaluation]], None] | None = None) -> list[Evaluation]:
+        """Every knob combination of every structural point (each point's candidates also handed to ``sink``
+        as soon as they are checked)."""
         evs = []
         for point in points:
             knobs = self._knobs(space, point)
-            for combo in itertools.product(*[[(k.key, v) for v in k.values] for k in knobs]):
-                evs.append(self._check(space, {**point, **dict(combo)}))
+            mine = [self._check(space, {**point, **dict(combo)})
+                    for combo in itertools.product(*[[(k.key, v) for v in k.values] for k in knobs])]
+            evs.extend(mine)
+            if sink is not None:
+                sink(mine)
         return evs
 
     def _rank_key(self, ev: Evaluation) -> tuple[float, int, int, str]:
@@ -804,6 +853,11 @@ class Tuner:
 
         self.bar = tqdm(total=0, unit="cfg", desc="tune", file=sys.stderr, dynamic_ncols=True,
                         disable=None if o.progress is None else not o.progress)
+        # A search allocates tens of thousands of candidates (scenarios, evaluations) that live until it ends:
+        # the cyclic garbage collector would walk them again and again (~25% of the checks' time). Paused for
+        # the search, as simulate() pauses it, and restored after.
+        paused = gc.isenabled()
+        gc.disable()
         try:
             self._search()
         except _Interrupted:
@@ -812,6 +866,8 @@ class Tuner:
             self.notes.append(f"search budget of {o.budget} simulations reached: the search stopped early "
                               "(raise --budget for a fuller search)")
         finally:
+            if paused:
+                gc.enable()
             self.bar.close()
             if self._own_executor and self.executor is not None:
                 self.executor.shutdown(wait=not self.interrupted, cancel_futures=True)
@@ -885,16 +941,30 @@ class Tuner:
         # Stage 1: structural points of every system, knobs at their defaults.
         starts: dict[str, list[Evaluation]] = {}
         exhaustive: dict[str, list[Evaluation]] = {}
-        for space in self.spaces:
-            points = self._structural_points(space)
-            if self._grid_size(space, len(points)) <= o.exhaustive_limit:
-                knob_keys = {k.key for k in space.knobs}
-                structure = [{k: v for k, v in p.settings.items() if k not in knob_keys} for p in points]
-                exhaustive[space.system] = self._exhaustive(space, structure)
+        # With workers, the exhaustive grids' candidates go to them as they are checked (the same selection and
+        # results as one batch after all checks: _stream_add).
+        stream = self._stream_start()
+        sink = None if stream is None else (lambda evs: self._stream_add(stream, evs))
+        try:
+            for space in self.spaces:
+                points = self._structural_points(space)
+                if self._grid_size(space, len(points)) <= o.exhaustive_limit:
+                    knob_keys = {k.key for k in space.knobs}
+                    structure = [{k: v for k, v in p.settings.items() if k not in knob_keys} for p in points]
+                    exhaustive[space.system] = self._exhaustive(space, structure, sink)
+                else:
+                    starts[space.system] = points
+            stage1 = [e for evs in (*exhaustive.values(), *starts.values()) for e in evs]
+            if stream is None:
+                self._simulate(stage1)
             else:
-                starts[space.system] = points
-        stage1 = [e for evs in (*exhaustive.values(), *starts.values()) for e in evs]
-        self._simulate(stage1)
+                self._stream_finish(stream, stage1)
+        except KeyboardInterrupt:
+            self.interrupted = True
+            raise _Interrupted from None
+        finally:
+            if stream is not None:
+                stream.cancel()
         # Stage 2: coordinate descent from the best structural points of each staged system.
         chains: list[_Chain] = []
         for space in self.spaces:
@@ -997,6 +1067,169 @@ class Tuner:
             min_host_gib=min_host, min_host_installed_gib=None if min_host is None else min_host + self.host_reserved,
             min_hbm_gib=min_hbm, min_hbm_installed_gib=None if min_hbm is None else min_hbm + self.hbm_reserved,
         )
+
+
+class _MemoRun:
+    """One memoised batch of simulations (:meth:`Tuner._simulate_memo`); candidates can be added while earlier
+    ones run (stage 1 hands its candidates over as they are checked).
+
+    Each candidate first looks for an earlier simulation it agrees with on every field that simulation read;
+    the others wait, indexed by every known read set of their sections' classes, so that each new recorded
+    run resolves its twins at once. Recorded runs go to ``executor`` ``MEMO_CHUNK`` candidates per task (a
+    task's round trip costs about a tenth of a simulation), two tasks in flight per worker. A candidate waits
+    while a run that may be its twin is in flight (same read set and key: its result resolves the candidate),
+    and so does a candidate whose classes have no recorded read set yet while another of those classes runs
+    (the first run of a system tells which fields it reads)."""
+
+    def __init__(self, tuner: Tuner, executor: Executor | None) -> None:
+        from collections import deque
+        from concurrent.futures import Future
+
+        assert tuner.memo is not None
+        self.tuner = tuner
+        self.memo = tuner.memo
+        self.executor = executor
+        self.done: set[str] = set()
+        self.waiting: dict[Any, dict[Any, list[Evaluation]]] = {}
+        self.twin_keys: dict[str, list[tuple[Any, Any]]] = {}  # candidate -> its (read set, key) pairs
+        self.classes: dict[str, Any] = {}
+        self.pending: list[Evaluation] = []
+        self.plain: list[Evaluation] = []  # not eligible for the memo: simulated as they are, here
+        self.todo: deque[Evaluation] = deque()
+        self.flight: dict[Future[list[Any]], list[Evaluation]] = {}
+        self.busy_keys: Counter[Any] = Counter()
+        self.busy_classes: Counter[Any] = Counter()
+        self.limit = 2 * max(1, tuner.options.jobs)
+
+    def add(self, evs: Iterable[Evaluation]) -> None:
+        from sosim.tune_memo import classes_of
+
+        memo = self.memo
+        for ev in evs:
+            sc = ev.scenario
+            assert sc is not None
+            if not memo.eligible(sc):
+                self.plain.append(ev)
+                continue
+            self.classes[ev.key] = classes_of(sc)
+            hit = memo.lookup(sc)
+            if hit is not None:  # a run of an earlier batch, or of this one already finished
+                memo.hits += 1
+                self.finish(ev, hit, None)
+                continue
+            self.pending.append(ev)
+            for shape in memo.tables:
+                self._index(shape, (ev,))
+            self.todo.append(ev)
+
+    def _index(self, shape: Any, evs: Iterable[Evaluation]) -> None:
+        table = self.waiting.setdefault(shape, {})
+        for ev in evs:
+            if ev.key not in self.done and self.classes[ev.key] == shape[0]:
+                assert ev.scenario is not None
+                key = self.memo.key(ev.scenario, shape[1])
+                table.setdefault(key, []).append(ev)
+                self.twin_keys.setdefault(ev.key, []).append((shape, key))
+
+    def finish(self, ev: Evaluation, metrics: Mapping[str, Any] | None, error: str | None) -> None:
+        if ev.key in self.done:
+            return
+        self.done.add(ev.key)
+        t = self.tuner
+        t._record(ev, metrics, error)
+        t.simulated += 1
+        if t.bar is not None:
+            t.bar.update(1)
+
+    def store(self, ev: Evaluation, metrics: dict[str, Any], reads: Any) -> None:
+        assert ev.scenario is not None
+        shape, key, new = self.memo.add(ev.scenario, reads, metrics)
+        self.finish(ev, metrics, None)
+        if new:
+            self._index(shape, self.pending)
+        for twin in self.waiting.get(shape, {}).pop(key, []):
+            if twin.key not in self.done:
+                self.memo.hits += 1
+                self.finish(twin, metrics, None)
+
+    def _ready(self, ev: Evaluation) -> bool:
+        keys = self.twin_keys.get(ev.key)
+        if not keys:
+            return self.busy_classes[self.classes[ev.key]] == 0
+        return not any(self.busy_keys[k] for k in keys)
+
+    def _mark(self, ev: Evaluation, n: int) -> None:
+        self.busy_classes[self.classes[ev.key]] += n
+        for k in self.twin_keys.get(ev.key, ()):
+            self.busy_keys[k] += n
+
+    def pump(self, block: bool) -> None:
+        """Submit what can run; take in finished tasks (waiting for one when ``block``). Without an executor,
+        ``block`` runs every waiting candidate here."""
+        from concurrent.futures import FIRST_COMPLETED, wait
+
+        from sosim.tune_memo import simulate_recorded
+
+        if self.executor is None:
+            while block and self.todo:
+                ev = self.todo.popleft()
+                if ev.key in self.done:
+                    continue
+                assert ev.scenario is not None
+                try:
+                    # Through the module's evaluator, looked up now (a test replaces it).
+                    metrics, reads = simulate_recorded(ev.scenario, simulate_metrics)
+                except SosimError as exc:
+                    self.finish(ev, None, str(exc))
+                else:
+                    self.store(ev, metrics, reads)
+            return
+        blocked: list[Evaluation] = []
+        todo = self.todo
+        while todo and len(self.flight) < self.limit:
+            chunk: list[Evaluation] = []
+            while todo and len(chunk) < MEMO_CHUNK:
+                ev = todo.popleft()
+                if ev.key in self.done:
+                    continue
+                if self._ready(ev):
+                    self._mark(ev, 1)
+                    chunk.append(ev)
+                else:
+                    blocked.append(ev)
+            if chunk:
+                self.flight[self.executor.submit(simulate_recorded_batch, [e.scenario for e in chunk])] = chunk
+        todo.extendleft(reversed(blocked))
+        if not self.flight:
+            return
+        finished, _ = wait(self.flight, timeout=None if block else 0, return_when=FIRST_COMPLETED)
+        for fut in sorted(finished, key=lambda f: self.flight[f][0].key):
+            chunk = self.flight.pop(fut)
+            for ev in chunk:
+                self._mark(ev, -1)
+            for ev, out in zip(chunk, fut.result()):
+                if isinstance(out, str):
+                    self.finish(ev, None, out)
+                else:
+                    self.store(ev, out[0], out[1])
+
+    def drain(self) -> None:
+        """Every candidate added, simulated or reused."""
+        while self.todo or self.flight:
+            self.pump(block=True)
+        for ev in self.plain:
+            assert ev.scenario is not None
+            try:
+                metrics = simulate_metrics(ev.scenario)
+            except SosimError as exc:
+                self.finish(ev, None, str(exc))
+            else:
+                self.finish(ev, metrics, None)
+        self.plain = []
+
+    def cancel(self) -> None:
+        for fut in self.flight:
+            fut.cancel()
 
 
 def tune(base: Scenario | str | Path | Mapping[str, Any], options: TuneOptions | None = None, *,
