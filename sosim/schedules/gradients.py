@@ -15,6 +15,7 @@ from sosim.schedules.layout import Flush, Unit
 from sosim.units import BF16_BYTES, FP32_BYTES
 
 G = Phase.GRADIENT
+CAST, TRANSFER = Category.CAST, Category.TRANSFER
 
 
 def _split(ctx: Ctx, f: Flush) -> tuple[float, float]:
@@ -81,18 +82,20 @@ class HostGradients(_PerFlush):
         if cpu <= 0:  # every gradient of the flush stays on the GPU for its optimizer there
             _report(ctx, f, last, done)
             return
+        # ctx.add's arguments after deps, by position (once per op of every flush): phase, category, layer,
+        # n_bytes, flops, group.
+        n, u, costs = f.index, f.unit, ctx.costs
         if self.fp32_on_gpu:
-            last = ctx.add(GPU_CAST, f"grad_cast_fp32:f{f.index}", ctx.costs.gpu_cast_s(cpu), [last], phase=G,
-                           category=Category.CAST, layer=f.unit, group=f.index)
+            last = ctx.add(GPU_CAST, f"grad_cast_fp32:f{n}", costs.gpu_cast_s(cpu), [last], G, CAST, u, 0.0, 0.0, n)
         n_bytes = cpu * (FP32_BYTES if self.fp32_on_gpu else BF16_BYTES)
-        last = ctx.add(D2H, f"grad_d2h:f{f.index}", ctx.costs.copy_s(n_bytes, "d2h", True), [last], phase=G,
-                       category=Category.TRANSFER, layer=f.unit, group=f.index, n_bytes=n_bytes)
+        last = ctx.add(D2H, f"grad_d2h:f{n}", costs.copy_s(n_bytes, "d2h", True), [last], G, TRANSFER, u, n_bytes,
+                       0.0, n)
         if not self.overlap_comm:
             ctx.compute_gate.append(last)
         if not self.fp32_on_gpu:
-            last = ctx.add(ctx.cpu.bulk, f"grad_to_fp32:f{f.index}", ctx.costs.cpu_cast_s(cpu, ctx.cpu.bulk_cores),
-                           [last], phase=G, category=Category.CAST, layer=f.unit, group=f.index,
-                           n_bytes=cpu * (BF16_BYTES + FP32_BYTES))
+            bulk = ctx.cpu.bulk
+            last = ctx.add(bulk, f"grad_to_fp32:f{n}", costs.cpu_cast_s(cpu, ctx.cpu.bulk_cores), [last], G, CAST,
+                           u, cpu * (BF16_BYTES + FP32_BYTES), 0.0, n)
         _report(ctx, f, last, done)
 
 
@@ -174,45 +177,45 @@ class Stage3Gradients(_PerFlush):
             ctx.host_op("grad_stream_sync", 0.0, [self._flush_ends[-1]], phase=G)
 
     def _flush(self, ctx: Ctx, f: Flush, op: int, done: DoneCallback) -> None:
-        if len(self._flush_ends) > self.max_in_flight:
+        n, u = f.index, f.unit
+        ends = self._flush_ends
+        if len(ends) > self.max_in_flight:
             # param_reduce_events: issuing this flush waits for the one max_in_flight + 1 back.
-            ctx.host_op(f"grad_backpressure:f{f.index}", 0.0, [self._flush_ends[-1 - self.max_in_flight]], phase=G)
+            ctx.host_op(f"grad_backpressure:f{n}", 0.0, [ends[-1 - self.max_in_flight]], G)
         cpu, gpu = _split(ctx, f)
         s = self._stream
         shard = cpu + gpu
         b16 = shard * BF16_BYTES
-        n, u = f.index, f.unit
-        d2h_b16 = ctx.costs.copy_s(b16, "d2h", self.pinned)
-        h2d_b16 = ctx.costs.copy_s(b16, "h2d", self.pinned)
-        s.add(ctx, D2H, f"grad_d2h_bf16:f{n}", d2h_b16, [_reduce_scatter(ctx, f, op, s)], phase=G,
-              category=Category.TRANSFER, layer=u, group=n, n_bytes=b16)
-        s.add(ctx, H2D, f"grad_h2d_bf16:f{n}", h2d_b16, [], phase=G, category=Category.TRANSFER, layer=u, group=n,
-              n_bytes=b16)
+        costs, add = ctx.costs, ctx.add
+        d2h_b16 = costs.copy_s(b16, "d2h", self.pinned)
+        h2d_b16 = costs.copy_s(b16, "h2d", self.pinned)
+        # The flush's ops in stream order, each after the stream's last (Stream.add, inlined: once per op of every
+        # flush). ctx.add's arguments after deps, by position: phase, category, layer, n_bytes, flops, group.
+        ready = _reduce_scatter(ctx, f, op, s)  # moves s.last when it adds an op
+        last = add(D2H, f"grad_d2h_bf16:f{n}", d2h_b16, [ready, s.last], G, TRANSFER, u, b16, 0.0, n)
+        last = add(H2D, f"grad_h2d_bf16:f{n}", h2d_b16, [last], G, TRANSFER, u, b16, 0.0, n)
         if ctx.boundary:
-            cast_s = ctx.costs.gpu_cast_s(shard)
-            s.add(ctx, GPU_CAST, f"grad_cast_fp32:f{n}", cast_s, [], phase=G, category=Category.CAST, layer=u,
-                  group=n)
+            cast_s = costs.gpu_cast_s(shard)
+            last = add(GPU_CAST, f"grad_cast_fp32:f{n}", cast_s, [last], G, CAST, u, 0.0, 0.0, n)
             if cpu > 0:
                 b32 = cpu * FP32_BYTES
                 pinned = self.pinned and not self.superoffload
-                fp32_s = ctx.costs.copy_s(b32, "d2h", pinned)
-                whole = ctx.costs.so_flush_s(shard) if self.superoffload else None
+                fp32_s = costs.copy_s(b32, "d2h", pinned)
+                whole = costs.so_flush_s(shard) if self.superoffload else None
                 if whole is not None:
                     # The flush as measured (so_grads: per parameter, into the worker's shared memory) minus the
                     # ops before it: the per-parameter overheads and the norm land on the pageable copy, the op
                     # that holds the host (its CPU-sub-group share when ratio < 1 keeps some on the GPU).
                     fp32_s = max(0.0, whole - d2h_b16 - h2d_b16 - cast_s) * cpu / shard
-                s.add(ctx, D2H, f"grad_d2h_fp32:f{n}", fp32_s, [], phase=G,
-                      category=Category.TRANSFER, layer=u, group=n, n_bytes=b32)
-        end = s.last
-        assert end is not None
-        self._flush_ends.append(end)
+                last = add(D2H, f"grad_d2h_fp32:f{n}", fp32_s, [last], G, TRANSFER, u, b32, 0.0, n)
+        s.last = last
+        ends.append(last)
         if not self.overlap_comm:
-            ctx.compute_gate.append(end)  # the flush ran on the compute stream
+            ctx.compute_gate.append(last)  # the flush ran on the compute stream
         if not ctx.boundary:
             return
-        arrival = end
+        arrival = last
         if self.superoffload:
-            arrival = ctx.host_op(f"grad_sync:f{f.index}", 0.0, [end], phase=G)
-        for g in ctx.layout.groups_done_by(f.index):
+            arrival = ctx.host_op(f"grad_sync:f{n}", 0.0, [last], G)
+        for g in ctx.layout.groups_done_by(n):
             done(ctx, g, arrival)

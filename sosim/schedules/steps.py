@@ -16,6 +16,7 @@ from sosim.schedules.layout import Group
 from sosim.units import BF16_BYTES, FP32_BYTES
 
 OPT, R = Phase.OPTIMIZER, Phase.REFRESH
+CAST, OPTIMIZER, TRANSFER = Category.CAST, Category.OPTIMIZER, Category.TRANSFER
 # The paper's parameter casts run on their own side stream: on the gradient casts' stream they would queue
 # behind (or ahead of) work they do not depend on.
 REFRESH_STREAM = Resource(ResourceKind.GPU_CAST, 1)
@@ -42,11 +43,12 @@ def cpu_adam(ctx: Ctx, g: Group, deps: list[int], name: str = "cpu_adam", resour
              extra_s: float = 0.0) -> int:
     """CPU Adam over one group's partition on the optimizer's cores (fp32 p, g, m, v in host memory)."""
     c = ctx.cpu
-    shard = _shard(ctx, g)
-    total = ctx.layout.p_total / ctx.dp
-    adam = ctx.costs.cpu_adam_s(shard, c.adam, c.optimizer_cores, total)
-    return ctx.add(resource or c.optimizer, f"{name}:g{g.index}", adam + extra_s, deps, phase=OPT,
-                   category=Category.OPTIMIZER, layer=_layer(ctx, g), group=g.index, n_bytes=28.0 * shard)
+    shard = g.elements / ctx.dp  # _shard
+    adam = ctx.costs.cpu_adam_s(shard, c.adam, c.optimizer_cores, ctx.layout.p_total / ctx.dp)
+    # ctx.add's arguments after deps, by position (once per group and step): phase, category, layer, n_bytes,
+    # flops, group.
+    return ctx.add(resource or c.optimizer, f"{name}:g{g.index}", adam + extra_s, deps, OPT, OPTIMIZER,
+                   _layer(ctx, g), 28.0 * shard, 0.0, g.index)
 
 
 def gpu_adam(ctx: Ctx, g: Group, deps: list[int]) -> int:
@@ -78,19 +80,21 @@ class CastAndCopy:
     allgather: bool = False
 
     def __call__(self, ctx: Ctx, g: Group, deps: list[int]) -> int:
-        shard, layer = _shard(ctx, g), _layer(ctx, g)
+        shard, layer, i, costs = g.elements / ctx.dp, _layer(ctx, g), g.index, ctx.costs
+        # ctx.add's arguments after deps, by position (once per op of every group): phase, category, layer,
+        # n_bytes, flops, group.
         if self.cast_on_gpu:
             n = shard * FP32_BYTES
-            h = ctx.add(H2D, f"param_h2d_fp32:g{g.index}", ctx.costs.copy_s(n, "h2d", self.pinned), deps, phase=R,
-                        category=Category.TRANSFER, layer=layer, group=g.index, n_bytes=n)
-            last = ctx.add(REFRESH_STREAM, f"param_cast_bf16:g{g.index}", ctx.costs.gpu_cast_s(shard), [h], phase=R,
-                           category=Category.CAST, layer=layer, group=g.index)
+            h = ctx.add(H2D, f"param_h2d_fp32:g{i}", costs.copy_s(n, "h2d", self.pinned), deps, R, TRANSFER, layer,
+                        n, 0.0, i)
+            last = ctx.add(REFRESH_STREAM, f"param_cast_bf16:g{i}", costs.gpu_cast_s(shard), [h], R, CAST, layer, 0.0,
+                           0.0, i)
         else:
-            c = ctx.add(ctx.cpu.bulk, f"param_cast_bf16:g{g.index}", ctx.costs.cpu_cast_s(shard, ctx.cpu.bulk_cores),
-                        deps, phase=R, category=Category.CAST, layer=layer, group=g.index, n_bytes=6.0 * shard)
+            c = ctx.add(ctx.cpu.bulk, f"param_cast_bf16:g{i}", costs.cpu_cast_s(shard, ctx.cpu.bulk_cores), deps, R,
+                        CAST, layer, 6.0 * shard, 0.0, i)
             n = shard * BF16_BYTES
-            last = ctx.add(H2D, f"param_h2d_bf16:g{g.index}", ctx.costs.copy_s(n, "h2d", self.pinned), [c], phase=R,
-                           category=Category.TRANSFER, layer=layer, group=g.index, n_bytes=n)
+            last = ctx.add(H2D, f"param_h2d_bf16:g{i}", costs.copy_s(n, "h2d", self.pinned), [c], R, TRANSFER, layer,
+                           n, 0.0, i)
         if self.allgather and ctx.dp > 1:
             last = _allgather(ctx, g, layer, last)
         return last
@@ -142,15 +146,16 @@ class BlockingCopy:
     system: str
 
     def __call__(self, ctx: Ctx, g: Group, deps: list[int]) -> int:
-        shard, layer = _shard(ctx, g), _layer(ctx, g)
+        shard, layer = g.elements / ctx.dp, _layer(ctx, g)
+        # The calls' arguments after deps, by position: phase, category, layer, (n_bytes,) flops, group.
         if g.on_gpu:
-            return ctx.gpu_op(f"param_cast_bf16:g{g.index}", ctx.costs.gpu_cast_s(shard), deps, phase=R,
-                              category=Category.CAST, layer=layer, group=g.index)
+            return ctx.gpu_op(f"param_cast_bf16:g{g.index}", ctx.costs.gpu_cast_s(shard), deps, R, CAST, layer, 0.0,
+                              g.index)
         # The cast runs on the training process's OpenMP pool: all cores, also under SuperOffload, whose affinity
         # call confines only the main thread (docs/calibration.md "Affinities").
         dur = ctx.costs.ds_refresh_s(shard, ctx.cpu.bulk_cores, False, self.system)
-        return ctx.add(H2D, f"param_refresh_copy_:g{g.index}", dur, [*deps, ctx.host_issue], phase=R,
-                       category=Category.TRANSFER, layer=layer, group=g.index, n_bytes=shard * BF16_BYTES)
+        return ctx.add(H2D, f"param_refresh_copy_:g{g.index}", dur, [*deps, ctx.host_issue], R, TRANSFER, layer,
+                       shard * BF16_BYTES, 0.0, g.index)
 
 
 # --- step blocks ------------------------------------------------------------------------------------------------
@@ -298,17 +303,21 @@ class Stage3Step:
         if self._async:
             ctx.host_op("wait_worker_updates", 0.0, [*deps, *self._async.values()], phase=OPT)
             self._async = {}
-        fixed = ctx.costs.ds_step_fixed_s(ctx.layout.p_total / ctx.dp, len(groups), self.system)
-        last = ctx.host_op("step_fixed", fixed, deps, phase=OPT, category=Category.FRAMEWORK)
+        costs = ctx.costs
+        fixed = costs.ds_step_fixed_s(ctx.layout.p_total / ctx.dp, len(groups), self.system)
+        last = ctx.host_op("step_fixed", fixed, deps, OPT, Category.FRAMEWORK)
+        bulk = ctx.cpu.bulk
         for g in groups:
+            shard = g.elements / ctx.dp  # _shard
             if g.on_gpu:
-                last = gpu_adam(ctx, g, [ctx.gpu_op(f"unscale_clip:g{g.index}", ctx.costs.gpu_cast_s(_shard(ctx, g)),
-                                                    [last], phase=OPT, category=Category.OPTIMIZER, group=g.index)])
+                # ctx.gpu_op's arguments after deps, by position: phase, category, layer, flops, group.
+                last = gpu_adam(ctx, g, [ctx.gpu_op(f"unscale_clip:g{g.index}", costs.gpu_cast_s(shard), [last], OPT,
+                                                    OPTIMIZER, -1, 0.0, g.index)])
             else:
-                shard = _shard(ctx, g)
-                unscale = ctx.costs.ds_unscale_clip_s(shard, self.system)
-                last = ctx.add(ctx.cpu.bulk, f"unscale_clip:g{g.index}", unscale, [last], phase=OPT,
-                               category=Category.OPTIMIZER, layer=_layer(ctx, g), group=g.index, n_bytes=8.0 * shard)
+                unscale = costs.ds_unscale_clip_s(shard, self.system)
+                # ctx.add's arguments after deps, by position: phase, category, layer, n_bytes, flops, group.
+                last = ctx.add(bulk, f"unscale_clip:g{g.index}", unscale, [last], OPT, OPTIMIZER, _layer(ctx, g),
+                               8.0 * shard, 0.0, g.index)
                 if self.worker and not self.handed_off:
                     last = self._worker_update(ctx, g, [last])
                 elif not self.worker:
