@@ -447,16 +447,18 @@ class _MemoCosts:
 
     def __init__(self, costs: CostModel) -> None:
         self._costs = costs
-        self._memo: dict[tuple[object, ...], object] = {}
+        self._memo: dict[str, dict[object, object]] = {}  # method name -> arguments -> value
 
     def __getattr__(self, name: str) -> object:
         attr = getattr(self._costs, name)
         if not callable(attr):
             return attr
-        memo = self._memo
+        # One memo per method (keyed by the arguments alone: no name to hash with them on every call).
+        memo: dict[object, object] = {}
+        self._memo[name] = memo
 
         def call(*args: object, **kwargs: object) -> object:
-            key = (name, args, tuple(sorted(kwargs.items()))) if kwargs else (name, args)
+            key = (args, tuple(sorted(kwargs.items()))) if kwargs else args
             try:
                 return memo[key]  # one lookup when remembered (most calls)
             except KeyError:

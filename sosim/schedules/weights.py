@@ -121,9 +121,14 @@ class Stage3Hooks:
     def around(self, ctx: Ctx, u: Unit, phase: Phase) -> None:
         if not u.is_layer:
             return
-        forward = phase is Phase.FORWARD
-        ctx.host_op(f"stage3_hooks_{'fwd' if forward else 'bwd'}:{u.name}", self.fwd_s if forward else self.bwd_s,
-                    (), phase, Category.FRAMEWORK, u.index)
+        if phase is Phase.FORWARD:
+            name, duration = f"stage3_hooks_fwd:{u.name}", self.fwd_s
+        else:
+            name, duration = f"stage3_hooks_bwd:{u.name}", self.bwd_s
+        # ctx.host_op, inlined (once per layer and pass). ctx.add's arguments after deps, by position: phase,
+        # category, layer, n_bytes, flops, group.
+        ctx.host_issue = ctx.add(ctx.cpu.host, name, duration, [ctx.host_issue], phase, Category.FRAMEWORK, u.index,
+                                 0.0, 0.0, -1)
 
 
 @dataclass(frozen=True)
