@@ -355,7 +355,7 @@ def _walk(value: object, out: list[object], fixed: set[int]) -> bool:
             elif not _walk(v, out, fixed):
                 return False
         return True
-    if isinstance(value, _LEAF):
+    if cls is float or cls is str or value is None or isinstance(value, _LEAF):  # the common leaves first
         out.append((value,))  # a constant leaf: compared as is
         return True
     if id(value) in fixed or isinstance(value, _CONFIG):
