@@ -143,6 +143,21 @@ _CLASS_TABLE = np.stack([
 ], axis=-1)
 
 
+def _window(plan: Plan, start: np.ndarray, end: np.ndarray, t0: float, t1: float) -> tuple[np.ndarray, ...]:
+    """The ops overlapping [t0, t1): their resource-kind and category codes, start and end clipped to the
+    window, and the window cut at every op boundary (piece widths and midpoints)."""
+    idx = np.flatnonzero((end > t0) & (start < t1) & (end > start))
+    ops = plan.ops
+    window = [ops[i] for i in idx.tolist()]
+    res = np.fromiter(map(_KIND_CODE.__getitem__, map(id, map(_op_kind, window))), np.int8, len(window))
+    cat = np.fromiter(map(_CATEGORY_CODE.__getitem__, map(id, map(_op_category, window))), np.int8, len(window))
+    s = np.clip(start[idx], t0, t1)
+    e = np.clip(end[idx], t0, t1)
+    bounds = np.unique(np.concatenate([s, e, [t0, t1]]))
+    widths = np.diff(bounds)
+    return res, cat, s, e, widths, bounds[:-1] + widths / 2
+
+
 def step_breakdown(plan: Plan, start: np.ndarray, end: np.ndarray, t0: float, t1: float) -> dict[str, float]:
     """Seconds of [t0, t1) in each breakdown bucket; the values sum to t1 - t0.
 
@@ -152,17 +167,7 @@ def step_breakdown(plan: Plan, start: np.ndarray, end: np.ndarray, t0: float, t1
     its start to the last before its end, so (ops started at or before it) - (ops ended at or before it) > 0,
     the same integer test as :func:`_active`, which stays the readable oracle (tests/test_result_breakdown.py).
     """
-    keep = (end > t0) & (start < t1) & (end > start)
-    idx = np.flatnonzero(keep)
-    ops = plan.ops
-    window = [ops[i] for i in idx.tolist()]
-    res = np.fromiter(map(_KIND_CODE.__getitem__, map(id, map(_op_kind, window))), np.int8, len(window))
-    cat = np.fromiter(map(_CATEGORY_CODE.__getitem__, map(id, map(_op_category, window))), np.int8, len(window))
-    s = np.clip(start[idx], t0, t1)
-    e = np.clip(end[idx], t0, t1)
-    bounds = np.unique(np.concatenate([s, e, [t0, t1]]))
-    widths = np.diff(bounds)
-    mids = bounds[:-1] + widths / 2
+    res, cat, s, e, widths, mids = _window(plan, start, end, t0, t1)
     out = dict.fromkeys(BREAKDOWN_KEYS, 0.0)
     m = mids.size
     if m == 0:
@@ -188,17 +193,7 @@ def step_breakdown(plan: Plan, start: np.ndarray, end: np.ndarray, t0: float, t1
 def step_breakdown_reference(plan: Plan, start: np.ndarray, end: np.ndarray, t0: float,
                              t1: float) -> dict[str, float]:
     """:func:`step_breakdown` class by class with :func:`_active` (the oracle its tests compare with)."""
-    keep = (end > t0) & (start < t1) & (end > start)
-    idx = np.flatnonzero(keep)
-    ops = plan.ops
-    window = [ops[i] for i in idx.tolist()]
-    res = np.fromiter(map(_KIND_CODE.__getitem__, map(id, map(_op_kind, window))), np.int8, len(window))
-    cat = np.fromiter(map(_CATEGORY_CODE.__getitem__, map(id, map(_op_category, window))), np.int8, len(window))
-    s = np.clip(start[idx], t0, t1)
-    e = np.clip(end[idx], t0, t1)
-    bounds = np.unique(np.concatenate([s, e, [t0, t1]]))
-    widths = np.diff(bounds)
-    mids = bounds[:-1] + widths / 2
+    res, cat, s, e, widths, mids = _window(plan, start, end, t0, t1)
     out = dict.fromkeys(BREAKDOWN_KEYS, 0.0)
     if mids.size == 0:
         return out
