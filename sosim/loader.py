@@ -670,16 +670,23 @@ def load_scenario(
         located.overridden[key_path] = text
     # inf/NaN written as numbers (.inf, .nan, 1e999 in flow YAML) are named as such, not as a failed bound.
     raw_bad = dict(_non_finite(data, ()))
-    nan_problems = [f"{located.where(p)}: {dotted(p)}: not a finite number ({v}); give a finite value"
-                    for p, v in raw_bad.items()]
-    try:
-        sc = Scenario.model_validate(data)
-    except ValidationError as exc:
-        raise ConfigError(nan_problems + _format_validation(exc, located, skip=raw_bad)) from None
+    sc, nan_problems = _validate_scenario(data, located, raw_bad)
     problems = nan_problems or finite_problems(sc, located) or _work_problems(sc, located)
     if problems:
         raise ConfigError(problems)
     return sc
+
+
+def _validate_scenario(data: Mapping[str, Any], located: Located,
+                       raw_bad: Mapping[tuple[Any, ...], Any]) -> tuple[Scenario, list[str]]:
+    """The validated scenario and the non-finite numbers named as such (inf/NaN written as numbers are
+    reported as not finite, not as a failed bound); a validation error is a ConfigError with both."""
+    nan_problems = [f"{located.where(p)}: {dotted(p)}: not a finite number ({v}); give a finite value"
+                    for p, v in raw_bad.items()]
+    try:
+        return Scenario.model_validate(data), nan_problems
+    except ValidationError as exc:
+        raise ConfigError(nan_problems + _format_validation(exc, located, skip=raw_bad)) from None
 
 
 def load_derived(base: Scenario, sections: Mapping[str, Any], checked: Collection[str] = ()) -> Scenario:
@@ -701,12 +708,7 @@ def load_derived(base: Scenario, sections: Mapping[str, Any], checked: Collectio
     full.update(data)
     scan = data if not checked else {k: v for k, v in data.items() if k not in checked}
     raw_bad = {} if _all_finite(scan) else dict(_non_finite(scan, ()))
-    nan_problems = [f"{located.where(p)}: {dotted(p)}: not a finite number ({v}); give a finite value"
-                    for p, v in raw_bad.items()]
-    try:
-        sc = Scenario.model_validate(full)
-    except ValidationError as exc:
-        raise ConfigError(nan_problems + _format_validation(exc, located, skip=raw_bad)) from None
+    sc, nan_problems = _validate_scenario(full, located, raw_bad)
     # A section passed as an instance and kept as it is was scanned with the data above (found finite).
     problems = nan_problems or [
         problem for name in type(sc).model_fields
