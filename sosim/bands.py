@@ -198,6 +198,9 @@ class Band:
     sampled_kinds: tuple[str, ...]  # table component kinds with a measured spread
     estimates_used: tuple[str, ...]  # analytic estimate kinds this scenario used (each drawn with its spread)
     unspread_analytic: tuple[str, ...]  # analytic costs used without a stated spread (measurement-derived)
+    # The lease-to-lease log-sd drawn per component class, and where it came from.
+    lease_log_sd: Mapping[str, float] = field(default_factory=dict)
+    lease_source: str = "none"
 
     @property
     def half_width_rel(self) -> float:
@@ -221,6 +224,7 @@ class Band:
             "sampled_component_kinds": list(self.sampled_kinds),
             "estimate_spreads_used": {k: ESTIMATE_SPREADS[k].rel for k in self.estimates_used},
             "analytic_without_spread": list(self.unspread_analytic),
+            "lease_log_sd": dict(self.lease_log_sd), "lease_source": self.lease_source,
             "not_sampled": "the run-to-run spread of whole measured training steps (validation data)",
         }
 
@@ -269,11 +273,25 @@ def simulate_band(
     table = load_tables(sc.hardware.calibration_paths)  # non-empty: checked by the reason above
     analytic = _analytic_kinds(ref)
     used = sorted({k for k in (_estimate_kind(a) for a in analytic) if k is not None})
+    lease, source = lease_spread_of(sc, table)
     return Band(
         n=n, seed=seed, step_time_s=(step_q[0], step_q[1], step_q[2]), tokens_per_s=(tok_q[0], tok_q[1], tok_q[2]),
         samples_s=tuple(float(s) for s in steps), sampled_kinds=tuple(sorted({op for op, _ in table.columns_by_op})),
         estimates_used=tuple(used), unspread_analytic=tuple(a for a in analytic if _estimate_kind(a) is None),
+        lease_log_sd=lease, lease_source=source,
     )
+
+
+def lease_spread_of(sc: Scenario, table: Any) -> tuple[dict[str, float], str]:
+    """The lease-to-lease spread a band of ``sc`` draws (the same rule as ``CalibrationTable.sampled``: the
+    tables' own measured spread wins, else the profile's stated ``lease_spread``) and its source."""
+    if table.session_log_sd:
+        parts = ", ".join(f"{n} {c}" for c, n in sorted(table.session_points.items()))
+        return dict(table.session_log_sd), f"measured: calibration sessions that repeat points ({parts})"
+    stated = sc.hardware.lease_spread
+    if stated is not None and any(stated.as_mapping().values()):
+        return stated.as_mapping(), "stated in the profile (lease_spread; see its sources)"
+    return {}, "none (the tables repeat no point and the profile states no lease_spread)"
 
 
 def coverage(measured: Mapping[str, float], bands: Mapping[str, tuple[float, float]]) -> tuple[int, int, list[str]]:
@@ -284,7 +302,8 @@ def coverage(measured: Mapping[str, float], bands: Mapping[str, tuple[float, flo
 
 __all__ = [
     "DEFAULT_REPLAYS", "DEFAULT_SEED", "ESTIMATE_SPREADS", "Band", "EstimateSpread", "SpreadCostModel",
-    "band_unavailable_reason", "coverage", "quantile_factor", "sampled_cost_models", "simulate_band",
+    "band_unavailable_reason", "coverage", "lease_spread_of", "quantile_factor", "sampled_cost_models",
+    "simulate_band",
     "table_has_spread",
 ]
 

@@ -168,3 +168,15 @@ def test_coverage_on_synthetic_data() -> None:
     measured = {"a": 1.0, "b": 2.0, "c": 3.0, "d": 4.0}
     bands = {"a": (0.9, 1.1), "b": (2.1, 2.5), "c": (3.0, 3.0), "d": (3.5, 3.99)}
     assert coverage(measured, bands) == (2, 4, ["b", "d"])
+
+
+def test_a_band_says_which_lease_spread_it_drew() -> None:
+    from sosim.loader import load_scenario
+
+    measured = simulate_band(load_scenario("h200_x86_llama1.1b_zero2_measured"), n=4)
+    assert set(measured.lease_log_sd) == {"host", "device"}
+    assert measured.lease_source.startswith("measured:")
+    assert measured.describe()["lease_log_sd"] == measured.lease_log_sd
+    stated = simulate_band(load_scenario("h200x2_llama0.5b_measured"), n=4)
+    assert stated.lease_log_sd == {"host": 0.19, "device": 0.056}
+    assert stated.lease_source.startswith("stated in the profile")
