@@ -26,7 +26,7 @@ import dataclasses
 
 from sosim.config import Scenario
 from sosim.engine import Contention
-from sosim.machine import Machine
+from sosim.machine import Machine, SharedResource
 from sosim.plan import Category, Plan, Resource, ResourceKind
 
 _COPY = {ResourceKind.H2D: "h2d", ResourceKind.D2H: "d2h"}
@@ -114,8 +114,28 @@ def _branch(resource: Resource, simulated_ranks: int) -> int:
     return _SKIP
 
 
+def _only_links_that_cannot_contend(shared: list[SharedResource]) -> bool:
+    """Whether every shared resource is a rank's own link and each link's two directions at full rate fit
+    its bidirectional total (the GH200's C2C: 450 + 450 = 900 GB/s).
+
+    Then nothing can ever be oversubscribed: a link's direction is drawn on by that rank's one queue of
+    copies in that direction, one copy at a time, whose demand the scaling in :func:`contention_for` caps at
+    the direction's rate; the worst case of both directions together fits the total. So
+    :func:`sosim.engine.effective_contention` would drop every resource, and the per-op demands need not be
+    built (a search simulates such plans thousands of times)."""
+    caps: dict[str, dict[str, float]] = {}
+    for r in shared:
+        if r.kind != "link":
+            return False
+        link, _, part = r.name.partition(".")
+        caps.setdefault(link, {})[part] = r.capacity
+    return all(c["h2d"] + c["d2h"] <= c["bidir"] for c in caps.values())
+
+
 def contention_for(sc: Scenario, m: Machine, plan: Plan, simulated_ranks: int) -> Contention:
     shared = m.shared_resources()
+    if _only_links_that_cannot_contend(shared):
+        return Contention(tuple(r.name for r in shared), tuple(r.capacity for r in shared), {})
     index = {s.name: k for k, s in enumerate(shared)}
     hw = m.profile
     link = hw.link
