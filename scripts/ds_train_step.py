@@ -143,20 +143,7 @@ def affinity_report() -> dict[str, Any]:
     OMP_NUM_THREADS and torch's thread count: what each rank really gets on a shared host."""
     import torch
 
-    def threads(pid: str) -> list[dict[str, str]]:
-        base = Path(f"/proc/{pid}/task")
-        found = []
-        for task in sorted(base.iterdir(), key=lambda p: int(p.name)) if base.exists() else []:
-            try:
-                status = (task / "status").read_text()
-                name = (task / "comm").read_text().strip()
-            except OSError:
-                continue
-            allowed = next(
-                (ln.split(":", 1)[1].strip() for ln in status.splitlines() if ln.startswith("Cpus_allowed_list")), ""
-            )
-            found.append({"tid": task.name, "name": name, "cpus_allowed_list": allowed})
-        return found
+    threads = load_calibrate_module("affinity").thread_affinities
 
     report: dict[str, Any] = {
         "pid": os.getpid(),

@@ -320,3 +320,23 @@ def test_committed_2026_11_30_tables_load_with_the_reader() -> None:
         ("disk", "read_direct"),
     ]:
         assert wanted in ops, wanted
+
+
+def test_the_step_script_reads_affinities_with_the_harness_reader() -> None:
+    # scripts/ds_train_step.py loads sosim/calibrate/affinity.py on its own (no package imports on the GPU
+    # machine); it must read what the harness's reader reads.
+    path = Path(__file__).resolve().parents[1] / "scripts" / "ds_train_step.py"
+    spec = importlib.util.spec_from_file_location("ds_train_step_for_test", path)
+    assert spec is not None and spec.loader is not None
+    script = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = script
+    try:
+        spec.loader.exec_module(script)
+        standalone = script.load_calibrate_module("affinity").thread_affinities
+        mine = [t["tid"] for t in ds_bench.thread_affinities()]
+        theirs = [t["tid"] for t in standalone()]
+        assert mine and set(mine) & set(theirs)
+        assert {t["cpus_allowed_list"] for t in standalone()} == {t["cpus_allowed_list"] for t in
+                                                                 ds_bench.thread_affinities()}
+    finally:
+        sys.modules.pop(spec.name, None)

@@ -17,6 +17,7 @@ import time
 from pathlib import Path
 from typing import Any, TextIO
 
+from .affinity import thread_affinities
 from .isolate import Emit, run_isolated
 from .records import Table
 
@@ -43,26 +44,6 @@ def add_rows(table: Table, rows: list[Any]) -> None:
 
 def _report(name: str, rows: list[Any], problem: str, log: TextIO) -> None:
     print(f"[calibrate] {name}: {len(rows)} rows{'; ' + problem if problem else ''}", file=log, flush=True)
-
-
-def thread_affinities(pid: int | str = "self") -> list[dict[str, str]]:
-    """Cpus_allowed_list and name of every thread of a process, read from /proc."""
-    base = Path(f"/proc/{pid}/task")
-    threads: list[dict[str, str]] = []
-    if not base.exists():
-        return threads
-    for task in sorted(base.iterdir(), key=lambda p: int(p.name)):
-        try:
-            status = (task / "status").read_text()
-            name = (task / "comm").read_text().strip()
-        except OSError:
-            continue
-        allowed = next(
-            (line.split(":", 1)[1].strip() for line in status.splitlines() if line.startswith("Cpus_allowed_list")),
-            "",
-        )
-        threads.append({"tid": task.name, "name": name, "cpus_allowed_list": allowed})
-    return threads
 
 
 def process_affinity_report(torch: Any) -> dict[str, Any]:
