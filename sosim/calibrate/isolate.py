@@ -21,9 +21,14 @@ Measurement = tuple[str, str, str, list[float], Mapping[str, float]]
 Emit = Callable[[Measurement], None]
 
 _DONE = "__done__"
+_STARTED = "__started__"
+# Starting a spawned interpreter and importing torch/DeepSpeed can take tens of seconds on a loaded host; that
+# start has its own limit, so that ``timeout_s`` bounds the measurement itself, whatever the machine's load.
+START_TIMEOUT_S = 180.0
 
 
 def _child(target: Callable[..., None], kwargs: dict[str, Any], results: Any) -> None:
+    results.put(_STARTED)
     try:
         target(results.put, **kwargs)
     except BaseException as error:  # report any failure to the parent, then end the child
@@ -48,7 +53,8 @@ def run_isolated(
     # Not daemonic: SuperOffload starts its own worker process from inside the child.
     child = context.Process(target=_child, args=(target, kwargs, results), daemon=False)
     child.start()
-    deadline_s = time.monotonic() + timeout_s
+    # The measurement's clock starts when the child reports that it runs (see START_TIMEOUT_S).
+    deadline_s = time.monotonic() + START_TIMEOUT_S
     rows: list[Measurement] = []
     problem = ""
     while True:
@@ -62,6 +68,9 @@ def run_isolated(
                 problem = problem or f"child exited with code {child.exitcode} before finishing"
                 break
             continue
+        if item == _STARTED:
+            deadline_s = time.monotonic() + timeout_s
+            continue
         if item == _DONE:
             break
         if isinstance(item, tuple) and len(item) == 2 and item[0] == "__error__":
@@ -69,7 +78,9 @@ def run_isolated(
             print(f"[calibrate] {getattr(target, '__name__', target)} failed:\n{item[1]}", file=log, flush=True)
             continue
         rows.append(item)
-    child.join(timeout=20)
+    # A child that timed out is hung: end it now. One that finished gets time to release its GPU state.
+    if not problem.startswith("timed out"):
+        child.join(timeout=20)
     if child.is_alive():
         child.kill()
         child.join(timeout=10)
