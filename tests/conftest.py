@@ -19,10 +19,13 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addoption("--update-golden", action="store_true", help="rewrite tests/golden/*.csv from the model")
     parser.addoption("--benchmark", action="store_true", help="run speed benchmarks (marker 'benchmark')")
     parser.addoption("--slow", action="store_true", help="run long tests (marker 'slow'), e.g. the full fuzz run")
+    parser.addoption("--device", action="store_true",
+                     help="run the calibration-harness tests that need torch or DeepSpeed (marker 'device')")
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    for marker, option in (("benchmark", "--benchmark"), ("slow", "--slow")):
+    # The README's test command stays fast and needs no torch; CI runs each marked group on its own (.ci/run).
+    for marker, option in (("benchmark", "--benchmark"), ("slow", "--slow"), ("device", "--device")):
         if config.getoption(option):
             continue
         skip = pytest.mark.skip(reason=f"{marker}: run with {option}")

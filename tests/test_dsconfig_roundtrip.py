@@ -217,6 +217,7 @@ def _emitted_configs() -> list[tuple[str, dict[str, Any], int]]:
     return out
 
 
+@pytest.mark.device
 def test_deepspeed_parses_every_emitted_config(monkeypatch: pytest.MonkeyPatch) -> None:
     ds_config = _deepspeed_config_class()
     checked = 0
@@ -249,6 +250,7 @@ def test_deepspeed_parses_every_emitted_config(monkeypatch: pytest.MonkeyPatch) 
     assert checked == len(SHIPPED) + len(MEASURED)
 
 
+@pytest.mark.device
 def test_schema_data_matches_the_installed_deepspeed() -> None:
     _deepspeed_config_class()
     from deepspeed.runtime.zero.config import DeepSpeedZeroConfig
@@ -313,6 +315,7 @@ def _zero_config_module() -> Any:
         sys.modules.update(saved)
 
 
+@pytest.mark.device
 def test_deepspeed_zero_models_accept_every_emitted_config() -> None:
     zc = _zero_config_module()
     for name, cfg, _ in _emitted_configs():
@@ -326,6 +329,7 @@ def test_deepspeed_zero_models_accept_every_emitted_config() -> None:
             assert zero.overlap_comm == mine["overlap_comm"], name
 
 
+@pytest.mark.device
 def test_schema_data_matches_the_deepspeed_source() -> None:
     zc = _zero_config_module()
 
