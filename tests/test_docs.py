@@ -1,0 +1,100 @@
+"""The docs cannot drift from the code: every registered system and each of its knobs is in
+docs/scenarios.md, and the number of notebooks the docs state is the number in notebooks/."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from sosim.schedules.registry import SYSTEMS
+
+ROOT = Path(__file__).resolve().parent.parent
+SCENARIOS_MD = ROOT / "docs" / "scenarios.md"
+# The knob table's wording for "every system but gpu_only and zero3" (docs/scenarios.md says so above it).
+OFFLOAD_SYSTEMS = "offload systems"
+NOT_OFFLOAD = ("gpu_only", "zero3")
+NUMBERS = {"one": 1, "two": 2, "three": 3, "four": 4, "five": 5, "six": 6, "seven": 7, "eight": 8, "nine": 9,
+           "ten": 10}
+NOTEBOOK_COUNT = re.compile(r"\b(" + "|".join(NUMBERS) + r"|\d+)\s+(?:short\s+)?(?:studies|notebooks)\b", re.I)
+
+
+def _table_rows(text: str, header: str) -> dict[str, list[str]]:
+    """The rows of the markdown table whose header line starts with ``header``, keyed by the first cell
+    without its backticks."""
+    lines = text.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith(header))
+    rows: dict[str, list[str]] = {}
+    for line in lines[start + 2:]:
+        if not line.startswith("|"):
+            break
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        rows[cells[0].strip("`")] = cells[1:]
+    return rows
+
+
+def _names(cell: str, system: str) -> bool:
+    """Whether a table cell covers ``system``: named as a whole word, or as one of the offload systems."""
+    if re.search(rf"(?<![\w-]){re.escape(system)}(?![\w-])", cell):
+        return True
+    return OFFLOAD_SYSTEMS in cell.lower() and system not in NOT_OFFLOAD
+
+
+def _knobs(system: str) -> list[str]:
+    return [name for name in SYSTEMS[system].knobs.model_fields if name != "system"]
+
+
+def test_every_system_is_in_the_systems_table() -> None:
+    rows = _table_rows(SCENARIOS_MD.read_text(), "| system |")
+    missing = [name for name in SYSTEMS if name not in rows]
+    assert not missing, f"docs/scenarios.md, table 'Systems': add {missing}"
+    stale = [name for name in rows if name not in SYSTEMS]
+    assert not stale, f"docs/scenarios.md, table 'Systems': {stale} are not in sosim/schedules/registry.py"
+
+
+@pytest.mark.parametrize("system", list(SYSTEMS))
+def test_every_knob_of_a_system_is_in_the_knob_table_for_that_system(system: str) -> None:
+    rows = _table_rows(SCENARIOS_MD.read_text(), "| knob |")
+    missing = [knob for knob in _knobs(system) if knob not in rows]
+    assert not missing, f"docs/scenarios.md, table 'Schedule knobs': add {missing} ({system})"
+    not_listed = [knob for knob in _knobs(system) if not _names(rows[knob][0], system)]
+    assert not not_listed, f"docs/scenarios.md, table 'Schedule knobs': the rows of {not_listed} do not name {system}"
+
+
+def test_the_knob_table_has_no_knob_the_code_lacks() -> None:
+    rows = _table_rows(SCENARIOS_MD.read_text(), "| knob |")
+    known = {knob for system in SYSTEMS for knob in _knobs(system)}
+    assert not set(rows) - known, f"docs/scenarios.md documents knobs no system has: {sorted(set(rows) - known)}"
+
+
+def _current_docs() -> list[Path]:
+    """The README and the reference pages (docs/history/ records what was true then, and may say otherwise)."""
+    return [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+
+
+def test_the_notebook_count_the_docs_state_is_the_notebooks_folder() -> None:
+    notebooks = sorted((ROOT / "notebooks").glob("*.ipynb"))
+    stated = [(path.relative_to(ROOT), m.group(0)) for path in _current_docs()
+              for m in NOTEBOOK_COUNT.finditer(path.read_text())]
+    assert stated, "no page states how many notebooks there are (docs/usage.md should)"
+    def count(phrase: str) -> int:
+        word = phrase.split()[0].lower()
+        return int(word) if word.isdigit() else NUMBERS[word]
+
+    wrong = [(str(path), phrase) for path, phrase in stated if count(phrase) != len(notebooks)]
+    assert not wrong, f"{len(notebooks)} notebooks in notebooks/, but the docs say: {wrong}"
+
+
+def test_every_notebook_is_described_in_usage() -> None:
+    usage = (ROOT / "docs" / "usage.md").read_text()
+    missing = [nb.name for nb in (ROOT / "notebooks").glob("*.ipynb") if nb.name not in usage]
+    assert not missing, f"docs/usage.md, section 'Notebooks': describe {missing}"
+
+
+def test_every_doc_page_is_in_the_docs_index() -> None:
+    index = (ROOT / "docs" / "README.md").read_text()
+    missing = [p.name for p in (ROOT / "docs").glob("*.md") if p.name != "README.md" and p.name not in index]
+    missing += [f"history/{p.name}" for p in (ROOT / "docs" / "history").glob("*.md")
+                if f"history/{p.name}" not in index]
+    assert not missing, f"docs/README.md: link {missing}"
