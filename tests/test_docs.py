@@ -110,3 +110,12 @@ def test_every_reference_row_out_of_budget_is_explained() -> None:
     prose = text[text.index("## What matches, what misses, and why"):]
     unexplained = [row for row in misses if f"`{row}`" not in prose]
     assert not unexplained, f"docs/validation.md, 'What matches, what misses, and why': explain {unexplained}"
+
+
+def test_history_pages_cite_only_what_a_user_can_open() -> None:
+    """docs/history/ ships with the docs: like the reference pages (tests/test_packaging.py), it must not send
+    a user to the project-internal notes."""
+    internal = re.compile(r"\b(REFERENCE|DESIGN|KINDS|H200)\.md\b")
+    offending = [f"{p.relative_to(ROOT)}:{i}" for p in sorted((ROOT / "docs" / "history").glob("*.md"))
+                 for i, line in enumerate(p.read_text().splitlines(), 1) if internal.search(line)]
+    assert not offending, offending
