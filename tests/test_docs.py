@@ -119,3 +119,18 @@ def test_history_pages_cite_only_what_a_user_can_open() -> None:
     offending = [f"{p.relative_to(ROOT)}:{i}" for p in sorted((ROOT / "docs" / "history").glob("*.md"))
                  for i, line in enumerate(p.read_text().splitlines(), 1) if internal.search(line)]
     assert not offending, offending
+
+
+def test_every_scenario_and_profile_key_is_in_the_reference() -> None:
+    """Each key of the scenario's model / training / cluster sections and of the hardware profile's sections
+    is named in docs/scenarios.md (the schema is in sosim/config.py)."""
+    from sosim import config
+
+    text = SCENARIOS_MD.read_text()
+    models = [config.Scenario, config.ModelSpec, config.TrainingSpec, config.ClusterSpec, config.HardwareProfile,
+              config.GpuSpec, config.CpuSpec, config.LinkSpec, config.NodeSpec, config.UplinkSpec,
+              config.SocketLinkSpec, config.FabricSpec, config.NicSpec, config.NvmeSpec, config.NetworkSpec,
+              config.InterconnectSpec, config.LeaseSpread]
+    missing = [f"{m.__name__}.{name}" for m in models for name in m.model_fields
+               if not re.search(rf"(?<![\w]){re.escape(name)}(?![\w])", text)]
+    assert not missing, f"docs/scenarios.md does not name {missing}"
