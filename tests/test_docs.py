@@ -134,3 +134,9 @@ def test_every_scenario_and_profile_key_is_in_the_reference() -> None:
     missing = [f"{m.__name__}.{name}" for m in models for name in m.model_fields
                if not re.search(rf"(?<![\w]){re.escape(name)}(?![\w])", text)]
     assert not missing, f"docs/scenarios.md does not name {missing}"
+
+
+def test_every_system_has_a_row_in_the_model_page() -> None:
+    text = (ROOT / "docs" / "model.md").read_text()
+    missing = [name for name in SYSTEMS if f"| `{name}` |" not in text]
+    assert not missing, f"docs/model.md, table of systems under 'Systems from blocks': add {missing}"
