@@ -38,6 +38,11 @@ def shipped_scenarios_dir() -> Path:
     return data_root() / SCENARIOS_DIR
 
 
+def shipped_calibration_dir() -> Path:
+    """The shipped calibration folders (``calibration/<machine>/``: tables, measured DeepSpeed runs)."""
+    return data_root() / CALIBRATION_DIR
+
+
 def default_references() -> Path:
     return data_root() / VALIDATION_DIR / "references.yaml"
 

@@ -56,10 +56,13 @@ from sosim.errors import ConfigError
 from sosim.hf_model import model_from_hf
 from sosim.loader import Located, available_profiles, load_scenario
 from sosim.plan import Category, Op, Phase, Plan, ResourceKind
+from sosim.resources import data_root, shipped_calibration_dir
 from sosim.result import Result
 
-ROOT = Path(__file__).resolve().parent.parent
-CALIBRATION_DIR = ROOT / "calibration"
+# The shipped calibration folders: the checkout's calibration/, or sosim/_data/calibration in a wheel (never
+# a path built from this file's location, which in an installed package is site-packages/).
+ROOT = data_root()
+CALIBRATION_DIR = shipped_calibration_dir()
 STEPS_FILE = "deepspeed_steps.csv"
 BUDGET_REL = 0.10  # issue 9: every measured offloaded run within 10% of its median
 BAND_TARGET_COVERAGE = 0.80  # issue 11: >= 80% of runs inside their predicted 80% band

@@ -3,13 +3,19 @@ that shipped files cite only what a user can open.
 
 The full check (build the wheel, install it into a clean virtual environment, run shipped examples from
 another folder) is in .ci/run; ``test_wheel_carries_the_data`` (``--slow``, needs the package index for the
-isolated build) builds the wheel and looks inside.
+isolated build) builds the wheel and looks inside; ``test_installed_wheel_validates_what_the_checkout_does``
+installs it (``--no-deps``, into a target folder on top of this environment's dependencies) and runs
+``sosim validate`` from an empty folder.
 """
 
 from __future__ import annotations
 
 import ast
+import csv
+import json
+import os
 import re
+import shutil
 import subprocess
 import sys
 import zipfile
@@ -102,3 +108,63 @@ def test_wheel_carries_the_data(tmp_path: Path) -> None:
     assert "sosim/_data/validation/references.yaml" in names
     assert "sosim/_data/calibration/nvidia-h200-2026-11-29/measurements.csv" in names
     assert "sosim/_data/calibration/nvidia-h200-2026-11-30/measurements.csv" in names
+
+
+def _build_wheel(out: Path) -> Path:
+    """The wheel of a copy of the checkout (pip builds in the source tree: a copy keeps build/ out of the
+    checkout, and a file deleted from the checkout cannot linger in a reused build/lib)."""
+    src = out / "src"
+    ignore = shutil.ignore_patterns("__pycache__", "*.pyc", "_data", "*.egg-info")
+    src.mkdir()
+    for name in ("setup.py", "pyproject.toml", "README.md", "MANIFEST.in"):
+        shutil.copy2(ROOT / name, src / name)
+    data_dirs = _setup_constants()["DATA_DIRS"]
+    assert isinstance(data_dirs, tuple)
+    for folder in ("sosim", *data_dirs):
+        shutil.copytree(ROOT / folder, src / folder, ignore=ignore)
+    proc = subprocess.run([sys.executable, "-m", "pip", "wheel", str(src), "--no-deps", "-w", str(out / "dist"), "-q"],
+                          capture_output=True, text=True, check=False)
+    if proc.returncode != 0:
+        pytest.skip(f"cannot build the wheel here (isolated build needs the package index): {proc.stderr[-300:]}")
+    (wheel,) = (out / "dist").glob("sosim-*.whl")
+    return wheel
+
+
+def _validate_json(cmd: list[str], cwd: Path, env: dict[str, str]) -> dict[str, object]:
+    proc = subprocess.run([*cmd, "validate", "--format", "json", "--band-replays", "0"], cwd=cwd, env=env,
+                          capture_output=True, text=True, check=False, timeout=300)
+    assert proc.returncode in (0, 1), proc.stderr  # 1: a row outside its budget is a result; 2 is an input error
+    out = json.loads(proc.stdout)
+    assert isinstance(out, dict)
+    return out
+
+
+def test_installed_wheel_validates_what_the_checkout_does(tmp_path: Path) -> None:
+    """Issue 15: from an installed wheel, run outside the checkout, ``sosim validate`` checks as many published
+    rows and measured runs as the checkout does (it once checked 0 measured runs, silently)."""
+    wheel = _build_wheel(tmp_path)
+    site = tmp_path / "site"
+    proc = subprocess.run([sys.executable, "-m", "pip", "install", "--no-deps", "--no-compile", "-q", "--target",
+                           str(site), str(wheel)], capture_output=True, text=True, check=False)
+    assert proc.returncode == 0, proc.stderr
+    away = tmp_path / "away"
+    away.mkdir()
+    # The installed copy first on the path (ahead of this environment's editable install of the checkout); the
+    # dependencies come from this environment. The entry-point script pip wrote is what a user runs.
+    env = {**os.environ, "PYTHONPATH": str(site), "PYTHONSAFEPATH": "1"}
+    env.pop("SOSIM_PROFILES", None)
+    installed = _validate_json([sys.executable, str(site / "bin" / "sosim")], away, env)
+    checkout_env = {**env, "PYTHONPATH": str(ROOT)}
+    checkout = _validate_json([sys.executable, "-m", "sosim"], away, checkout_env)
+
+    assert installed["data"] == str(site / "sosim" / "_data"), installed["data"]
+    assert checkout["data"] == str(ROOT)
+    counts = installed["checked"]
+    assert counts == checkout["checked"], (counts, checkout["checked"])
+    assert isinstance(counts, dict) and counts["measured"] > 0
+    assert counts["published"] == len(read_yaml(ROOT / "validation/references.yaml").data["rows"])
+    shipped_runs = 0
+    for steps in (ROOT / "calibration").glob("*/deepspeed_steps.csv"):
+        with steps.open() as f:
+            shipped_runs += len({row["run_id"] for row in csv.DictReader(f)})
+    assert counts["measured"] + counts["measured_skipped"] == shipped_runs
