@@ -25,6 +25,7 @@ import pytest
 
 from sosim.loader import load_profile, read_yaml
 from sosim.resources import data_root, example_scenarios, find_example, shipped_profiles_dir
+from sosim.resources import shipped as shipped_file
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -44,6 +45,8 @@ def _setup_constants() -> dict[str, object]:
 def test_checkout_reads_the_top_level_folders() -> None:
     assert data_root() == ROOT
     assert shipped_profiles_dir() == ROOT / "hardware_profiles"
+    model = "scenarios/deepspeed/models/llama-3-8b.json"
+    assert shipped_file(model) == ROOT / model
 
 
 def test_examples_by_name() -> None:
@@ -75,6 +78,14 @@ def test_everything_the_shipped_files_point_at_is_shipped() -> None:
         assert shipped(ROOT / row["scenario"]), row["id"]
     for sweep in (ROOT / "scenarios/sweeps").glob("*.yaml"):
         assert shipped(sweep.parent / read_yaml(sweep).data["base"])
+    # What the notebooks read (``"../scenarios/x.yaml"`` from notebooks/) ships too, so that a notebook can
+    # find it in an installed sosim through sosim.resources.shipped("scenarios/x.yaml").
+    named = re.compile(r"""["']\.\./((?:{})/[^"']+)["']""".format("|".join(dirs)))
+    for notebook in (ROOT / "notebooks").glob("*.ipynb"):
+        code = "\n".join("".join(cell["source"]) for cell in json.loads(notebook.read_text())["cells"]
+                         if cell["cell_type"] == "code")
+        for rel in named.findall(code):
+            assert shipped(ROOT / rel), f"{notebook.name}: {rel}"
 
 
 NOT_SHIPPED = re.compile(r"\b(REFERENCE|DESIGN|KINDS|H200)\.md\b")
@@ -130,13 +141,17 @@ def _build_wheel(out: Path) -> Path:
     return wheel
 
 
-def _validate_json(cmd: list[str], cwd: Path, env: dict[str, str]) -> dict[str, object]:
-    proc = subprocess.run([*cmd, "validate", "--format", "json", "--band-replays", "0"], cwd=cwd, env=env,
-                          capture_output=True, text=True, check=False, timeout=300)
-    assert proc.returncode in (0, 1), proc.stderr  # 1: a row outside its budget is a result; 2 is an input error
-    out = json.loads(proc.stdout)
-    assert isinstance(out, dict)
-    return out
+def _validate_json(cmd: list[str], cwd: Path, env: dict[str, str]) -> subprocess.Popen[str]:
+    return subprocess.Popen([*cmd, "validate", "--format", "json", "--band-replays", "0"], cwd=cwd, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def _json_of(proc: subprocess.Popen[str]) -> dict[str, object]:
+    out, err = proc.communicate(timeout=300)
+    assert proc.returncode in (0, 1), err  # 1: a row outside its budget is a result; 2 is an input error
+    data = json.loads(out)
+    assert isinstance(data, dict)
+    return data
 
 
 def test_installed_wheel_validates_what_the_checkout_does(tmp_path: Path) -> None:
@@ -153,9 +168,10 @@ def test_installed_wheel_validates_what_the_checkout_does(tmp_path: Path) -> Non
     # dependencies come from this environment. The entry-point script pip wrote is what a user runs.
     env = {**os.environ, "PYTHONPATH": str(site), "PYTHONSAFEPATH": "1"}
     env.pop("SOSIM_PROFILES", None)
-    installed = _validate_json([sys.executable, str(site / "bin" / "sosim")], away, env)
-    checkout_env = {**env, "PYTHONPATH": str(ROOT)}
-    checkout = _validate_json([sys.executable, "-m", "sosim"], away, checkout_env)
+    # Both at once (each is one process; the machine has two cores).
+    from_wheel = _validate_json([sys.executable, str(site / "bin" / "sosim")], away, env)
+    from_checkout = _validate_json([sys.executable, "-m", "sosim"], away, {**env, "PYTHONPATH": str(ROOT)})
+    installed, checkout = _json_of(from_wheel), _json_of(from_checkout)
 
     assert installed["data"] == str(site / "sosim" / "_data"), installed["data"]
     assert checkout["data"] == str(ROOT)
