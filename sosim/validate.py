@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -141,7 +142,7 @@ def row_problems(row: Any, i: int, loc: Located, base_dir: Path) -> list[str]:
     return problems
 
 
-def run_validation(path: Path = DEFAULT_REFERENCES, base_dir: Path = ROOT) -> list[Row]:
+def run_validation(path: Path = DEFAULT_REFERENCES, base_dir: Path = ROOT, progress: bool = False) -> list[Row]:
     loc = read_yaml(path)
     data = loc.data
     rows = data.get("rows") if isinstance(data, dict) else None
@@ -150,8 +151,11 @@ def run_validation(path: Path = DEFAULT_REFERENCES, base_dir: Path = ROOT) -> li
     problems = [p for i, r in enumerate(rows) for p in row_problems(r, i, loc, base_dir)]
     if problems:
         raise ConfigError(problems)
+    from tqdm import tqdm  # plain (not .auto): the bar goes to stderr
+
     out = []
-    for i, r in enumerate(rows):
+    for i, r in enumerate(tqdm(rows, desc="validate: published rows", unit="row", file=sys.stderr,
+                               disable=not progress, dynamic_ncols=True, leave=False)):
         try:
             out.append(evaluate(r, base_dir))
         except SosimError as exc:  # a row whose scenario or overrides do not load
@@ -180,7 +184,7 @@ def _measured(args: argparse.Namespace) -> Report | None:
                                "--no-measured to check the published rows only)"])
     else:
         folders = [Path(m) for m in args.measured]
-    report = vm.validate_measured(folders, bands=args.band_replays)
+    report = vm.validate_measured(folders, bands=args.band_replays, progress=sys.stderr.isatty())
     if not report.results:
         reasons = [f"  skipped {s.run_id}@{s.machine}: {s.reason} ({s.where})" for s in report.skipped[:5]]
         raise ConfigError([f"{', '.join(map(str, folders))}: 0 measured runs could be compared "
@@ -198,7 +202,7 @@ def checked_counts(rows: list[Row], measured: Report | None) -> dict[str, int]:
 def _cmd(args: argparse.Namespace) -> int:
     from sosim import validate_measured as vm
 
-    rows = run_validation(Path(args.references))
+    rows = run_validation(Path(args.references), progress=sys.stderr.isatty())
     bad = [r for r in rows if not r.within]
     # The measured DeepSpeed runs: rows read from calibration/*/deepspeed_steps.csv (sosim.validate_measured).
     measured = _measured(args)

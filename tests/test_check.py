@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import io
 import json
 import shutil
+import sys
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
@@ -63,9 +65,10 @@ def test_baseline_records_predictions_and_what_produced_them(baseline: Path) -> 
 
 def test_unchanged_inputs_pass(baseline: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     junit = tmp_path / "junit.xml"
-    code, out, _ = _run(["check", str(baseline), "--junit", str(junit)], capsys)
+    code, out, err = _run(["check", str(baseline), "--junit", str(junit)], capsys)
     assert code == 0, out
     assert "2 ok, 0 moved, 0 error(s)" in out
+    assert err == ""  # stderr is not a terminal here: no progress bar
     suite = ET.parse(junit).getroot().find("testsuite")
     assert suite is not None and suite.get("tests") == "2" and suite.get("failures") == "0"
     # An identical profile copy in a user folder: another file, the same bytes, the same predictions.
@@ -197,3 +200,17 @@ def test_tolerances() -> None:
     for bad in ("fast", "speed=1%", "-1%", "nan"):
         with pytest.raises(SosimError, match="--tolerance"):
             parse_tolerances([bad])
+
+
+class _Terminal(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+def test_progress_bar_only_on_a_terminal(baseline: Path, monkeypatch: pytest.MonkeyPatch,
+                                         capsys: pytest.CaptureFixture[str]) -> None:
+    term = _Terminal()
+    monkeypatch.setattr(sys, "stderr", term)
+    assert main(["check", str(baseline)]) == 0
+    assert "check:" in term.getvalue() and "/2 [" in term.getvalue()  # tqdm: "check:   0%|...| 0/2 [..."
+    assert "check:" not in capsys.readouterr().out
