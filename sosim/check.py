@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from sosim.errors import ConfigError, SosimError
-from sosim.output import check_output_path, json_safe, print_json, write_output
+from sosim.output import check_finite_result, check_output_path, json_safe, print_json, write_output
 
 BASELINE_FORMAT = "sosim-check/1"
 DEFAULT_TOLERANCE_REL = 0.01  # 1%: far above the simulator's run-to-run noise (it is deterministic: none)
@@ -107,6 +107,7 @@ def predict(source: str, overrides: Sequence[str], version: str, code: str) -> P
 
     sc = load_scenario(source, overrides)
     result = simulate(sc)
+    check_finite_result(source, result.metrics)  # an inf/NaN number is not a prediction to store or compare
     scenario_file = resolve_scenario_path(source)
     profile = _profile_file(source, overrides)
     inputs = {
