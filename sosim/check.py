@@ -223,6 +223,33 @@ def _entry_problems(row: Any, i: int, loc: Any) -> list[str]:
                                 f"must be a finite number, got {value!r}")
         if not isinstance(metrics.get("feasible"), bool):
             problems.append(f"{where}: scenarios[{i}].metrics.feasible: must be true or false")
+    if isinstance(row.get("overrides"), list) and not all(isinstance(o, str) for o in row["overrides"]):
+        problems.append(f"{loc.where(('scenarios', i, 'overrides'))}: scenarios[{i}].overrides: must be a list of "
+                        "strings (KEY.PATH=VALUE)")
+    if isinstance(row.get("inputs"), dict):
+        problems += _inputs_problems(row["inputs"], i, loc)
+    return problems
+
+
+_TEXT_INPUTS = ("scenario_file", "scenario_sha256", "profile", "profile_sha256", "system", "implementation",
+                "sosim_version", "sosim_code_sha256")
+
+
+def _inputs_problems(inputs: dict[str, Any], i: int, loc: Any) -> list[str]:
+    """The recorded inputs are compared with the current ones: each must have the type --write gives it."""
+    def at(key: str) -> str:
+        return f"{loc.where(('scenarios', i, 'inputs', key))}: scenarios[{i}].inputs.{key}"
+
+    problems = [f"{at(k)}: must be a string" for k in _TEXT_INPUTS if not isinstance(inputs.get(k), str)]
+    if not isinstance(inputs.get("profile_file"), (str, type(None))):
+        problems.append(f"{at('profile_file')}: must be a path or null")
+    overrides = inputs.get("overrides")
+    if not (isinstance(overrides, list) and all(isinstance(o, str) for o in overrides)):
+        problems.append(f"{at('overrides')}: must be a list of strings")
+    tables = inputs.get("calibration")
+    if not (isinstance(tables, list) and all(isinstance(t, dict) and isinstance(t.get("file"), str)
+                                             and isinstance(t.get("sha256"), str) for t in tables)):
+        problems.append(f"{at('calibration')}: must be a list of {{\"file\": path, \"sha256\": digest}}")
     return problems
 
 
@@ -295,10 +322,10 @@ def inputs_moved(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
     """Each recorded input that differs, as ``label: before -> now``."""
     lines = []
     for key, label in INPUT_LABELS.items():
-        before, after = old.get(key), new.get(key)
+        before, after = old[key], new[key]  # read_baseline checked the recorded ones
         if key == "calibration":
-            before = [c.get("sha256") for c in before or [] if isinstance(c, dict)]
-            after = [c["sha256"] for c in after or []]
+            before = [c["sha256"] for c in before]
+            after = [c["sha256"] for c in after]
         if before == after:
             continue
         if key == "scenario_sha256":
@@ -308,10 +335,8 @@ def inputs_moved(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
                          f"{_short(before)}) -> {new['profile']} ({new['profile_file'] or 'inline'}, sha256 "
                          f"{_short(after)})")
         elif key == "calibration":
-            was = ", ".join(f"{Path(c['file']).parent.name}/{Path(c['file']).name} {_short(c['sha256'])}"
-                            for c in old.get("calibration") or [] if isinstance(c, dict) and "file" in c)
-            now = ", ".join(f"{Path(c['file']).parent.name}/{Path(c['file']).name} {_short(c['sha256'])}"
-                            for c in new["calibration"])
+            was, now = (", ".join(f"{Path(c['file']).parent.name}/{Path(c['file']).name} {_short(c['sha256'])}"
+                                  for c in d["calibration"]) for d in (old, new))
             lines.append(f"{label}(s) [{was or 'none'}] -> [{now or 'none'}]")
         elif key.endswith("sha256"):
             lines.append(f"{label} sha256 {_short(before)} -> {_short(after)}")
@@ -442,14 +467,15 @@ def _cmd(args: argparse.Namespace) -> int:
 def register_cli(sub: Any) -> None:
     p = sub.add_parser("check", help="compare predictions with a stored baseline (CI regression guard)",
                        description=(__doc__ or "").split("\n\n")[1])
-    p.add_argument("baseline", nargs="?", metavar="BASELINE", help="baseline JSON to check against")
+    p.add_argument("baseline", nargs="?", metavar="BASELINE",
+                   help="baseline JSON to check against (with --write: the first scenario)")
     p.add_argument("scenarios", nargs="*", metavar="SCENARIO", help="with --write: scenario files or example names")
     p.add_argument("--write", metavar="BASELINE", help="predict SCENARIOs and record them in BASELINE")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY.PATH=VALUE",
                    help="override applied to every scenario (recorded with --write; added on top when checking)")
     p.add_argument("--tolerance", action="append", default=[], metavar="[NUMBER=]REL",
                    help=f"relative tolerance, e.g. 2%% or 0.02 for every number, tokens_per_s=0.5%% for one "
-                        f"(numbers: {', '.join(METRICS)}; default {DEFAULT_TOLERANCE_REL:.0%})")
+                        f"(numbers: {', '.join(METRICS)}; default {DEFAULT_TOLERANCE_REL * 100:g}%%)")
     p.add_argument("--only-worse", action="store_true",
                    help="fail only when a number moves the bad way (slower, more memory, infeasible)")
     p.add_argument("--junit", metavar="OUT.xml", help="write JUnit XML, one testcase per scenario")

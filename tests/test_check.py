@@ -183,7 +183,23 @@ def test_bad_metric_in_baseline_names_its_line(baseline: Path, capsys: pytest.Ca
     assert f"{baseline}:{line}: scenarios[1].metrics.tokens_per_s: must be a finite number, got 'fast'" in err
 
 
+def test_bad_recorded_inputs_are_named(baseline: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    doc = json.loads(baseline.read_text())
+    doc["scenarios"][0]["inputs"]["calibration"] = 3.5
+    doc["scenarios"][0]["inputs"]["profile_sha256"] = None
+    doc["scenarios"][1]["overrides"] = [{"a": 1}]
+    baseline.write_text(json.dumps(doc, indent=2))
+    code, out, err = _run(["check", str(baseline)], capsys)
+    assert code == 2 and out == "" and "internal error" not in err
+    assert "scenarios[0].inputs.calibration: must be a list of" in err
+    assert "scenarios[0].inputs.profile_sha256: must be a string" in err
+    assert "scenarios[1].overrides: must be a list of strings" in err
+
+
 def test_usage_errors(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exc:
+        main(["check", "--help"])
+    assert exc.value.code == 0 and "default 1%)" in capsys.readouterr().out
     assert _run(["check"], capsys)[0] == 2
     assert _run(["check", "--write", str(tmp_path / "b.json")], capsys)[0] == 2
     assert _run(["check", "--write", str(tmp_path / "b.json"), GH200, GH200], capsys)[0] == 2
