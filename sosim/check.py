@@ -169,8 +169,11 @@ def write_baseline(path: Path, sources: Sequence[str], overrides: Sequence[str],
     version, code = sosim_version(), code_sha256()
     entries = []
     for given in _progress(sources, progress, "check --write"):
-        pred = predict(given, overrides, version, code)
-        stored, example = _stored_source(given, path)
+        try:
+            pred = predict(given, overrides, version, code)
+            stored, example = _stored_source(given, path)
+        except OSError as exc:  # a name the file system refuses (too long, ...): the scenario's problem
+            raise SosimError(f"{_shown(given)}: cannot read scenario: {exc.strerror or exc}") from None
         entries.append(Entry(given, stored, example, list(overrides), pred.metrics, pred.inputs))
     doc = {"format": BASELINE_FORMAT, "sosim_version": version,
            "scenarios": [{"id": e.id, "source": e.source, "example": e.example, "overrides": e.overrides,
@@ -314,6 +317,11 @@ def compare(entry: Entry, now: Prediction, tol: dict[str, float], only_worse: bo
     return out
 
 
+def _shown(text: str) -> str:
+    """A name as messages show it: at most 200 characters."""
+    return text if len(text) <= 200 else f"{text[:100]}...({len(text)} characters)"
+
+
 def _short(digest: Any) -> str:
     return str(digest)[:12]
 
@@ -357,6 +365,8 @@ def check_entries(entries: Sequence[Entry], baseline: Path, tol: dict[str, float
         except SosimError as exc:  # the scenario no longer loads (or no longer simulates): say where
             lines = exc.problems if isinstance(exc, ConfigError) else [str(exc)]
             outcome = Outcome(entry, error="; ".join(lines))
+        except OSError as exc:
+            outcome = Outcome(entry, error=f"{_shown(entry.source)}: cannot read scenario: {exc.strerror or exc}")
         outcome.seconds = time.perf_counter() - t0
         outcomes.append(outcome)
     return outcomes

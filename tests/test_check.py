@@ -204,6 +204,8 @@ def test_usage_errors(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> Non
     assert _run(["check", "--write", str(tmp_path / "b.json")], capsys)[0] == 2
     assert _run(["check", "--write", str(tmp_path / "b.json"), GH200, GH200], capsys)[0] == 2
     assert _run(["check", "--write", str(tmp_path / "b.json"), "no_such_scenario"], capsys)[0] == 2
+    code, _, err = _run(["check", "--write", str(tmp_path / "b.json"), "9" * 5000], capsys)  # name too long
+    assert code == 2 and "(5000 characters): cannot read scenario" in err
     assert not (tmp_path / "b.json").exists()
 
 
