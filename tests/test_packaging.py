@@ -106,11 +106,7 @@ def test_shipped_files_cite_only_what_a_user_can_open() -> None:
 
 @pytest.mark.slow
 def test_wheel_carries_the_data(tmp_path: Path) -> None:
-    proc = subprocess.run([sys.executable, "-m", "pip", "wheel", str(ROOT), "--no-deps", "-w", str(tmp_path), "-q"],
-                          capture_output=True, text=True, check=False)
-    if proc.returncode != 0:
-        pytest.skip(f"cannot build the wheel here (isolated build needs the package index): {proc.stderr[-300:]}")
-    (wheel,) = tmp_path.glob("sosim-*.whl")
+    wheel = _build_wheel(tmp_path)
     names = set(zipfile.ZipFile(wheel).namelist())
     for profile in (ROOT / "hardware_profiles").glob("*.yaml"):
         assert f"sosim/_data/hardware_profiles/{profile.name}" in names
