@@ -16,6 +16,7 @@ when committed next to the scenarios.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import hashlib
 import json
 import math
@@ -73,8 +74,10 @@ def code_sha256() -> str:
     return digest.hexdigest()
 
 
-def _profile_file(source: str, overrides: Sequence[str]) -> Path | None:
-    """The profile file load_scenario picks for ``source`` (None for a profile written inline)."""
+def _profile_source(source: str, overrides: Sequence[str]) -> tuple[Path | None, str]:
+    """The profile file load_scenario picks for ``source`` and its SHA-256; for a profile written inline in
+    the scenario, (None, the SHA-256 of that mapping as JSON): the same on every machine, unlike the resolved
+    profile, which holds absolute calibration paths."""
     from sosim.loader import parse_override, read_yaml, resolve_profile_path, resolve_scenario_path
 
     path = resolve_scenario_path(source)
@@ -84,12 +87,11 @@ def _profile_file(source: str, overrides: Sequence[str]) -> Path | None:
         key_path, value = parse_override(text)
         if key_path == ("hardware",):
             ref = value
-    if not isinstance(ref, (str, Path)):
-        return None
-    try:
-        return resolve_profile_path(str(ref), path.resolve().parent)
-    except KeyError:  # load_scenario has already said so; not reached for a scenario that loaded
-        return None
+    if isinstance(ref, (str, Path)):
+        with contextlib.suppress(KeyError):  # an unknown name: load_scenario has said so already
+            found = resolve_profile_path(str(ref), path.resolve().parent)
+            return found, sha256_file(found)
+    return None, hashlib.sha256(json.dumps(ref, sort_keys=True, default=str).encode()).hexdigest()
 
 
 @dataclass
@@ -109,13 +111,12 @@ def predict(source: str, overrides: Sequence[str], version: str, code: str) -> P
     result = simulate(sc)
     check_finite_result(source, result.metrics)  # an inf/NaN number is not a prediction to store or compare
     scenario_file = resolve_scenario_path(source)
-    profile = _profile_file(source, overrides)
+    profile, profile_sha = _profile_source(source, overrides)
     inputs = {
         "scenario_file": str(scenario_file), "scenario_sha256": sha256_file(scenario_file),
         "overrides": list(overrides),
         "profile": sc.hardware.name, "profile_file": None if profile is None else str(profile),
-        "profile_sha256": (sha256_file(profile) if profile is not None
-                           else hashlib.sha256(sc.hardware.model_dump_json().encode()).hexdigest()),
+        "profile_sha256": profile_sha,
         "calibration": [{"file": p, "sha256": sha256_file(Path(p))} for p in sc.hardware.calibration_paths],
         "system": str(sc.schedule.system),
         "implementation": str(getattr(sc.schedule, "implementation", None) or "(one implementation)"),

@@ -137,6 +137,29 @@ def test_scenario_file_relative_to_the_baseline_and_its_edits(tmp_path: Path,
     assert "input moved: overrides ['training.micro_batch=4'] -> ['training.micro_batch=4', " in out
 
 
+def test_profile_written_inline(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A scenario carrying its profile as a mapping: fingerprinted as that mapping; an edit of it moves both
+    the scenario file and the profile."""
+    import yaml
+
+    data = yaml.safe_load((ROOT / "scenarios" / f"{GH200}.yaml").read_text())
+    data["hardware"] = yaml.safe_load((ROOT / "hardware_profiles" / "gh200.yaml").read_text())
+    scen = tmp_path / "inline.yaml"
+    scen.write_text(yaml.safe_dump(data))
+    base = tmp_path / "base.json"
+    assert _run(["check", "--write", str(base), str(scen)], capsys)[0] == 0
+    inputs = json.loads(base.read_text())["scenarios"][0]["inputs"]
+    assert inputs["profile_file"] is None and inputs["profile"] == "gh200"
+    assert _run(["check", str(base)], capsys)[0] == 0
+    data["hardware"]["gpu"]["peak_bf16_tflops"] = 940
+    scen.write_text(yaml.safe_dump(data))
+    code, out, _ = _run(["check", str(base), "--format", "json"], capsys)
+    assert code == 1
+    (row,) = json.loads(out)["scenarios"]
+    assert [m.split(" sha256")[0].split(" (")[0] for m in row["inputs_moved"]] == [
+        f"scenario file {scen}:", "hardware profile gh200"]
+
+
 def test_scenario_that_no_longer_loads_is_an_error_naming_its_file(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     scen = tmp_path / "mine.yaml"
