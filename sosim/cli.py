@@ -1,4 +1,4 @@
-"""Command line: ``sosim run|examples|profiles|maxsize|compare|sweep|ablation|validate|tune|calibrate``.
+"""Command line: ``sosim run|examples|profiles|maxsize|compare|sweep|ablation|validate|tune|check|calibrate``.
 
 ``main(argv) -> int`` never raises for user mistakes: they are printed to stderr, one problem per line
 (``file:line: key.path: message``), with exit status 2. ``--format json`` prints exactly one JSON object on
@@ -37,7 +37,8 @@ EXIT_INTERNAL = 70  # EX_SOFTWARE: a bug in sosim, not the input
 DEBUG_ENV = "SOSIM_DEBUG"  # set to 1 to see the traceback of an internal error
 
 # Subcommands that live beside the code they drive; each module defines register_cli(subparsers).
-SUBCOMMAND_MODULES: tuple[str, ...] = ("sosim.compare", "sosim.sweep", "sosim.ablation", "sosim.validate", "sosim.tune")
+SUBCOMMAND_MODULES: tuple[str, ...] = ("sosim.compare", "sosim.sweep", "sosim.ablation", "sosim.validate", "sosim.tune",
+                                       "sosim.check")
 
 # As sosim.model.model_flops_per_step counts them: causal attention (half the score matrix), no recomputation.
 MFU_DEFINITION = ("model FLOPs per step (6 x parameters x tokens + 6 x layers x hidden x seq_len x tokens: "

@@ -38,6 +38,18 @@ def shipped_scenarios_dir() -> Path:
     return data_root() / SCENARIOS_DIR
 
 
+def shipped(relative: str) -> Path:
+    """A shipped file by its path in the repository layout (``scenarios/deepspeed/models/llama-3-8b.json``),
+    in a checkout or an installed wheel alike: what a notebook or script should use instead of ``../scenarios/``,
+    which only resolves from inside a checkout."""
+    return data_root() / relative
+
+
+def shipped_calibration_dir() -> Path:
+    """The shipped calibration folders (``calibration/<machine>/``: tables, measured DeepSpeed runs)."""
+    return data_root() / CALIBRATION_DIR
+
+
 def default_references() -> Path:
     return data_root() / VALIDATION_DIR / "references.yaml"
 

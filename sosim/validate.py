@@ -11,9 +11,10 @@ from __future__ import annotations
 
 import argparse
 import math
+import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sosim.ablation import STEPS as ABLATION_STEPS
 from sosim.ablation import run_ablation
@@ -23,6 +24,9 @@ from sosim.maxsize import PAPER_FAMILY, find_max_size
 from sosim.output import print_json
 from sosim.resources import data_root, default_references
 from sosim.simulate import simulate
+
+if TYPE_CHECKING:
+    from sosim.validate_measured import Report
 
 # Row scenarios are named relative to the folder that holds scenarios/ (the checkout, or the package data).
 ROOT = data_root()
@@ -138,7 +142,7 @@ def row_problems(row: Any, i: int, loc: Located, base_dir: Path) -> list[str]:
     return problems
 
 
-def run_validation(path: Path = DEFAULT_REFERENCES, base_dir: Path = ROOT) -> list[Row]:
+def run_validation(path: Path = DEFAULT_REFERENCES, base_dir: Path = ROOT, progress: bool = False) -> list[Row]:
     loc = read_yaml(path)
     data = loc.data
     rows = data.get("rows") if isinstance(data, dict) else None
@@ -147,8 +151,11 @@ def run_validation(path: Path = DEFAULT_REFERENCES, base_dir: Path = ROOT) -> li
     problems = [p for i, r in enumerate(rows) for p in row_problems(r, i, loc, base_dir)]
     if problems:
         raise ConfigError(problems)
+    from tqdm import tqdm  # plain (not .auto): the bar goes to stderr
+
     out = []
-    for i, r in enumerate(rows):
+    for i, r in enumerate(tqdm(rows, desc="validate: published rows", unit="row", file=sys.stderr,
+                               disable=not progress, dynamic_ncols=True, leave=False)):
         try:
             out.append(evaluate(r, base_dir))
         except SosimError as exc:  # a row whose scenario or overrides do not load
@@ -160,17 +167,50 @@ def run_validation(path: Path = DEFAULT_REFERENCES, base_dir: Path = ROOT) -> li
     return out
 
 
+def _measured(args: argparse.Namespace) -> Report | None:
+    """The measured DeepSpeed runs (sosim.validate_measured), or None with --no-measured.
+
+    Zero runs compared is an input error, never a silent pass: with the default folders it means the shipped
+    calibration data was not found (an install without it, or a path built from the wrong place)."""
+    from sosim import validate_measured as vm
+
+    if args.no_measured:
+        return None
+    if args.measured is None:
+        folders = vm.find_run_folders()
+        if not folders:
+            raise ConfigError([f"{vm.CALIBRATION_DIR}: no measured runs found (no */{vm.STEPS_FILE}); the shipped "
+                               "calibration data is missing from this install (reinstall sosim, or pass "
+                               "--no-measured to check the published rows only)"])
+    else:
+        folders = [Path(m) for m in args.measured]
+    report = vm.validate_measured(folders, bands=args.band_replays, progress=sys.stderr.isatty())
+    if not report.results:
+        reasons = [f"  skipped {s.run_id}@{s.machine}: {s.reason} ({s.where})" for s in report.skipped[:5]]
+        raise ConfigError([f"{', '.join(map(str, folders))}: 0 measured runs could be compared "
+                           f"({len(report.skipped)} skipped)", *reasons])
+    return report
+
+
+def checked_counts(rows: list[Row], measured: Report | None) -> dict[str, int]:
+    """How many rows the command checked: the numbers CI compares between a checkout and an installed wheel."""
+    return {"published": len(rows),
+            "measured": 0 if measured is None else len(measured.results),
+            "measured_skipped": 0 if measured is None else len(measured.skipped)}
+
+
 def _cmd(args: argparse.Namespace) -> int:
     from sosim import validate_measured as vm
 
-    rows = run_validation(Path(args.references))
+    rows = run_validation(Path(args.references), progress=sys.stderr.isatty())
     bad = [r for r in rows if not r.within]
     # The measured DeepSpeed runs: rows read from calibration/*/deepspeed_steps.csv (sosim.validate_measured).
-    measured = None if args.no_measured else vm.validate_measured(
-        None if args.measured is None else [Path(m) for m in args.measured], bands=args.band_replays)
+    measured = _measured(args)
     bad_measured = 0 if measured is None else sum(not r.within for r in measured.results)
+    counts = checked_counts(rows, measured)
     if args.format == "json":
-        print_json({"rows": [r.__dict__ for r in rows], "out_of_budget": len(bad) + bad_measured,
+        print_json({"checked": counts, "data": str(ROOT), "rows": [r.__dict__ for r in rows],
+                    "out_of_budget": len(bad) + bad_measured,
                     **({"measured": measured.to_json()} if measured is not None else {})})
     else:
         print(f"{'id':<34} {'published':>10} {'predicted':>10} {'error':>8} {'budget':>7}  ok")
@@ -184,6 +224,8 @@ def _cmd(args: argparse.Namespace) -> int:
         print(f"\n{len(rows) - len(bad)}/{len(rows)} rows within budget")
         if measured is not None:
             print("\n" + vm.format_report(measured))
+        print(f"\nchecked {counts['published']} published rows and {counts['measured']} measured runs "
+              f"({counts['measured_skipped']} skipped) from {ROOT}")
     return 1 if bad or bad_measured else 0
 
 

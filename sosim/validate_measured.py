@@ -43,6 +43,7 @@ import dataclasses
 import itertools
 import json
 import math
+import sys
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -56,10 +57,13 @@ from sosim.errors import ConfigError
 from sosim.hf_model import model_from_hf
 from sosim.loader import Located, available_profiles, load_scenario
 from sosim.plan import Category, Op, Phase, Plan, ResourceKind
+from sosim.resources import data_root, shipped_calibration_dir
 from sosim.result import Result
 
-ROOT = Path(__file__).resolve().parent.parent
-CALIBRATION_DIR = ROOT / "calibration"
+# The shipped calibration folders: the checkout's calibration/, or sosim/_data/calibration in a wheel (never
+# a path built from this file's location, which in an installed package is site-packages/).
+ROOT = data_root()
+CALIBRATION_DIR = shipped_calibration_dir()
 STEPS_FILE = "deepspeed_steps.csv"
 BUDGET_REL = 0.10  # issue 9: every measured offloaded run within 10% of its median
 BAND_TARGET_COVERAGE = 0.80  # issue 11: >= 80% of runs inside their predicted 80% band
@@ -823,11 +827,13 @@ def _half_spread(s: Stat) -> float:
 
 
 def validate_measured(folders: Iterable[Path] | None = None, bands: int = 0, seed: int = 0,
-                      overrides: Sequence[str] = ()) -> Report:
-    """Every measured run of every folder, predicted and compared (``bands`` replays per run when > 0)."""
+                      overrides: Sequence[str] = (), progress: bool = False) -> Report:
+    """Every measured run of every folder, predicted and compared (``bands`` replays per run when > 0).
+    ``progress``: a bar on stderr (the CLI passes whether stderr is a terminal)."""
     results: list[RunResult] = []
     skipped: list[Skipped] = []
     known = available_profiles()
+    todo: list[tuple[MeasuredRun, str]] = []
     for folder in find_run_folders() if folders is None else folders:
         runs, skip = read_runs(Path(folder))
         skipped += skip
@@ -837,11 +843,16 @@ def validate_measured(folders: Iterable[Path] | None = None, bands: int = 0, see
                 skipped.append(Skipped(run.run_id, run.machine, run.where,
                                        f"no hardware profile for machine folder {run.machine}"
                                        + (f" (expected {profile})" if profile else "")))
-                continue
-            try:
-                results.append(predict(run, profile, bands, seed, overrides))
-            except BarrierError as exc:
-                skipped.append(Skipped(run.run_id, run.machine, run.where, str(exc)))
+            else:
+                todo.append((run, profile))
+    from tqdm import tqdm  # plain (not .auto): the bar goes to stderr
+
+    for run, profile in tqdm(todo, desc="validate: measured runs", unit="run", file=sys.stderr,
+                             disable=not progress, dynamic_ncols=True, leave=False):
+        try:
+            results.append(predict(run, profile, bands, seed, overrides))
+        except BarrierError as exc:
+            skipped.append(Skipped(run.run_id, run.machine, run.where, str(exc)))
     return Report(results, skipped)
 
 

@@ -270,6 +270,42 @@ def test_cli_validate_json_carries_measured_runs_and_bands(tmp_path: Path, capsy
     assert row["band_p10_s"] <= row["predicted_s"] * 1.05 and row["band_p90_s"] >= row["predicted_s"] * 0.95
     assert measured["bands"]["runs_with_band"] == 1
     assert measured["systems"]["zero2"]["within_10pct"] == 1
+    assert out["checked"] == {"published": 1, "measured": 1, "measured_skipped": 0}
+
+
+def test_cli_validate_zero_measured_runs_is_an_error(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A folder whose runs all skip (no profile for its machine) compares nothing: exit 2 naming it, not a pass."""
+    folder = tmp_path / "some-other-box"
+    shutil.copytree(RUNS_1129, folder)
+    code = main(["validate", "--measured", str(folder), "--band-replays", "0", "--format", "json"])
+    err = capsys.readouterr().err
+    assert code == 2
+    assert f"{folder}: 0 measured runs could be compared (17 skipped)" in err
+    assert "no hardware profile" in err and "Traceback" not in err
+
+
+def test_cli_validate_without_shipped_runs_is_an_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                      capsys: pytest.CaptureFixture[str]) -> None:
+    """Where the shipped calibration folders are not found (the installed-wheel bug of issue 15), validate
+    says so and exits 2 instead of checking 0 measured runs."""
+    from sosim import validate_measured as vm
+
+    empty = tmp_path / "calibration"
+    empty.mkdir()
+    monkeypatch.setattr(vm, "find_run_folders", lambda: [])
+    monkeypatch.setattr(vm, "CALIBRATION_DIR", empty)
+    assert main(["validate", "--band-replays", "0"]) == 2
+    err = capsys.readouterr().err
+    assert f"{empty}: no measured runs found" in err and "--no-measured" in err
+
+
+def test_shipped_runs_are_found_from_the_data_root() -> None:
+    from sosim import validate_measured as vm
+    from sosim.resources import data_root
+
+    assert data_root() / "calibration" == vm.CALIBRATION_DIR
+    folders = vm.find_run_folders()
+    assert RUNS_1129 in folders and len(folders) == len(list(ROOT.glob("calibration/*/deepspeed_steps.csv")))
 
 
 def test_report_script_replaces_only_marked_sections(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
