@@ -50,7 +50,7 @@ from sosim.config import Scenario
 from sosim.errors import ConfigError, SosimError
 from sosim.loader import load_derived, load_scenario
 from sosim.tune_memo import ReadMemo
-from sosim.tune_space import BATCH_KEYS, PARALLEL_KEYS, SEARCH_SPACE, TRAINING_KNOBS, Knob, refine_values
+from sosim.tune_space import BATCH_KEYS, PARALLEL_KEYS, TRAINING_KNOBS, Knob, refine_values, search_space
 
 Objective = Literal["tokens_per_s", "time_to_tokens"]
 Settings = dict[str, Any]  # dotted scenario key -> value
@@ -409,12 +409,9 @@ class Tuner:
         return out
 
     def _systems(self) -> list[str]:
-        try:
-            from sosim.schedules import SYSTEM_NAMES
+        from sosim.schedules import SYSTEMS
 
-            known = list(SYSTEM_NAMES)
-        except ImportError:  # pragma: no cover - a reshaped build: the table's systems
-            known = list(SEARCH_SPACE)
+        known = list(SYSTEMS)
         wanted = list(self.options.systems) if self.options.systems else known
         unknown = [s for s in wanted if s not in known]
         if unknown:
@@ -465,7 +462,7 @@ class Tuner:
                 "training": set(type(sc.training).model_fields),
                 "cluster": set(type(sc.cluster).model_fields),
             }
-            table = (*TRAINING_KNOBS, *SEARCH_SPACE.get(system, ()))
+            table = (*TRAINING_KNOBS, *search_space(system))
             active, dropped = [], []
             for knob in table:
                 section, _, name = knob.key.partition(".")

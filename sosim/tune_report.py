@@ -8,7 +8,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from sosim.tune import Evaluation, SystemMemory, TuneResult
-from sosim.tune_space import LABELS, SEARCH_SPACE, TRAINING_KNOBS, Knob, zero_stage_of
+from sosim.tune_space import LABELS, TRAINING_KNOBS, Knob, all_system_knobs, zero_stage_of
 
 # Words for the breakdown buckets of a result (sosim.result.BREAKDOWN_KEYS); a bucket a later build adds
 # is named from its key ("exposed_nvme_s" -> "nvme exposed").
@@ -69,7 +69,7 @@ def bottleneck(metrics: Mapping[str, Any]) -> str:
 
 def _knob_index() -> dict[str, Knob]:
     out: dict[str, Knob] = {}
-    for knob in (*TRAINING_KNOBS, *(k for ks in SEARCH_SPACE.values() for k in ks)):
+    for knob in (*TRAINING_KNOBS, *all_system_knobs()):
         out.setdefault(knob.key, knob)
     return out
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 import difflib
 import json
 import math
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -14,14 +13,11 @@ from sosim import model as tm
 from sosim.config import ModelSpec
 from sosim.dsconfig.schema import (
     _ACT_CKPT_KEYS,
-    _ADAM_TYPES,
     _MISSING,
-    _OFFLOAD_NVME_ONLY,
     _TOP_IGNORED,
     _TOP_MAPPED,
     _ZERO_IGNORED,
     _ZERO_TYPES,
-    BF16_BYTES_PER_ELEMENT,
     DEFAULT_SEQ_LEN,
     DS_DEFAULTS,
     DS_KEYS,
@@ -33,6 +29,9 @@ from sosim.errors import ConfigError
 from sosim.hf_model import HfModel, load_hf_model
 from sosim.jsonio import Note, notes_by_status, read_json
 from sosim.loader import KeyPath, Located, parse_override
+from sosim.schedules import registry
+from sosim.schedules.offload_ds import prefetch_layers_for as prefetch_layers_for
+from sosim.schedules.system_api import DeepSpeedForm, ZeroView
 
 
 # --------------------------------------------------------------------------------------------------------
@@ -149,6 +148,17 @@ class _Mapper:
         self.handled.add(path)
         self.notes.append(Note("ignored", _dotted(path), self.where(path), self.get(path), reason=reason,
                                affects_step=affects_step))
+
+    def note(self, status: str, key: str, to: str, as_value: Any, reason: str, *, path: KeyPath | None = None,
+             value: Any = None) -> None:
+        """A note that marks nothing handled: a value derived from other keys (where: ``path``, else the file)."""
+        kind: Any = status
+        where = self.where(path) if path is not None else self.loc.origin
+        self.notes.append(Note(kind, key, where, value, to, as_value, reason))
+
+    @staticmethod
+    def missing(value: Any) -> bool:
+        return value is _MISSING
 
     # ---- typed reads: DeepSpeed's pydantic rules (lax: 1e8 for an int is fine, a fraction is not) -------
     def number(self, path: KeyPath, *, integer: bool, lo: float | None = None, lo_open: bool = False,
@@ -440,35 +450,40 @@ def _read_ckpt(m: _Mapper, out: _Decided) -> None:
                                      f"{why}: sosim assumes on; pass --activation-checkpointing off otherwise")))
 
 
-def _read_zero(m: _Mapper, out: _Decided, model: dict[str, Any]) -> None:
+def _zero_section(m: _Mapper) -> tuple[dict[str, Any], int] | None:
+    """The zero_optimization section ({} when absent or a boolean) and its stage; None after an error."""
     z = ("zero_optimization",)
     zero = m.get(z)
-    stage = 0
     if zero is _MISSING or zero is None:
-        zero = {}
         m.defaulted((*z, "stage"), "schedule.system", "gpu_only", "no zero_optimization: ZeRO disabled (stage 0)")
-    elif isinstance(zero, bool):
+        return {}, 0
+    if isinstance(zero, bool):
         # runtime/zero/config.py read_zero_config_deprecated: true means stage 1.
-        stage = 1 if zero else 0
         m.handled.add(z)
-        zero = {}
-    elif not isinstance(zero, dict):
+        return {}, 1 if zero else 0
+    if not isinstance(zero, dict):
         m.error(z, "expected an object")
-        return
-    else:
-        m.handled.add(z)
-        if "stage" in zero:
-            if m.is_auto((*z, "stage")):
-                m.ignored((*z, "stage"), "\"auto\" is dropped by DeepSpeedConfigModel: stage 0")
-            else:
-                s = m.number((*z, "stage"), integer=True, lo=0, hi=3)
-                if s is None:
-                    return
-                stage = int(s)
+        return None
+    m.handled.add(z)
+    stage = 0
+    if "stage" in zero:
+        if m.is_auto((*z, "stage")):
+            m.ignored((*z, "stage"), "\"auto\" is dropped by DeepSpeedConfigModel: stage 0")
+        else:
+            s = m.number((*z, "stage"), integer=True, lo=0, hi=3)
+            if s is None:
+                return None
+            stage = int(s)
+    return zero, stage
+
+
+def _check_zero_values(m: _Mapper, zero: dict[str, Any]) -> None:
+    """Aliases given twice, then value types of every field (DeepSpeed rejects a bad value whether or not it
+    matters for speed)."""
+    z = ("zero_optimization",)
     for alias, name in ZERO_ALIASES.items():
         if alias in zero and name in zero:
             m.error((*z, alias), f"given twice, as {alias} and {name}")
-    # Value types first, for every field (DeepSpeed rejects a bad value whether or not it matters for speed).
     for key, value in zero.items():
         kind = _ZERO_TYPES.get(ZERO_ALIASES.get(key, key))
         if kind is not None and value != "auto":
@@ -477,443 +492,137 @@ def _read_zero(m: _Mapper, out: _Decided, model: dict[str, Any]) -> None:
             else:
                 m.number((*z, key), integer=True, lo=0)
             m.handled.discard((*z, key))  # checked, not yet accounted for in the report
-    if m.problems:
-        return
-    dp = out.cluster.get("gpus", 1) // out.cluster.get("sequence_parallel", 1)
 
-    def zget(*keys: str) -> tuple[KeyPath, Any]:
-        for key in keys:
-            if key in zero:
-                return (*z, key), zero[key]
-        return (*z, keys[0]), _MISSING
 
-    # Offload devices, including the deprecated booleans (cpu_offload -> offload_optimizer cpu, ...).
-    def device(section: str, deprecated: str) -> tuple[str, dict[str, Any]]:
-        sec: Any = zero.get(section, _MISSING)
-        if sec is None:
-            m.handled.add((*z, section))
-            sec = _MISSING
-        if sec is not _MISSING and not isinstance(sec, dict):
-            m.error((*z, section), "expected an object like {\"device\": \"cpu\"}")
-            return "none", {}
-        if deprecated in zero:
-            on = m.boolean((*z, deprecated))
-            if sec is not _MISSING:
-                m.error((*z, deprecated), f"deprecated; cannot be given together with {section} (DeepSpeed "
-                        "asserts this in config_utils.py)")
-            elif on:
-                m.mapped((*z, deprecated), f"{section}.device", "cpu", f"deprecated spelling of "
-                         f"{section}: {{device: cpu}}")
-                return "cpu", {}
-            else:
-                m.mapped((*z, deprecated), f"{section}.device", "none", "deprecated; false means no offload")
-        if not isinstance(sec, dict):
-            return "none", {}
+def _deprecated_device(m: _Mapper, zero: dict[str, Any], section: str, deprecated: str,
+                       given: bool) -> str | None:
+    """The device a deprecated boolean (cpu_offload, cpu_offload_param) gives, when it decides one."""
+    z = ("zero_optimization",)
+    on = m.boolean((*z, deprecated))
+    if given:
+        m.error((*z, deprecated), f"deprecated; cannot be given together with {section} (DeepSpeed asserts this in "
+                "config_utils.py)")
+        return None
+    if on:
+        m.mapped((*z, deprecated), f"{section}.device", "cpu", f"deprecated spelling of {section}: {{device: cpu}}")
+        return "cpu"
+    m.mapped((*z, deprecated), f"{section}.device", "none", "deprecated; false means no offload")
+    return None
+
+
+def _offload_device(m: _Mapper, zero: dict[str, Any], section: str, deprecated: str) -> tuple[str, dict[str, Any]]:
+    """Offload device and section, including the deprecated booleans (cpu_offload -> offload_optimizer cpu)."""
+    z = ("zero_optimization",)
+    sec: Any = zero.get(section, _MISSING)
+    if sec is None:
         m.handled.add((*z, section))
-        dev_path = (*z, section, "device")
-        dev = sec.get("device", "none")
-        if m.is_auto(dev_path):
-            dev = "none"
-        if dev not in ("none", "cpu", "nvme"):
-            m.error(dev_path, f"expected \"none\", \"cpu\" or \"nvme\", got {json.dumps(dev)}")
-            return "none", sec
-        m.handled.add(dev_path)
-        return dev, sec
+        sec = _MISSING
+    if sec is not _MISSING and not isinstance(sec, dict):
+        m.error((*z, section), "expected an object like {\"device\": \"cpu\"}")
+        return "none", {}
+    if deprecated in zero and _deprecated_device(m, zero, section, deprecated, sec is not _MISSING) == "cpu":
+        return "cpu", {}
+    if not isinstance(sec, dict):
+        return "none", {}
+    m.handled.add((*z, section))
+    dev_path = (*z, section, "device")
+    dev = sec.get("device", "none")
+    if m.is_auto(dev_path):
+        dev = "none"
+    if dev not in ("none", "cpu", "nvme"):
+        m.error(dev_path, f"expected \"none\", \"cpu\" or \"nvme\", got {json.dumps(dev)}")
+        return "none", sec
+    m.handled.add(dev_path)
+    return dev, sec
 
-    opt_dev, opt = device("offload_optimizer", "cpu_offload")
-    param_dev, param = device("offload_param", "cpu_offload_param")
+
+def _zero_view(m: _Mapper, out: _Decided, model: dict[str, Any]) -> ZeroView | None:
+    """The ZeRO section parsed into what chooses a system (None after an error)."""
+    parsed = _zero_section(m)
+    if parsed is None:
+        return None
+    zero, stage = parsed
+    _check_zero_values(m, zero)
     if m.problems:
-        return
+        return None
+    opt_dev, opt = _offload_device(m, zero, "offload_optimizer", "cpu_offload")
+    param_dev, param = _offload_device(m, zero, "offload_param", "cpu_offload_param")
+    if m.problems:
+        return None
+    super_path = ("zero_optimization", "offload_optimizer", "super_offload")
+    is_super = "super_offload" in opt and not m.is_auto(super_path) and bool(m.boolean(super_path))
+    dp = out.cluster.get("gpus", 1) // out.cluster.get("sequence_parallel", 1)
+    return ZeroView(zero=zero, stage=stage, opt_dev=opt_dev, opt=opt, param_dev=param_dev, param=param,
+                    is_super=is_super, dp=dp, model=model)
 
-    def pin(sec: dict[str, Any], section: str) -> bool:
-        path = (*z, section, "pin_memory")
-        if "pin_memory" in sec and not m.is_auto(path):
-            return bool(m.boolean(path))
-        if "cpu_offload_use_pin_memory" in zero:
-            return bool(m.boolean((*z, "cpu_offload_use_pin_memory")))
-        return True
 
-    # Which system.
-    sched = out.schedule
-    system_path = (*z, "stage")
+def _unmodelled(v: ZeroView) -> tuple[KeyPath, str]:
+    """Why no system reads a ZeRO configuration (DeepSpeed's own rules first)."""
+    z = ("zero_optimization",)
+    if v.opt_dev == "cpu" and v.stage == 0:
+        return (*z, "offload_optimizer"), "optimizer offload needs ZeRO stage 1, 2 or 3 (stage is 0)"
+    if "nvme" in (v.opt_dev, v.param_dev):
+        return (*z, "offload_optimizer", "device"), (
+            "NVMe offload is modelled for ZeRO stage 3 with offload_optimizer: {device: nvme}; offload_param may be "
+            "nvme, cpu or none")
+    if v.param_dev == "cpu" and v.opt_dev == "none" and v.stage == 3:
+        return (*z, "offload_param"), ("parameter offload without optimizer offload is not modelled by sosim (add "
+                                       "offload_optimizer: {device: cpu})")
+    return z, (f"no system of sosim models stage {v.stage} with offload_optimizer {v.opt_dev} and offload_param "
+               f"{v.param_dev}")
+
+
+def _choose_system(m: _Mapper, v: ZeroView) -> tuple[str, DeepSpeedForm, str] | None:
+    """The one registered system whose DeepSpeed form claims this configuration (and why)."""
+    claims = [(name, s.deepspeed, why) for name, s in registry.SYSTEMS.items() if s.deepspeed is not None
+              for why in [s.deepspeed.claims(v)] if why is not None]
+    if not claims:
+        m.error(*_unmodelled(v))
+        return None
+    if len(claims) > 1:
+        m.error(("zero_optimization",), "systems " + " and ".join(c[0] for c in claims) + " both read this "
+                "configuration (a registry error: each system's DeepSpeed form must claim its own)")
+        return None
+    return claims[0]
+
+
+def _report_system(m: _Mapper, v: ZeroView, system: str, why: str) -> None:
+    """The notes of the keys that chose the system."""
+    z = ("zero_optimization",)
     super_path = (*z, "offload_optimizer", "super_offload")
-    is_super = False
-    if "super_offload" in opt and not m.is_auto(super_path):
-        is_super = bool(m.boolean(super_path))
-    if opt_dev == "cpu" and stage == 0:
-        m.error((*z, "offload_optimizer"), "optimizer offload needs ZeRO stage 1, 2 or 3 (stage is 0)")
-        return
-    if "nvme" in (opt_dev, param_dev) and (stage != 3 or opt_dev != "nvme"):
-        m.error((*z, "offload_optimizer", "device"), "NVMe offload is modelled for ZeRO stage 3 with "
-                "offload_optimizer: {device: nvme} (sosim's zero_infinity_nvme); offload_param may be nvme, cpu or "
-                "none")
-        return
-    if param_dev == "cpu" and opt_dev not in ("cpu", "nvme") and stage == 3:
-        m.error((*z, "offload_param"), "parameter offload without optimizer offload is not modelled by sosim "
-                "(add offload_optimizer: {device: cpu})")
-        return
-    if opt_dev == "nvme":
-        system = "zero_infinity_nvme"
-        why = (f"stage 3 + offload_optimizer nvme (+ offload_param {param_dev}): ZeRO-Infinity's NVMe tier "
-               "(runtime/swap_tensor)")
-        sched["offload_param"] = param_dev
-        for key in ("pipeline_read", "pipeline_write"):
-            if key in opt and not m.is_auto((*z, "offload_optimizer", key)):
-                sched[key] = bool(m.boolean((*z, "offload_optimizer", key)))
-                m.mapped((*z, "offload_optimizer", key), f"schedule.{key}", sched[key])
-        aio = m.get(("aio",))
-        if isinstance(aio, dict):
-            for key, knob in (("block_size", "aio_block_size"), ("queue_depth", "aio_queue_depth"),
-                              ("intra_op_parallelism", "aio_intra_op_parallelism"), ("thread_count",
-                                                                                     "aio_intra_op_parallelism")):
-                if key in aio and isinstance(aio[key], int) and not isinstance(aio[key], bool):
-                    sched[knob] = aio[key]
-                    m.mapped(("aio", key), f"schedule.{knob}", aio[key])
-    elif opt_dev == "cpu" and stage in (1, 2):
-        system = "zero_offload"
-        why = (f"stage {stage} + offload_optimizer cpu: ZeRO-Offload"
-               + (" (stage 1 does not partition gradients across ranks; sosim's zero_offload is stage 2)"
-                  if stage == 1 and dp > 1 else ""))
-    elif opt_dev == "cpu" and is_super:
-        system = "superoffload"
-        why = "stage 3 + offload_optimizer.super_offload: SuperOffloadOptimizer_Stage3 (engine.py)"
-    elif opt_dev == "cpu" and param_dev == "cpu":
-        system = "zero_infinity"
-        why = "stage 3 + offload_optimizer cpu + offload_param cpu: ZeRO-Infinity (parameters streamed from CPU)"
-    elif opt_dev == "cpu":
-        system = "zero3_offload"
-        why = "stage 3 + offload_optimizer cpu: ZeRO-3 offload"
-    elif stage == 3:
-        system = "zero3"
-        why = "stage 3 without offload: ZeRO-3 in HBM (weights gathered per layer, gradients reduce-scattered)"
-        for key, knob_type in (("zero_quantized_weights", bool), ("zero_hpz_partition_size", int),
-                               ("zero_quantized_gradients", bool)):
-            if key in zero and not m.is_auto((*z, key)):
-                value = zero[key]
-                if isinstance(value, knob_type) and not (knob_type is int and isinstance(value, bool)):
-                    sched[key] = value
-                    m.mapped((*z, key), f"schedule.{key}", value, "ZeRO++ (sosim/schedules/zero3.py)")
-    else:
-        system = "gpu_only"
-        why = f"stage {stage} without offload: everything in HBM"
-    sched["system"] = system
-    if system not in ("gpu_only", "zero3"):
-        sched["implementation"] = "deepspeed"
-        why += "; implementation deepspeed (DeepSpeed 0.19's code path)"
-    if system_path[-1] in zero:
-        m.mapped(system_path, "schedule.system", system, why)
-    elif zero:
-        m.defaulted(system_path, "schedule.system", system, "DeepSpeed default stage 0; " + why)
-    for section, dev in (("offload_optimizer", opt_dev), ("offload_param", param_dev)):
-        if "device" in (opt if section == "offload_optimizer" else param):
-            used = system != "gpu_only" and not (section == "offload_param" and stage < 3)
-            if used or dev == "none":
-                m.mapped((*z, section, "device"), "schedule.system", system)
-    if "super_offload" in opt and stage == 3 and opt_dev == "cpu":
+    if "stage" in v.zero:
+        m.mapped((*z, "stage"), "schedule.system", system, why)
+    elif v.zero:
+        m.defaulted((*z, "stage"), "schedule.system", system, "DeepSpeed default stage 0; " + why)
+    for section, dev, sec in (("offload_optimizer", v.opt_dev, v.opt), ("offload_param", v.param_dev, v.param)):
+        if "device" in sec and (dev == "none" or not (section == "offload_param" and v.stage < 3)):
+            m.mapped((*z, section, "device"), "schedule.system", system)
+    if "super_offload" in v.opt and v.stage == 3 and v.opt_dev == "cpu":
         m.mapped(super_path, "schedule.system", system)
-    if param_dev == "cpu" and stage < 3:
+    if v.param_dev == "cpu" and v.stage < 3:
         m.ignored((*z, "offload_param"), "read only at stage 3 (engine.py); no effect here")
-    if stage < 3 and is_super:
+    if v.stage < 3 and v.is_super:
         m.ignored(super_path, "read only at stage 3 (engine.py _configure_zero_optimizer); no effect here",
                   affects_step=False)
 
-    # gpu_only: model state per parameter with ZeRO partitioning across the data-parallel ranks.
-    if system == "gpu_only":
-        per_stage = {0: 16.0, 1: 4.0 + 12.0 / dp, 2: 2.0 + 14.0 / dp, 3: 16.0 / dp}
-        sched["state_bytes_per_param"] = per_stage[stage]
-        m.notes.append(Note("mapped", "zero_optimization.stage", m.where(system_path), stage,
-                            "schedule.state_bytes_per_param", per_stage[stage],
-                            f"stage {stage} on {dp} data-parallel ranks: bf16 params and grads plus fp32 master, m, "
-                            "v (16 B/param), partitioned as ZeRO does"
-                            + ("; gpu_only models DDP all-reduce, not stage-3 parameter all-gathers" if stage == 3
-                               and dp > 1 else "")))
-        for key in ("overlap_comm", "reduce_bucket_size", "sub_group_size"):
-            if key in zero:
-                m.ignored((*z, key), "gpu_only models DDP's overlapped 25 MB all-reduce buckets"
-                          if key != "sub_group_size" else "used by offloaded ZeRO-3 optimizers only")
-        for section, sec in (("offload_optimizer", opt), ("offload_param", param)):
-            for key in sec:
-                if (*z, section, key) not in m.handled:
-                    m.ignored((*z, section, key), "no offload: no effect")
-        if m.get(("optimizer",)) is not _MISSING:
-            m.ignored(("optimizer",), "gpu_only times a fused GPU Adam step")
-        if m.get(("zero_force_ds_cpu_optimizer",)) is not _MISSING:
-            m.ignored(("zero_force_ds_cpu_optimizer",), "no CPU optimizer without offload")
-    elif system == "zero3":
-        # ZeRO-3 in HBM: the reduce bucket is the schedule's; offload sections and CPU optimizer do not apply.
-        if "reduce_bucket_size" in zero and not m.is_auto((*z, "reduce_bucket_size")):
-            n = zero["reduce_bucket_size"]
-            if isinstance(n, (int, float)) and not isinstance(n, bool) and n > 0:
-                sched["bucket_mb"] = float(n) * BF16_BYTES_PER_ELEMENT / 1e6
-                m.mapped((*z, "reduce_bucket_size"), "schedule.bucket_mb", sched["bucket_mb"])
-        for key in ("overlap_comm", "sub_group_size"):
-            if key in zero:
-                m.ignored((*z, key), "zero3 overlaps its collectives with compute; the GPU optimizer steps the "
-                          "whole partition")
-        for section, sec in (("offload_optimizer", opt), ("offload_param", param)):
-            for key in sec:
-                if (*z, section, key) not in m.handled:
-                    m.ignored((*z, section, key), "no offload: no effect")
-        if m.get(("optimizer",)) is not _MISSING:
-            m.ignored(("optimizer",), "zero3 times a GPU Adam step over each rank's partition")
-        if m.get(("zero_force_ds_cpu_optimizer",)) is not _MISSING:
-            m.ignored(("zero_force_ds_cpu_optimizer",), "no CPU optimizer without offload")
-    else:
-        _read_offload_knobs(m, out, zero, opt, param, param_dev, stage, system, pin, zget, model, dp)
-    _ignore_rest_of_zero(m, zero, stage, dp, model, sched)
 
-
-def _read_offload_knobs(m: _Mapper, out: _Decided, zero: dict[str, Any], opt: dict[str, Any],
-                        param: dict[str, Any], param_dev: str, stage: int, system: str,
-                        pin: Callable[[dict[str, Any], str], bool],
-                        zget: Callable[..., tuple[KeyPath, Any]], model: dict[str, Any], dp: int) -> None:
-    z = ("zero_optimization",)
-    sched = out.schedule
-    hidden = int(model["hidden"])
-
-    # pin_memory: one knob in sosim. ZeRO-Infinity moves parameters too: pageable if either side is.
-    opt_pin = pin(opt, "offload_optimizer")
-    pin_value = opt_pin
-    reason = "" if "pin_memory" in opt else "DeepSpeed default (pinned)"
-    if system == "zero_infinity":
-        param_pin = pin(param, "offload_param")
-        pin_value = opt_pin and param_pin
-        if opt_pin != param_pin:
-            reason = "optimizer and parameter offload differ; sosim has one pin_memory knob: pageable wins"
-        if "pin_memory" in param:
-            m.mapped((*z, "offload_param", "pin_memory"), "schedule.pin_memory", pin_value, reason)
-    if "pin_memory" in opt:
-        m.mapped((*z, "offload_optimizer", "pin_memory"), "schedule.pin_memory", pin_value, reason)
-    elif "cpu_offload_use_pin_memory" in zero:
-        m.mapped((*z, "cpu_offload_use_pin_memory"), "schedule.pin_memory", pin_value, "deprecated spelling")
-    else:
-        m.defaulted((*z, "offload_optimizer", "pin_memory"), "schedule.pin_memory", pin_value, reason)
-    sched["pin_memory"] = pin_value
-
-    # overlap_comm: DeepSpeed's default depends on the stage (runtime/zero/config.py overlap_comm_valid).
-    path, value = zget("overlap_comm")
-    default_overlap = stage == 3
-    if value is _MISSING or m.is_auto(path):
-        sched["overlap_comm"] = default_overlap
-        m.defaulted(path, "schedule.overlap_comm", default_overlap,
-                    f"DeepSpeed default for stage {stage} (true only at stage 3)")
-    else:
-        b = m.boolean(path)
-        if b is not None:
-            sched["overlap_comm"] = b
-            m.mapped(path, "schedule.overlap_comm", b)
-
-    # reduce_bucket_size (elements) -> bucket_mb (MB of bf16 gradients).
-    path, value = zget("reduce_bucket_size")
-    if value is _MISSING:
-        n = DS_DEFAULTS["reduce_bucket_size"]
-        m.defaulted(path, "schedule.bucket_mb", n * BF16_BYTES_PER_ELEMENT / 1e6, f"DeepSpeed default {n:.0e} elements")
-    elif m.is_auto(path):
-        n = hidden * hidden
-        m.mapped(path, "schedule.bucket_mb", n * BF16_BYTES_PER_ELEMENT / 1e6,
-                 f"\"auto\": the HF Trainer sets hidden_size^2 = {n} elements")
-    else:
-        v = m.number(path, integer=True, lo=0, lo_open=True)
-        if v is None:
-            return
-        n = int(v)
-        note = "" if system == "zero_offload" else (
-            "kept for the 'ideal' variant; sosim's stage-3 DeepSpeed paths move gradients per sub-group")
-        m.mapped(path, "schedule.bucket_mb", n * BF16_BYTES_PER_ELEMENT / 1e6,
-                 f"{n} elements x 2 B; {note}".rstrip("; "))
-    sched["bucket_mb"] = n * BF16_BYTES_PER_ELEMENT / 1e6
-
-    # The optimizer that runs on the CPU.
-    _read_optimizer(m, sched, system)
-
-    # Stage-3 knobs.
-    path, value = zget("sub_group_size")
-    if stage == 3:
-        if value is _MISSING or m.is_auto(path):
-            n = DS_DEFAULTS["sub_group_size"]
-            m.defaulted(path, "schedule.sub_group_elements", float(n), f"DeepSpeed default {n:.0e} elements")
-        else:
-            v = m.number(path, integer=True, lo=0, lo_open=True)
-            if v is None:
-                return
-            n = int(v)
-            m.mapped(path, "schedule.sub_group_elements", float(n))
-        sched["sub_group_elements"] = float(n)
-    elif value is not _MISSING:
-        m.ignored(path, "used by ZeRO stage 3 only")
-
-    path, value = zget("prefetch_bucket_size", "stage3_prefetch_bucket_size")
-    layer_params = tm.layer_params(ModelSpec.model_validate(model))
-    if system == "zero_infinity":
-        if value is _MISSING:
-            n = DS_DEFAULTS["prefetch_bucket_size"]
-            how = f"DeepSpeed default {n:.0e} elements"
-        elif m.is_auto(path):
-            n = int(0.9 * hidden * hidden)
-            how = f"\"auto\": the HF Trainer sets 0.9 x hidden_size^2 = {n} elements"
-        else:
-            v = m.number(path, integer=True, lo=0)
-            if v is None:
-                return
-            n = int(v)
-            how = ""
-        layers = prefetch_layers_for(n, layer_params)
-        how = (how + "; " if how else "") + f"{n} elements / {layer_params} per layer -> {layers} layer(s) ahead"
-        if value is _MISSING:
-            m.defaulted(path, "schedule.prefetch_layers", layers, how)
-        else:
-            m.mapped(path, "schedule.prefetch_layers", layers, how)
-        sched["prefetch_layers"] = layers
-    elif value is not _MISSING:
-        extra = " (\"auto\": 0.9 x hidden_size^2 in the HF Trainer)" if m.is_auto(path) else ""
-        m.ignored(path, "prefetch depth is modelled for zero_infinity (parameters streamed from CPU); "
-                  f"{system} gathers one unit ahead{extra}", affects_step=stage == 3 and dp > 1)
-
-    # Offload-optimizer knobs.
-    o = (*z, "offload_optimizer")
-    ratio_path, cores_path = (*o, "ratio"), (*o, "cpuadam_cores_perc")
-    ratio = 1.0
-    if "ratio" in opt and not m.is_auto(ratio_path):
-        r = m.number(ratio_path, integer=False, lo=0, hi=1)
-        if r is None:
-            return
-        ratio = float(r)
-    if system == "superoffload":
-        sched["gpu_optimizer_fraction"] = round(1.0 - ratio, 12)
-        if "ratio" in opt:
-            m.mapped(ratio_path, "schedule.gpu_optimizer_fraction", sched["gpu_optimizer_fraction"],
-                     "1 - ratio: the share of sub-groups whose optimizer stays on the GPU")
-        else:
-            m.defaulted(ratio_path, "schedule.gpu_optimizer_fraction", 0.0, "DeepSpeed default ratio 1.0")
-        cores = DS_DEFAULTS["cpuadam_cores_perc"]
-        if "cpuadam_cores_perc" in opt and not m.is_auto(cores_path):
-            c = m.number(cores_path, integer=False, lo=0, lo_open=True, hi=1)
-            if c is None:
-                return
-            cores = float(c)
-            m.mapped(cores_path, "schedule.cpu_adam_core_fraction", cores,
-                     "the SuperOffload worker's share of the cores (superoffload_utils.py)")
-        else:
-            m.defaulted(cores_path, "schedule.cpu_adam_core_fraction", cores, "DeepSpeed default 0.8")
-        sched["cpu_adam_core_fraction"] = cores
-        placement = "flow" if param_dev == "cpu" else "stationary"
-        sched["weight_placement"] = placement
-        # The DeepSpeed path casts on the CPU and speculates whenever clipping is off; both follow from the
-        # implementation (superoffload_stage3.py), so they are written as such.
-        sched["cast"] = "cpu"
-        sched["speculation"] = True
-        reason = ("offload_param cpu: bf16 weights stream from CPU memory" if placement == "flow"
-                  else "no offload_param: bf16 weights stay in HBM")
-        m.notes.append(Note("defaulted", "zero_optimization.offload_param", m.loc.origin, None,
-                            "schedule.weight_placement", placement, reason))
-    else:
-        sched["cpu_adam_core_fraction"] = 1.0
-        m.notes.append(Note("defaulted", "zero_optimization.offload_optimizer.cpuadam_cores_perc", m.loc.origin,
-                            None, "schedule.cpu_adam_core_fraction", 1.0,
-                            "DeepSpeedCPUAdam runs on all the process's cores; cpuadam_cores_perc applies to "
-                            "super_offload only"))
-        if "ratio" in opt:
-            if ratio < 1.0 and stage < 3:
-                m.error(ratio_path, "partial offload (ratio < 1) needs stage 3; DeepSpeed asserts this "
-                        "(runtime/zero/config.py offload_ratio_check)")
-                return
-            m.ignored(ratio_path, "partial offload of a plain ZeRO-3 optimizer is not modelled; the prediction "
-                      "has every sub-group on the CPU" if ratio < 1.0 else "1.0: everything offloaded (the "
-                      "default)", affects_step=ratio < 1.0)
-        if "cpuadam_cores_perc" in opt:
-            m.ignored(cores_path, "read by the super_offload worker only (superoffload_utils.py)")
-    if system == "zero_offload":
-        sched["dpu"] = False
-    for section, sec in (("offload_optimizer", opt), ("offload_param", param)):
-        for key in sec:
-            if key in _OFFLOAD_NVME_ONLY and (*z, section, key) not in m.handled:
-                m.ignored((*z, section, key), "NVMe offload only; no effect with device cpu" if system !=
-                          "zero_infinity_nvme" else "not modelled (paths and buffer sizes: memory only)")
-
-
-def prefetch_layers_for(prefetch_elements: int, layer_params: int) -> int:
-    """Layers DeepSpeed fetches ahead for a prefetch bucket of ``prefetch_elements``.
-
-    DeepSpeed's PartitionedParameterCoordinator keeps issuing parameter fetches while the elements in flight
-    are under the bucket size, so the last fetch crosses it: a bucket covers ceil(elements / layer) layers.
-    """
-    if prefetch_elements <= 0:
-        return 0
-    return max(1, math.ceil(prefetch_elements / layer_params))
-
-
-def _read_optimizer(m: _Mapper, sched: dict[str, Any], system: str) -> None:
-    opt = m.get(("optimizer",))
-    force = m.get(("zero_force_ds_cpu_optimizer",))
-    forced = True
-    if force is not _MISSING:
-        forced = bool(m.boolean(("zero_force_ds_cpu_optimizer",)))
-    if system == "superoffload":
-        sched["cpu_adam"] = "cpu_adam"
-        reason = "the SuperOffload worker always runs DeepSpeedCPUAdam (superoffload_utils.py)"
-        if isinstance(opt, dict) and "type" in opt:
-            m.mapped(("optimizer", "type"), "schedule.cpu_adam", "cpu_adam", reason)
-        else:
-            m.defaulted(("optimizer",), "schedule.cpu_adam", "cpu_adam", reason)
-        if force is not _MISSING:
-            m.ignored(("zero_force_ds_cpu_optimizer",), reason)
-        if isinstance(opt, dict):
-            m.handled.add(("optimizer",))
-            if isinstance(opt.get("params"), dict) and "torch_adam" in opt["params"]:
-                m.ignored(("optimizer", "params", "torch_adam"), reason)
-            _ignore_optimizer_rest(m, opt)
+def _read_zero(m: _Mapper, out: _Decided, model: dict[str, Any]) -> None:
+    """zero_optimization -> the system (the one whose DeepSpeed form claims it) and its knobs."""
+    v = _zero_view(m, out, model)
+    if v is None:
         return
-    if opt is _MISSING:
-        impl = "cpu_adam" if forced else "torch"
-        m.defaulted(("optimizer",), "schedule.cpu_adam", impl,
-                    "no optimizer section: the client passes one (the HF Trainer: torch AdamW); with offload "
-                    "DeepSpeed requires a DeepSpeedCPUAdam unless zero_force_ds_cpu_optimizer is false (engine.py)")
-        sched["cpu_adam"] = impl
-        if force is not _MISSING:
-            m.mapped(("zero_force_ds_cpu_optimizer",), "schedule.cpu_adam", impl)
+    chosen = _choose_system(m, v)
+    if chosen is None:
         return
-    if force is not _MISSING:
-        m.ignored(("zero_force_ds_cpu_optimizer",), "applies to client optimizers; the config names one")
-    if not isinstance(opt, dict):
-        m.error(("optimizer",), "expected an object like {\"type\": \"AdamW\"}")
-        return
-    kind = opt.get("type")
-    torch_adam = False
-    params = opt.get("params")
-    if isinstance(params, dict) and "torch_adam" in params:
-        torch_adam = bool(m.boolean(("optimizer", "params", "torch_adam")))
-    if isinstance(kind, str) and kind.lower() in _ADAM_TYPES:
-        impl = "torch" if torch_adam else "cpu_adam"
-        m.mapped(("optimizer", "type"), "schedule.cpu_adam", impl,
-                 "torch_adam: torch's Adam on CPU tensors" if torch_adam else
-                 "offload selects DeepSpeedCPUAdam (engine.py get_optimizer_configuration)")
-        if torch_adam:
-            m.mapped(("optimizer", "params", "torch_adam"), "schedule.cpu_adam", impl)
-    else:
-        impl = "cpu_adam"
-        m.ignored(("optimizer", "type"), f"sosim times Adam/AdamW on the CPU; {kind!r} would take a different "
-                  "time (the prediction uses DeepSpeedCPUAdam)", affects_step=True)
-    sched["cpu_adam"] = impl
-    m.handled.add(("optimizer",))
-    _ignore_optimizer_rest(m, opt)
-
-
-def _ignore_optimizer_rest(m: _Mapper, opt: dict[str, Any]) -> None:
-    for key in opt:
-        if key not in ("type", "params"):
-            m.ignored(("optimizer", key), "optimizer setting; no modelled effect on time")
-    params = opt.get("params")
-    if isinstance(params, dict):
-        rest = [k for k in params if k != "torch_adam"]
-        if rest:
-            m.handled.update(("optimizer", "params", k) for k in rest)
-            m.notes.append(Note("ignored", "optimizer.params", m.where(("optimizer", "params")),
-                                {k: params[k] for k in rest},
-                                reason="hyperparameters (learning rate, betas, ...): no effect on the step time"))
+    system, form, why = chosen
+    out.schedule["system"] = system
+    _report_system(m, v, system, why)
+    form.read(m, v, out.schedule)
+    _ignore_rest_of_zero(m, dict(v.zero), v.stage, v.dp, model, out.schedule, form.checks_max_live)
 
 
 def _ignore_rest_of_zero(m: _Mapper, zero: dict[str, Any], stage: int, dp: int, model: dict[str, Any],
-                         sched: dict[str, Any]) -> None:
+                         sched: dict[str, Any], checks_max_live: bool) -> None:
     z = ("zero_optimization",)
     for key in zero:
         path = (*z, key)
@@ -931,8 +640,7 @@ def _ignore_rest_of_zero(m: _Mapper, zero: dict[str, Any], stage: int, dp: int, 
                 affects = affects and active
                 if active and dp == 1 and when == "dp":
                     reason += "; with one data-parallel rank there is nothing to quantize or split"
-            if name == "max_live_parameters" and sched.get("system") in ("zero3_offload", "zero_infinity",
-                                                                           "superoffload"):
+            if name == "max_live_parameters" and checks_max_live:
                 _check_max_live(m, path, value, model, sched)
                 continue
             if value == "auto" and name == "param_persistence_threshold":
