@@ -51,6 +51,7 @@ from sosim.errors import ConfigError, SosimError
 from sosim.loader import load_derived, load_scenario
 from sosim.tune_memo import ReadMemo
 from sosim.tune_space import BATCH_KEYS, PARALLEL_KEYS, TRAINING_KNOBS, Knob, refine_values, search_space
+from sosim.tune_write import write_ds_config
 
 Objective = Literal["tokens_per_s", "time_to_tokens"]
 Settings = dict[str, Any]  # dotted scenario key -> value
@@ -1252,24 +1253,6 @@ def tune(base: Scenario | str | Path | Mapping[str, Any], options: TuneOptions |
 DEFAULT_OUT = "ds_config.tuned.json"
 
 
-def write_ds_config(result: TuneResult, out: str | Path, base_ds: Mapping[str, Any] | None = None) -> dict[str, Any]:
-    """Write the winner as a DeepSpeed config (the user's own config's other keys kept); say if a file was
-    replaced. Returns what was written: path, overwrote, not_expressible."""
-    from sosim import dsconfig
-
-    best = result.best
-    if best is None or best.scenario is None:
-        return {"path": None, "skipped": "no configuration fits"}
-    emitted = dsconfig.ds_config_from_scenario(best.scenario, base_ds)
-    path = Path(out)
-    overwrote = path.exists()
-    try:
-        dsconfig.write_ds_config(emitted, path)
-    except OSError as exc:
-        raise ConfigError([f"--out {out}: cannot write: {exc.strerror or exc}"]) from None
-    return {"path": str(path), "overwrote": overwrote, "not_expressible": list(emitted.not_expressible)}
-
-
 def _positive_float(text: str) -> float:
     import argparse
 
@@ -1395,7 +1378,7 @@ def run_tune(args: Any) -> int:
     start = time.perf_counter()
     result = Tuner(sc, options).run()
     elapsed = time.perf_counter() - start
-    written = {"path": None, "skipped": "--no-write"} if args.no_write else write_ds_config(result, args.out, base_ds)
+    written = {"path": None, "skipped": "--no-write"} if args.no_write else write_ds_config(result, args.out, base_ds, args.model)
     if args.format == "json":
         print_json({"scenario": sc.name, "hardware": sc.hardware.name, **to_json(result, args.top, written, elapsed)})
     else:

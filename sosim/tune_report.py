@@ -316,8 +316,15 @@ def format_text(result: TuneResult, top: int = 5, scenario_name: str = "", hardw
         if written.get("path"):
             lines.append(f"wrote {written['path']}: DeepSpeed config of #1"
                          + (" (overwrote the existing file)" if written.get("overwrote") else ""))
+            outside = written.get("outside_config", [])
+            if outside:
+                lines.append("  the run needs, besides the config (predict it with the command below):")
+                lines += [f"    {o['flag']:<40} {o['reason']}" for o in outside]
+                lines.append(f"  predict it: {written['run_back']}")
+            listed = {o["key"] for o in outside}
             for note in written.get("not_expressible", []):
-                lines.append(f"  not in the config: {note}")
+                if note.split(":")[0] not in listed:
+                    lines.append(f"  not in the config: {note}")
         elif written.get("skipped"):
             lines.append(f"no DeepSpeed config written: {written['skipped']}")
     return "\n".join(lines)
