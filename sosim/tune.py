@@ -1378,7 +1378,8 @@ def run_tune(args: Any) -> int:
     start = time.perf_counter()
     result = Tuner(sc, options).run()
     elapsed = time.perf_counter() - start
-    written = {"path": None, "skipped": "--no-write"} if args.no_write else write_ds_config(result, args.out, base_ds, args.model)
+    written = ({"path": None, "skipped": "--no-write"} if args.no_write
+               else write_ds_config(result, args.out, base_ds, args.model))
     if args.format == "json":
         print_json({"scenario": sc.name, "hardware": sc.hardware.name, **to_json(result, args.top, written, elapsed)})
     else:

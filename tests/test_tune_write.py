@@ -56,7 +56,8 @@ def _tokens_per_s(capsys: pytest.CaptureFixture[str], argv: list[str]) -> tuple[
 
 
 @pytest.mark.parametrize("hardware", ["gh200", "h200-pcie-gen5-x86"])
-@pytest.mark.parametrize("ds", ["1.1b-s2048-mb4-zero3-clip0.ds_config.json", "1.1b-s2048-mb4-zero2-clip0.ds_config.json"])
+@pytest.mark.parametrize("ds", ["1.1b-s2048-mb4-zero3-clip0.ds_config.json",
+                                "1.1b-s2048-mb4-zero2-clip0.ds_config.json"])
 def test_tune_then_run_the_written_config_gives_the_winners_tokens_per_s(
         hardware: str, ds: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     out = tmp_path / "tuned.json"
