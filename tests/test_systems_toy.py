@@ -1,0 +1,71 @@
+"""A new system is one module plus one registry line: the toy system (tests/toy_system.py) round-trips through
+the DeepSpeed emitter and reader and the tuner searches its knobs, with nothing else changed."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+
+from sosim import load_scenario
+from sosim.dsconfig import RunInputs, ds_config_from_scenario, map_ds_config
+from sosim.errors import ConfigError
+from sosim.hf_model import HfModel
+from sosim.jsonio import parse_json
+from sosim.schedules import registry
+from sosim.tune import TuneOptions, tune
+from sosim.tune_space import search_space
+from tests import toy_system
+from tests.helpers import tiny_scenario
+
+NVME_PARAMS = {"train_micro_batch_size_per_gpu": 2, "bf16": {"enabled": True},
+               "zero_optimization": {"stage": 3, "offload_optimizer": {"device": "cpu"},
+                                     "offload_param": {"device": "nvme", "nvme_path": "/x", "buffer_count": 8}}}
+
+
+@pytest.fixture
+def toy(monkeypatch: pytest.MonkeyPatch) -> None:
+    # The one registry line (for this test only).
+    monkeypatch.setitem(registry._REGISTERED, "toy", registry.system_of(toy_system, toy_system.ToyKnobs))
+
+
+def _toy_scenario(**knobs: Any) -> Any:
+    data = tiny_scenario({"system": "zero3_offload"}, micro_batch=2)
+    data["schedule"] = {"system": "toy", "implementation": "deepspeed", **knobs}
+    return load_scenario(data)
+
+
+def _read(config: dict[str, Any], sc: Any) -> dict[str, Any]:
+    inputs = RunInputs(hardware=sc.hardware.name, gpus=sc.cluster.gpus, seq_len=sc.training.seq_len,
+                       activation_checkpointing=sc.training.activation_checkpointing)
+    return map_ds_config(parse_json(json.dumps(config), "toy.json"), HfModel(model=sc.model.model_dump()),
+                         inputs).scenario
+
+
+def test_without_the_registry_line_the_toy_config_is_not_modelled() -> None:
+    sc = load_scenario(tiny_scenario({"system": "zero3_offload"}, micro_batch=2))
+    with pytest.raises(ConfigError) as err:
+        _read(NVME_PARAMS, sc)
+    assert "NVMe offload is modelled for ZeRO stage 3" in err.value.problems[0]
+
+
+def test_the_toy_round_trips_through_deepspeed_configs(toy: None) -> None:
+    sc = _toy_scenario(param_buffer_count=8, sub_group_elements=2e8)
+    config = ds_config_from_scenario(sc).config
+    assert config["zero_optimization"]["offload_param"] == {"device": "nvme", "nvme_path": "/local_nvme",
+                                                            "buffer_count": 8}
+    back = load_scenario({**_read(config, sc), "hardware": sc.hardware.model_dump()})
+    assert back.schedule == sc.schedule
+    assert back.training == sc.training
+    # A user's config in the toy's shape reads as the toy.
+    mapped = _read(NVME_PARAMS, sc)
+    assert mapped["schedule"]["system"] == "toy" and mapped["schedule"]["param_buffer_count"] == 8
+
+
+def test_the_tuner_searches_the_toys_knobs(toy: None) -> None:
+    assert [k.key for k in search_space("toy")] == ["schedule.sub_group_elements", "schedule.param_buffer_count"]
+    result = tune(_toy_scenario(), TuneOptions(systems=("toy",), budget=30, jobs=1, progress=False))
+    assert result.best is not None and result.best.system == "toy"
+    tried = {e.settings.get("schedule.param_buffer_count") for e in result.evaluations}
+    assert {4, 5, 8} <= tried
