@@ -8,7 +8,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from sosim.tune import Evaluation, SystemMemory, TuneResult
-from sosim.tune_space import LABELS, TRAINING_KNOBS, Knob, all_system_knobs, zero_stage_of
+from sosim.tune_space import LABELS, TRAINING_KNOBS, Knob, all_system_knobs
 
 # Words for the breakdown buckets of a result (sosim.result.BREAKDOWN_KEYS); a bucket a later build adds
 # is named from its key ("exposed_nvme_s" -> "nvme exposed").
@@ -77,9 +77,9 @@ def _knob_index() -> dict[str, Knob]:
 KNOBS = _knob_index()
 
 
-def setting_text(key: str, value: Any) -> str:
+def setting_text(key: str, value: Any, dp: int = 1) -> str:
     if key in KNOBS:
-        return KNOBS[key].text(value)
+        return KNOBS[key].text(value, dp)
     label = LABELS.get(key, key.rsplit(".", 1)[-1])
     return f"{label} {value:g}" if isinstance(value, float) else f"{label} {value}"
 
@@ -93,10 +93,9 @@ def settings_text(ev: Evaluation, skip_parallel: bool = True) -> str:
         keys = list(s)
     order = ["cluster.data_parallel", "cluster.sequence_parallel", "training.micro_batch", "training.grad_accum"]
     keys = [k for k in order if k in keys] + [k for k in keys if k not in order]
+    dp = int(s.get("cluster.data_parallel", 1))
     for k in keys:
-        stage = zero_stage_of(float(s[k]), int(s.get("cluster.data_parallel", 1))) \
-            if k == "schedule.state_bytes_per_param" else None
-        parts.append(f"ZeRO-{stage} ({s[k]:.3g} B/param)" if stage is not None else setting_text(k, s[k]))
+        parts.append(setting_text(k, s[k], dp))
     return ", ".join(parts)
 
 

@@ -13,7 +13,6 @@ from __future__ import annotations
 from typing import Any
 
 from sosim.schedules import registry
-from sosim.schedules.gpu_only_ds import zero_stage_of as zero_stage_of
 from sosim.schedules.tuning import Knob, fmt_onoff
 
 

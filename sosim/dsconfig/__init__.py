@@ -21,11 +21,12 @@ selects; ``get_optimizer_configuration``: DeepSpeedCPUAdam vs ``torch_adam``), `
 (``HfTrainerDeepSpeedConfig``: how the Trainer fills ``"auto"``).
 
 The package, one job per module: :mod:`sosim.dsconfig.schema` (DeepSpeed's key names, defaults and the
-reasons keys are ignored, as data), :mod:`sosim.dsconfig.read` (DeepSpeed JSON -> scenario, with its
-report), :mod:`sosim.dsconfig.emit` (scenario -> DeepSpeed JSON) and :mod:`sosim.dsconfig.cli` (the
-``sosim run`` arguments and hooks). Everything public is re-exported here. What is particular to one system
-(which configs run it, its keys, its writing) is that system's DeepSpeed form, asked through the registry
-(sosim/schedules/registry.py, system_api.py): this package names no system.
+reasons keys are ignored, as data), :mod:`sosim.dsconfig.read` (DeepSpeed JSON -> scenario, with its report;
+its parts: :mod:`sosim.dsconfig.mapper`, the reader's state and notes, and :mod:`sosim.dsconfig.read_training`,
+precision / batch / clipping / checkpointing), :mod:`sosim.dsconfig.emit` (scenario -> DeepSpeed JSON) and
+:mod:`sosim.dsconfig.cli` (the ``sosim run`` arguments and hooks). Everything public is re-exported here. What
+is particular to one system (which configs run it, its keys, its writing) is that system's DeepSpeed form,
+asked through the registry (sosim/schedules/registry.py, system_api.py): this package names no system.
 """
 
 from __future__ import annotations

@@ -4,15 +4,16 @@ from __future__ import annotations
 
 import difflib
 import json
-import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from sosim import model as tm
 from sosim.config import ModelSpec
+from sosim.dsconfig.mapper import RunInputs as RunInputs
+from sosim.dsconfig.mapper import _Decided, _enabled, _Mapper
+from sosim.dsconfig.read_training import _read_batch, _read_ckpt, _read_clipping, _read_precision
 from sosim.dsconfig.schema import (
-    _ACT_CKPT_KEYS,
     _MISSING,
     _TOP_IGNORED,
     _TOP_MAPPED,
@@ -28,31 +29,10 @@ from sosim.dsconfig.schema import (
 from sosim.errors import ConfigError
 from sosim.hf_model import HfModel, load_hf_model
 from sosim.jsonio import Note, notes_by_status, read_json
-from sosim.loader import KeyPath, Located, parse_override
+from sosim.loader import KeyPath, Located
 from sosim.schedules import registry
 from sosim.schedules.offload_ds import prefetch_layers_for as prefetch_layers_for
 from sosim.schedules.system_api import DeepSpeedForm, ZeroView
-
-
-# --------------------------------------------------------------------------------------------------------
-# DeepSpeed JSON -> scenario
-# --------------------------------------------------------------------------------------------------------
-@dataclass(frozen=True)
-class RunInputs:
-    """Everything besides the two files that a DeepSpeed config alone cannot say (flags of ``sosim run``).
-
-    ``None`` means not given: the value comes from the config, from DeepSpeed's or the HF Trainer's
-    defaults, or from a stated sosim default, and the report says which.
-    """
-
-    hardware: str
-    gpus: int | None = None
-    seq_len: int | None = None
-    micro_batch: int | None = None
-    grad_accum: int | None = None
-    precision: str | None = None  # bf16 | fp16
-    activation_checkpointing: bool | None = None
-    overrides: tuple[str, ...] = ()  # --set texts: the report says which mapped values they replace
 
 
 @dataclass
@@ -87,376 +67,12 @@ class DsMapping:
         return "\n".join(lines)
 
 
-def _dotted(path: KeyPath) -> str:
-    return ".".join(str(p) for p in path)
-
-
-def _is_number(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
-
-
-class _Mapper:
-    """Reads one DeepSpeed config; every read key leaves a note; problems are collected, then raised at once."""
-
-    def __init__(self, loc: Located, inputs: RunInputs) -> None:
-        self.loc = loc
-        self.inputs = inputs
-        self.notes: list[Note] = []
-        self.problems: list[str] = []
-        self.handled: set[KeyPath] = set()
-        self.override_paths = {_dotted(parse_override(o)[0]): o for o in inputs.overrides}
-        self.dp = 1  # data-parallel ranks, known once the batch keys are read
-
-    # ---- access --------------------------------------------------------------------------------------
-    def get(self, path: KeyPath) -> Any:
-        node: Any = self.loc.data
-        for key in path:
-            if not isinstance(node, dict) or key not in node:
-                return _MISSING
-            node = node[key]
-        return node
-
-    def where(self, path: KeyPath) -> str:
-        return self.loc.where(path)
-
-    def error(self, path: KeyPath, message: str) -> None:
-        self.handled.add(path)
-        self.problems.append(f"{self.where(path)}: {_dotted(path) or '(top level)'}: {message}")
-
-    def _after_set(self, to: str, reason: str) -> str:
-        text = self.override_paths.get(to)
-        if text is None:
-            return reason
-        return f"{reason}; then replaced by --set {text}" if reason else f"replaced by --set {text}"
-
-    def mapped(self, path: KeyPath, to: str, as_value: Any, reason: str = "") -> None:
-        self.handled.add(path)
-        self.notes.append(Note("mapped", _dotted(path), self.where(path), self.get(path), to, as_value,
-                               self._after_set(to, reason)))
-
-    def defaulted(self, path: KeyPath, to: str, as_value: Any, reason: str) -> None:
-        self.handled.add(path)
-        self.notes.append(Note("defaulted", _dotted(path), self.loc.origin, None, to, as_value,
-                               self._after_set(to, reason)))
-
-    def flag(self, flag: str, to: str, as_value: Any, reason: str, status: str = "mapped") -> None:
-        note_status: Any = status
-        self.notes.append(Note(note_status, flag, "command line", as_value if status == "mapped" else None, to,
-                               as_value, self._after_set(to, reason)))
-
-    def ignored(self, path: KeyPath, reason: str, affects_step: bool = False) -> None:
-        self.handled.add(path)
-        self.notes.append(Note("ignored", _dotted(path), self.where(path), self.get(path), reason=reason,
-                               affects_step=affects_step))
-
-    def note(self, status: str, key: str, to: str, as_value: Any, reason: str, *, path: KeyPath | None = None,
-             value: Any = None) -> None:
-        """A note that marks nothing handled: a value derived from other keys (where: ``path``, else the file)."""
-        kind: Any = status
-        where = self.where(path) if path is not None else self.loc.origin
-        self.notes.append(Note(kind, key, where, value, to, as_value, reason))
-
-    @staticmethod
-    def missing(value: Any) -> bool:
-        return value is _MISSING
-
-    # ---- typed reads: DeepSpeed's pydantic rules (lax: 1e8 for an int is fine, a fraction is not) -------
-    def number(self, path: KeyPath, *, integer: bool, lo: float | None = None, lo_open: bool = False,
-               hi: float | None = None) -> float | int | None:
-        """The value at ``path``; None (and an error) when it is not a number in range."""
-        value = self.get(path)
-        if isinstance(value, str):
-            try:
-                value = float(value)
-            except ValueError:
-                self.error(path, f"expected a number, got {json.dumps(self.get(path))}")
-                return None
-        if not _is_number(value) or not math.isfinite(value):
-            self.error(path, f"expected a number, got {json.dumps(self.get(path))}")
-            return None
-        if integer:
-            if float(value) != int(value):
-                self.error(path, f"expected a whole number, got {value}")
-                return None
-            value = int(value)
-        if lo is not None and (value < lo or (lo_open and value == lo)):
-            self.error(path, f"must be {'>' if lo_open else '>='} {lo:g}, got {value}")
-            return None
-        if hi is not None and value > hi:
-            self.error(path, f"must be <= {hi:g}, got {value}")
-            return None
-        return value
-
-    def boolean(self, path: KeyPath) -> bool | None:
-        value = self.get(path)
-        if isinstance(value, bool):
-            return value
-        if value in (0, 1) and not isinstance(value, float):
-            return bool(value)
-        if isinstance(value, str) and value.lower() in ("true", "false"):
-            return value.lower() == "true"
-        self.error(path, f"expected true or false, got {json.dumps(value)}")
-        return None
-
-    def is_auto(self, path: KeyPath) -> bool:
-        return self.get(path) == "auto"
-
-
-def _enabled(value: Any) -> bool:
-    if isinstance(value, dict):
-        return bool(value.get("enabled", False))
-    return bool(value)
-
-
-@dataclass
-class _Decided:
-    """Values decided while reading, before the scenario dict is assembled."""
-
-    training: dict[str, Any] = field(default_factory=dict)
-    schedule: dict[str, Any] = field(default_factory=dict)
-    cluster: dict[str, Any] = field(default_factory=dict)
-
-
-def _read_precision(m: _Mapper, out: _Decided) -> None:
-    bf16_key = "bf16" if m.get(("bf16",)) is not _MISSING or m.get(("bfloat16",)) is _MISSING else "bfloat16"
-    states: dict[str, bool | None] = {}
-    for section in (bf16_key, "fp16"):
-        sec = m.get((section,))
-        if sec is _MISSING:
-            states[section] = None
-            continue
-        if not isinstance(sec, dict):
-            m.error((section,), "expected an object like {\"enabled\": true}")
-            continue
-        schema = DS_KEYS["bf16" if section == "bfloat16" else section]
-        path = (section, "enabled")
-        if m.is_auto(path):
-            # HfTrainerDeepSpeedConfig fills bf16.enabled / fp16.enabled from --bf16 / --fp16 (default false).
-            states[section] = None
-            m.handled.add(path)
-        elif m.get(path) is not _MISSING:
-            states[section] = m.boolean(path)
-        else:
-            states[section] = False
-            m.handled.add(path)
-        for key in sec:
-            if key == "enabled":
-                continue
-            if key not in schema:
-                continue  # reported by the unknown-key pass
-            if key in ("bf16_master_weights_and_grads", "bf16_optimizer_states", "fp16_master_weights_and_grads"):
-                m.ignored((section, key), "16-bit master weights / optimizer states change host memory and CPU "
-                          "Adam bytes; sosim models fp32 master weights and moments",
-                          affects_step=_enabled({"enabled": m.get((section, key))}))
-            elif key == "check_grad_overflow":
-                m.ignored((section, key), "bf16 overflow check: part of the DeepSpeed step sosim's DeepSpeed paths "
-                          "were checked against (default true)")
-            else:
-                m.ignored((section, key), "loss-scaling / update settings: no modelled effect on time")
-    bf16_on, fp16_on = states.get(bf16_key), states.get("fp16")
-    flag = m.inputs.precision
-    if flag is not None:
-        for section in (bf16_key, "fp16"):
-            if m.get((section, "enabled")) is not _MISSING:
-                m.mapped((section, "enabled"), "training.precision", flag, f"--precision {flag} decides")
-        m.flag("--precision", "training.precision", flag, "set on the command line")
-        out.training["precision"] = flag
-        return
-    if bf16_on and fp16_on:
-        m.error(("fp16", "enabled"), "bf16 and fp16 are both enabled; DeepSpeed rejects this (runtime/config.py)")
-        return
-    if bf16_on:
-        m.mapped((bf16_key, "enabled"), "training.precision", "bf16")
-        out.training["precision"] = "bf16"
-    elif fp16_on:
-        m.mapped(("fp16", "enabled"), "training.precision", "fp16")
-        out.training["precision"] = "fp16"
-    else:
-        auto = [s for s in (bf16_key, "fp16") if m.is_auto((s, "enabled"))]
-        detail = (f"{' and '.join(s + '.enabled' for s in auto)} is \"auto\" (the HF Trainer fills it from "
-                  "--bf16 / --fp16, default off)" if auto else "neither bf16.enabled nor fp16.enabled is true")
-        m.error((auto[0], "enabled") if auto else (bf16_key,),
-                f"{detail}: DeepSpeed would train in fp32, which sosim does not model; "
-                "pass --precision bf16|fp16")
-
-
-def _read_batch(m: _Mapper, out: _Decided) -> None:
-    """train_batch_size = micro x accumulation x data-parallel ranks, as runtime/config.py derives it."""
-    inp = m.inputs
-
-    def read(key: str) -> int | str | None:
-        path = (key,)
-        if m.get(path) is _MISSING:
-            return None
-        if m.is_auto(path):
-            return "auto"
-        value = m.number(path, integer=True, lo=1)
-        return int(value) if value is not None else "bad"
-
-    tbs, mb, gas = read("train_batch_size"), read("train_micro_batch_size_per_gpu"), read("gradient_accumulation_steps")
-    if "bad" in (tbs, mb, gas):
-        return
-    sp_val = m.get(("sequence_parallel_size",))
-    sp = 1
-    if sp_val is not _MISSING:
-        n = m.number(("sequence_parallel_size",), integer=True, lo=1)
-        if n is None:
-            return
-        sp = int(n)
-        m.mapped(("sequence_parallel_size",), "cluster.sequence_parallel", sp,
-                 "Ulysses sequence parallelism: DeepSpeed divides the world size by it (runtime/config.py)")
-    out.cluster["sequence_parallel"] = sp
-
-    # Micro-batch: flag, else the file, else derived (below); "auto" needs the flag.
-    if inp.micro_batch is not None:
-        if isinstance(mb, int) and mb != inp.micro_batch:
-            m.mapped(("train_micro_batch_size_per_gpu",), "training.micro_batch", inp.micro_batch,
-                     f"--micro-batch {inp.micro_batch} replaces the file's {mb}")
-        elif mb is not None:
-            m.mapped(("train_micro_batch_size_per_gpu",), "training.micro_batch", inp.micro_batch,
-                     f"set by --micro-batch {inp.micro_batch}")
-        else:
-            m.flag("--micro-batch", "training.micro_batch", inp.micro_batch, "set on the command line")
-        mb = inp.micro_batch
-    elif mb == "auto":
-        m.error(("train_micro_batch_size_per_gpu",), "\"auto\" (the HF Trainer fills it from "
-                "--per_device_train_batch_size): pass --micro-batch N")
-        return
-    elif isinstance(mb, int):
-        m.mapped(("train_micro_batch_size_per_gpu",), "training.micro_batch", mb)
-    if inp.grad_accum is not None:
-        if gas is not None:
-            m.mapped(("gradient_accumulation_steps",), "training.grad_accum", inp.grad_accum,
-                     f"set by --grad-accum {inp.grad_accum}")
-        else:
-            m.flag("--grad-accum", "training.grad_accum", inp.grad_accum, "set on the command line")
-        gas = inp.grad_accum
-    elif gas == "auto":
-        gas = 1
-        m.mapped(("gradient_accumulation_steps",), "training.grad_accum", 1,
-                 "\"auto\": the HF Trainer's --gradient_accumulation_steps default (1); pass --grad-accum N")
-    elif isinstance(gas, int):
-        m.mapped(("gradient_accumulation_steps",), "training.grad_accum", gas)
-    if tbs == "auto":
-        m.ignored(("train_batch_size",), "the HF Trainer computes it as micro-batch x accumulation x world size")
-        tbs = None
-
-    # GPUs: flag, else implied by train_batch_size when micro-batch and accumulation are known, else 1.
-    gpus = inp.gpus
-    if gpus is not None:
-        m.flag("--gpus", "cluster.gpus", gpus, "set on the command line")
-    elif isinstance(tbs, int) and isinstance(mb, int) and isinstance(gas, int):
-        world, rest = divmod(tbs, mb * gas)
-        if rest or world < 1:
-            m.error(("train_batch_size",), f"{tbs} is not micro-batch {mb} x accumulation {gas} x a whole number "
-                    "of data-parallel ranks (DeepSpeed's _batch_assertion would fail)")
-            return
-        gpus = world * sp
-        m.mapped(("train_batch_size",), "cluster.gpus", gpus,
-                 f"{tbs} / (micro-batch {mb} x accumulation {gas}) = {world} data-parallel ranks"
-                 + (f" x sequence_parallel {sp}" if sp > 1 else "") + "; pass --gpus to state it")
-    else:
-        gpus = sp
-        m.notes.append(Note("defaulted", "--gpus", "command line", None, "cluster.gpus", gpus,
-                            m._after_set("cluster.gpus", "not given and not implied by train_batch_size: one "
-                                         "data-parallel rank")))
-    if gpus % sp:
-        m.error(("sequence_parallel_size",), f"{sp} does not divide the {gpus} GPUs")
-        return
-    dp = gpus // sp
-    m.dp = dp
-    out.cluster["gpus"] = gpus
-
-    # DeepSpeed's _set_batch_related_parameters with world_size = data-parallel ranks.
-    if isinstance(tbs, int) and isinstance(mb, int) and isinstance(gas, int):
-        if tbs != mb * gas * dp:
-            m.error(("train_batch_size",), f"{tbs} != micro-batch {mb} x accumulation {gas} x {dp} data-parallel "
-                    "ranks; DeepSpeed rejects this (runtime/config.py _batch_assertion)")
-            return
-        if ("train_batch_size",) not in m.handled:
-            m.mapped(("train_batch_size",), "", tbs, f"consistent: {mb} x {gas} x {dp} data-parallel ranks")
-    elif isinstance(tbs, int) and isinstance(mb, int):
-        gas, rest = divmod(tbs, mb * dp)
-        if rest or gas < 1:
-            m.error(("train_batch_size",), f"{tbs} is not micro-batch {mb} x {dp} ranks x a whole accumulation")
-            return
-        m.mapped(("train_batch_size",), "training.grad_accum", gas,
-                 f"DeepSpeed derives accumulation = {tbs} / ({mb} x {dp} ranks)")
-    elif isinstance(tbs, int) and isinstance(gas, int):
-        mb, rest = divmod(tbs, gas * dp)
-        if rest or mb < 1:
-            m.error(("train_batch_size",), f"{tbs} is not accumulation {gas} x {dp} ranks x a whole micro-batch")
-            return
-        m.mapped(("train_batch_size",), "training.micro_batch", mb,
-                 f"DeepSpeed derives micro-batch = {tbs} / ({gas} x {dp} ranks)")
-    elif isinstance(tbs, int):
-        mb, rest = divmod(tbs, dp)
-        if rest:
-            m.error(("train_batch_size",), f"{tbs} is not a multiple of the {dp} data-parallel ranks")
-            return
-        gas = 1
-        m.mapped(("train_batch_size",), "training.micro_batch", mb,
-                 f"DeepSpeed: accumulation 1, micro-batch = {tbs} / {dp} ranks")
-    elif mb is None:
-        m.error(("train_micro_batch_size_per_gpu",), "missing: DeepSpeed needs train_batch_size or "
-                "train_micro_batch_size_per_gpu (or pass --micro-batch N)")
-        return
-    if gas is None:
-        gas = DS_DEFAULTS["gradient_accumulation_steps"]
-        m.defaulted(("gradient_accumulation_steps",), "training.grad_accum", gas, "DeepSpeed default")
-    out.training["micro_batch"] = mb
-    out.training["grad_accum"] = gas
-
-
-def _read_clipping(m: _Mapper, out: _Decided) -> None:
-    path = ("gradient_clipping",)
-    if m.get(path) is _MISSING:
-        out.training["gradient_clipping"] = DS_DEFAULTS["gradient_clipping"]
-        m.defaulted(path, "training.gradient_clipping", 0.0, "DeepSpeed default: no clipping (runtime/constants.py)")
-    elif m.is_auto(path):
-        out.training["gradient_clipping"] = 1.0
-        m.mapped(path, "training.gradient_clipping", 1.0, "\"auto\": the HF Trainer's --max_grad_norm default (1.0)")
-    else:
-        value = m.number(path, integer=False, lo=0)
-        if value is not None:
-            out.training["gradient_clipping"] = float(value)
-            m.mapped(path, "training.gradient_clipping", float(value))
-
-
-def _read_ckpt(m: _Mapper, out: _Decided) -> None:
-    section = m.get(("activation_checkpointing",))
-    flag = m.inputs.activation_checkpointing
-    if isinstance(section, dict):
-        for key in section:
-            reason, affects = _ACT_CKPT_KEYS.get(key, ("not a DeepSpeed 0.19 activation-checkpointing key", False))
-            on = _enabled({"enabled": section[key]}) if isinstance(section[key], bool) else bool(section[key])
-            m.ignored(("activation_checkpointing", key), reason, affects_step=affects and on)
-        m.handled.add(("activation_checkpointing",))
-    elif section is not _MISSING:
-        m.error(("activation_checkpointing",), "expected an object")
-    if flag is not None:
-        out.training["activation_checkpointing"] = flag
-        m.flag("--activation-checkpointing", "training.activation_checkpointing", flag,
-               "set on the command line")
-        return
-    out.training["activation_checkpointing"] = True
-    why = ("the model code decides (HF: gradient_checkpointing_enable() / --gradient_checkpointing; "
-           "DeepSpeed: deepspeed.checkpointing.checkpoint)")
-    if section is not _MISSING:
-        why = "this section configures deepspeed.checkpointing, which the model code must call; " + why
-    m.notes.append(Note("defaulted", "--activation-checkpointing", "command line", None,
-                        "training.activation_checkpointing", True,
-                        m._after_set("training.activation_checkpointing",
-                                     f"{why}: sosim assumes on; pass --activation-checkpointing off otherwise")))
-
-
 def _zero_section(m: _Mapper) -> tuple[dict[str, Any], int] | None:
     """The zero_optimization section ({} when absent or a boolean) and its stage; None after an error."""
     z = ("zero_optimization",)
     zero = m.get(z)
     if zero is _MISSING or zero is None:
-        m.defaulted((*z, "stage"), "schedule.system", "gpu_only", "no zero_optimization: ZeRO disabled (stage 0)")
-        return {}, 0
+        return {}, 0  # the note names the system that claims stage 0 (_report_system)
     if isinstance(zero, bool):
         # runtime/zero/config.py read_zero_config_deprecated: true means stage 1.
         m.handled.add(z)
@@ -590,7 +206,9 @@ def _report_system(m: _Mapper, v: ZeroView, system: str, why: str) -> None:
     """The notes of the keys that chose the system."""
     z = ("zero_optimization",)
     super_path = (*z, "offload_optimizer", "super_offload")
-    if "stage" in v.zero:
+    if m.get(z) in (_MISSING, None):
+        m.defaulted((*z, "stage"), "schedule.system", system, "no zero_optimization: ZeRO disabled (stage 0)")
+    elif "stage" in v.zero:
         m.mapped((*z, "stage"), "schedule.system", system, why)
     elif v.zero:
         m.defaulted((*z, "stage"), "schedule.system", system, "DeepSpeed default stage 0; " + why)

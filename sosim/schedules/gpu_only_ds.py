@@ -95,7 +95,12 @@ def emit(sc: Scenario, base: Mapping[str, Any], out: Emitted) -> None:
 
 DEEPSPEED = DeepSpeedForm(claims=claims, read=read, emit=emit)
 
+def _state_text(state: Any, dp: int) -> str:
+    stage = zero_stage_of(float(state), dp)
+    return f"ZeRO-{stage} ({float(state):.3g} B/param)" if stage is not None else f"state_B {fmt_float(state)}"
+
+
 # Stage 3's state (16/dp) is the zero3 system's: the tuner searches it there.
 STATE = Knob("schedule.state_bytes_per_param", "state_B", "model state per parameter (ZeRO stage 0-2)",
-             (16.0,), structural=True, dp_values=state_values, fmt=fmt_float, prefer_first=True)
+             (16.0,), structural=True, dp_values=state_values, fmt=fmt_float, prefer_first=True, text_dp=_state_text)
 TUNE_SPACE: tuple[Knob, ...] = (STATE,)

@@ -11,7 +11,7 @@ A system says, through a :class:`DeepSpeedForm` in its registry entry (sosim/sch
   :class:`Emitted`: key path -> value or :data:`DELETE`, and what the config cannot express).
 
 This module imports nothing from sosim.dsconfig or sosim.loader, so that system modules can be loaded by
-the registry without an import circle; the reader's type is a Protocol that ``dsconfig.read._Mapper`` meets.
+the registry without an import circle; the reader's type is a Protocol that ``dsconfig.mapper._Mapper`` meets.
 """
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ DELETE: Any = _Delete()
 
 
 class DsReader(Protocol):
-    """What a system's ``read`` may call on the DeepSpeed config reader (sosim.dsconfig.read._Mapper)."""
+    """What a system's ``read`` may call on the DeepSpeed config reader (sosim.dsconfig.mapper._Mapper)."""
 
     handled: set[KeyPath]
     dp: int

@@ -64,8 +64,12 @@ class Knob:
     # Among configurations that score the same, prefer this knob's earlier values (e.g. the lower ZeRO stage,
     # whose extra collectives the gpu_only schedule does not model).
     prefer_first: bool = False
+    # Words for a value that depend on the data-parallel degree (replaces "short fmt(value)" when given).
+    text_dp: Callable[[Any, int], str] | None = None
 
-    def text(self, value: Any) -> str:
+    def text(self, value: Any, dp: int = 1) -> str:
+        if self.text_dp is not None:
+            return self.text_dp(value, dp)
         return f"{self.short} {self.fmt(value)}"
 
     def values_for(self, dp: int) -> tuple[Any, ...]:
