@@ -69,3 +69,45 @@ def test_the_tuner_searches_the_toys_knobs(toy: None) -> None:
     assert result.best is not None and result.best.system == "toy"
     tried = {e.settings.get("schedule.param_buffer_count") for e in result.evaluations}
     assert {4, 5, 8} <= tried
+
+
+# ----------------------------------------------------------------- the shipped systems carry theirs, too
+
+SYSTEM_FREE = ["sosim/dsconfig/read.py", "sosim/dsconfig/read_training.py", "sosim/dsconfig/mapper.py",
+               "sosim/dsconfig/emit.py", "sosim/dsconfig/cli.py", "sosim/dsconfig/schema.py", "sosim/tune_space.py"]
+
+
+def test_dsconfig_and_the_tune_space_name_no_system() -> None:
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    for rel in SYSTEM_FREE:
+        text = (root / rel).read_text()
+        named = [s for s in registry.SYSTEMS if f'"{s}"' in text or f"'{s}'" in text]
+        assert not named, (rel, named)
+
+
+def test_zeropp_and_the_nvme_tier_carry_their_deepspeed_keys_and_knobs() -> None:
+    zero3, nvme = registry.SYSTEMS["zero3"], registry.SYSTEMS["zero_infinity_nvme"]
+    assert {k.key for k in zero3.tune_space} == {"schedule.zero_quantized_weights", "schedule.zero_quantized_gradients",
+                                                 "schedule.zero_hpz_partition_size"}
+    assert {"schedule.offload_param", "schedule.aio_queue_depth", "schedule.pipeline_read"} <= {
+        k.key for k in nvme.tune_space}
+    sc = load_scenario("dgx2x24_zeropp_18b")
+    config = ds_config_from_scenario(sc).config["zero_optimization"]
+    assert (config["zero_quantized_weights"], config["zero_hpz_partition_size"]) == (True, 16)
+    back = load_scenario({**_read(ds_config_from_scenario(sc).config, sc), "hardware": sc.hardware.model_dump()})
+    assert back.schedule == sc.schedule
+
+
+def test_the_tuner_moves_the_nvme_tiers_knobs() -> None:
+    # A small cut of the shipped NVMe scenario (one GPU, four layers) keeps the search quick.
+    sc = load_scenario("hgx_zero_infinity_nvme_13b", ["model.layers=4", "cluster.gpus=1", "training.micro_batch=1"])
+    result = tune(sc, TuneOptions(systems=("zero_infinity_nvme",), budget=60, jobs=1, progress=False))
+    assert result.best is not None and result.best.system == "zero_infinity_nvme"
+    tried: dict[str, set[Any]] = {}
+    for e in result.evaluations:
+        for k, v in e.settings.items():
+            tried.setdefault(k, set()).add(v)
+    assert tried["schedule.offload_param"] == {"nvme", "cpu", "none"}  # structural: crossed in the first stage
+    assert len(tried["schedule.aio_queue_depth"]) > 1 and tried["schedule.pipeline_read"] == {False, True}
