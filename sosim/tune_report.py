@@ -7,7 +7,7 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from sosim.tune import Evaluation, SystemMemory, TuneResult
+from sosim.tune_result import Evaluation, SystemMemory, TuneResult
 from sosim.tune_space import LABELS, TRAINING_KNOBS, Knob, all_system_knobs
 
 # Words for the breakdown buckets of a result (sosim.result.BREAKDOWN_KEYS); a bucket a later build adds

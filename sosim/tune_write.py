@@ -22,7 +22,7 @@ from sosim.config import Scenario
 from sosim.errors import ConfigError, SosimError
 
 if TYPE_CHECKING:
-    from sosim.tune import TuneResult
+    from sosim.tune_result import TuneResult
 
 # Scenario keys a DeepSpeed config never holds, and what decides them in a real run.
 OUTSIDE_REASONS: dict[str, str] = {
