@@ -807,10 +807,17 @@ class Tuner:
         return chosen[:n]
 
     def _search(self) -> None:
-        o = self.options
         base = self._base_evaluation()
         self.base_eval: Evaluation | None = base
         self._simulate([base])
+        starts, exhaustive = self._stage1()
+        chains = self._chains(starts, exhaustive)
+        self._descend([c for c in chains if c.space.system not in exhaustive])
+        self._refine(chains)
+
+    def _stage1(self) -> tuple[dict[str, list[Evaluation]], dict[str, list[Evaluation]]]:
+        """Stage 1; returns the structural points of the staged systems and the exhaustive systems' grids."""
+        o = self.options
         # Stage 1: structural points of every system, knobs at their defaults.
         starts: dict[str, list[Evaluation]] = {}
         exhaustive: dict[str, list[Evaluation]] = {}
@@ -838,7 +845,10 @@ class Tuner:
         finally:
             if stream is not None:
                 stream.cancel()
-        # Stage 2: coordinate descent from the best structural points of each staged system.
+        return starts, exhaustive
+
+    def _chains(self, starts: dict[str, list[Evaluation]], exhaustive: dict[str, list[Evaluation]]) -> list[_Chain]:
+        """Stage 2 starts: the best of each exhaustive grid, the ``beam`` most diverse structural points else."""
         chains: list[_Chain] = []
         for space in self.spaces:
             if space.system in exhaustive:
@@ -846,47 +856,48 @@ class Tuner:
                 if best is not None:
                     chains.append(_Chain(space, best, {k.key: list(k.values) for k in space.knobs}))
                 continue
-            for ev in self._diverse(space, starts.get(space.system, []), o.beam):
+            for ev in self._diverse(space, starts.get(space.system, []), self.options.beam):
                 chains.append(_Chain(space, ev))
-        descend = [c for c in chains if c.space.system not in exhaustive]
-        for _ in range(o.max_passes):
-            changed = False
-            n_knobs = max((len(c.space.knobs) for c in descend), default=0)
-            for i in range(n_knobs):
-                batch: list[tuple[_Chain, list[Evaluation]]] = []
-                for chain in descend:
-                    if i >= len(chain.space.knobs):
-                        continue
-                    knob = chain.space.knobs[i]
-                    if knob not in self._knobs(chain.space, chain.current.settings):
-                        continue
-                    values = list(knob.values)
-                    chain.tried.setdefault(knob.key, [])
-                    for v in values:
-                        if v not in chain.tried[knob.key]:
-                            chain.tried[knob.key].append(v)
-                    batch.append((chain, [self._step(chain.space, chain.current.settings, knob, v) for v in values]))
-                self._simulate([e for _, evs in batch for e in evs])
-                for chain, evs in batch:
-                    best = self._best([chain.current, *evs])
-                    if best is not None and best.key != chain.current.key:
-                        chain.current = best
-                        changed = True
-            if not changed:
+        return chains
+
+    def _descend(self, descend: list[_Chain]) -> None:
+        """Stage 2: coordinate descent from the best structural points of each staged system."""
+        for _ in range(self.options.max_passes):
+            if not self._descend_pass(descend):
                 break
-        # Stage 3: refine numeric knobs between the neighbours of their best value.
-        for _ in range(o.refine_rounds):
-            batch = []
-            for chain in chains:
-                for knob in chain.space.knobs:
-                    if knob.refine is None or knob not in self._knobs(chain.space, chain.current.settings):
-                        continue
-                    grid = chain.tried.setdefault(knob.key, list(knob.values))
-                    best_value = chain.current.settings.get(knob.key)
-                    new = refine_values(knob, grid, best_value)
-                    grid.extend(new)
-                    if new:
-                        batch.append((chain, [self._step(chain.space, chain.current.settings, knob, v) for v in new]))
+
+    def _descend_pass(self, descend: list[_Chain]) -> bool:
+        """One pass over the knobs (all chains' i-th knob in one batch); True when a chain moved."""
+        changed = False
+        n_knobs = max((len(c.space.knobs) for c in descend), default=0)
+        for i in range(n_knobs):
+            batch = [b for chain in descend if (b := self._knob_batch(chain, i)) is not None]
+            self._simulate([e for _, evs in batch for e in evs])
+            for chain, evs in batch:
+                best = self._best([chain.current, *evs])
+                if best is not None and best.key != chain.current.key:
+                    chain.current = best
+                    changed = True
+        return changed
+
+    def _knob_batch(self, chain: _Chain, i: int) -> tuple[_Chain, list[Evaluation]] | None:
+        """Every value of the chain's i-th knob from its current point (None: no such knob here)."""
+        if i >= len(chain.space.knobs):
+            return None
+        knob = chain.space.knobs[i]
+        if knob not in self._knobs(chain.space, chain.current.settings):
+            return None
+        values = list(knob.values)
+        chain.tried.setdefault(knob.key, [])
+        for v in values:
+            if v not in chain.tried[knob.key]:
+                chain.tried[knob.key].append(v)
+        return chain, [self._step(chain.space, chain.current.settings, knob, v) for v in values]
+
+    def _refine(self, chains: list[_Chain]) -> None:
+        """Stage 3: refine numeric knobs between the neighbours of their best value."""
+        for _ in range(self.options.refine_rounds):
+            batch = [b for chain in chains for b in self._refine_batch(chain)]
             if not batch:
                 break
             self._simulate([e for _, evs in batch for e in evs])
@@ -894,6 +905,18 @@ class Tuner:
                 best = self._best([chain.current, *evs])
                 if best is not None:
                     chain.current = best
+
+    def _refine_batch(self, chain: _Chain) -> list[tuple[_Chain, list[Evaluation]]]:
+        out = []
+        for knob in chain.space.knobs:
+            if knob.refine is None or knob not in self._knobs(chain.space, chain.current.settings):
+                continue
+            grid = chain.tried.setdefault(knob.key, list(knob.values))
+            new = refine_values(knob, grid, chain.current.settings.get(knob.key))
+            grid.extend(new)
+            if new:
+                out.append((chain, [self._step(chain.space, chain.current.settings, knob, v) for v in new]))
+        return out
 
     # ---- result
     def _result(self) -> TuneResult:
