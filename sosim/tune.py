@@ -49,6 +49,18 @@ from typing import Any, cast
 from sosim.config import Scenario
 from sosim.errors import ConfigError, SosimError
 from sosim.loader import load_derived, load_scenario
+from sosim.tune_eval import (
+    SCALARS,
+    canonical_key,
+    divisors,
+    get_dotted,
+    memory_check,
+    reason_class,
+    section_keys,
+    set_dotted,
+    simulate_metrics,
+    simulate_recorded_batch,
+)
 from sosim.tune_memo import ReadMemo
 from sosim.tune_result import Evaluation, Settings, SystemMemory, TuneOptions, TuneResult
 from sosim.tune_space import BATCH_KEYS, PARALLEL_KEYS, TRAINING_KNOBS, Knob, refine_values, search_space
@@ -64,117 +76,6 @@ SCORE_DIGITS = 4
 MEMO_CHUNK = 8
 # Memory checks (~0.3 ms each, no simulation) spent looking for a fitting variant of one structural point.
 RESCUE_CHECKS = 80
-
-
-# ------------------------------------------------------------------------------------------------- helpers
-
-
-def divisors(n: int) -> list[int]:
-    return [d for d in range(1, n + 1) if n % d == 0]
-
-
-_SCALARS = (bool, int, float, str, type(None))
-
-
-def _section_keys(system: str, settings: Mapping[str, Any]) -> dict[str, Hashable] | None:
-    """Per searched section, a key of its data that two candidates of ``system`` share only when that
-    section's data are equal value for value and type for type (``1``, ``1.0`` and ``True`` differ; floats by
-    their exact bits). A section's data are the base's (the system's schedule base) with the candidate's
-    settings of that section written in (``Tuner._scenario_data``), so the settings of the section are its key.
-    None when a setting is not a scalar (nothing cached)."""
-    items: dict[str, list[tuple[str, str, Any]]] = {"training": [], "cluster": [], "schedule": []}
-    for k, v in settings.items():
-        section, _, name = k.partition(".")
-        t = type(v)
-        if t not in _SCALARS or section not in items:
-            return None
-        items[section].append((name, t.__name__, v.hex() if t is float else v))
-    return {section: (section, system if section == "schedule" else "", tuple(sorted(found)))
-            for section, found in items.items()}
-
-
-def canonical_key(system: str, settings: Mapping[str, Any]) -> str:
-    return json.dumps([system, sorted(settings.items())], default=str)
-
-
-def _set_dotted(data: dict[str, Any], key: str, value: Any) -> None:
-    node = data
-    parts = key.split(".")
-    for p in parts[:-1]:
-        node = node.setdefault(p, {})
-    node[parts[-1]] = value
-
-
-def _get_dotted(sc: Scenario, key: str) -> Any:
-    node: Any = sc
-    for p in key.split("."):
-        node = getattr(node, p)
-    return node
-
-
-def _reason_class(reason: str, gpu_items: Mapping[str, float] | None = None,
-                  cpu_items: Mapping[str, float] | None = None) -> str:
-    """A short class for a memory verdict: the side(s) and their largest item."""
-    classes = []
-    for part in reason.split("; "):
-        side = part.split(":", 1)[0].strip()
-        items = gpu_items if side.startswith("GPU") else cpu_items if side.startswith("CPU") else None
-        if items:
-            biggest = max(sorted(items), key=lambda k: items[k])
-            classes.append(f"{side} (largest item: {biggest})")
-        elif "(" in part and side.endswith("memory"):
-            # "GPU memory: needs 150.3 GiB (activations 90.1, ...) > ...": the first item is the largest.
-            first = part.split("(", 1)[1].split(" ", 1)[0]
-            classes.append(f"{side} (largest item: {first})")
-        else:
-            classes.append(side[:80])
-    return " + ".join(classes)
-
-
-def memory_check(sc: Scenario) -> tuple[float, float, bool, str, str]:
-    """(HBM GiB, host GiB, fits, reason, reason class) without simulating.
-
-    Uses the schedule's own ``memory_usage`` and ``check_fit``, which is exactly how ``simulate`` decides
-    ``feasible`` (sosim/simulate.py); a build without them falls back to a simulation (slower, same answer).
-    """
-    try:
-        from sosim.memory import check_fit
-        from sosim.schedules import SCHEDULES
-        from sosim.units import GIB
-
-        usage = SCHEDULES[sc.schedule.system].memory_usage(sc)
-    except (ImportError, AttributeError, KeyError, TypeError):  # pragma: no cover - a reshaped build
-        from sosim.simulate import simulate
-
-        m = simulate(sc).metrics
-        reason = str(m.get("reason") or "")
-        return (float(m["gpu_mem_peak_gib"]), float(m["cpu_mem_peak_gib"]), bool(m["feasible"]), reason,
-                _reason_class(reason) if reason else "")
-    fit = check_fit(usage, sc.hardware)
-    reason_class = _reason_class(fit.reason, usage.gpu_bytes, usage.cpu_bytes) if not fit.feasible else ""
-    return usage.gpu_peak_bytes / GIB, usage.cpu_peak_bytes / GIB, fit.feasible, fit.reason, reason_class
-
-
-def simulate_metrics(sc: Scenario) -> dict[str, Any]:
-    """The metrics of one simulation (the default evaluator; tests inject their own)."""
-    from sosim.simulate import simulate
-
-    return dict(simulate(sc).metrics)
-
-
-def simulate_recorded_batch(scs: Sequence[Scenario | None]) -> list[tuple[dict[str, Any], Any] | str]:
-    """:func:`sosim.tune_memo.simulate_recorded` of each scenario (a worker's task: several candidates per
-    round trip), or the message of the error it raised."""
-    from sosim.tune_memo import simulate_recorded
-
-    out: list[tuple[dict[str, Any], Any] | str] = []
-    for sc in scs:
-        assert sc is not None
-        try:
-            out.append(simulate_recorded(sc))
-        except SosimError as exc:
-            out.append(str(exc))
-    return out
 
 
 def _ignore_sigint() -> None:
@@ -348,7 +249,7 @@ class Tuner:
                     continue
                 else:
                     active.append(knob)
-            defaults = {k.key: _get_dotted(sc, k.key) for k in active}
+            defaults = {k.key: get_dotted(sc, k.key) for k in active}
             spaces.append(_SystemSpace(
                 system=system, implementation=impl, schedule_base=sched,
                 structural=tuple(k for k in active if k.structural),
@@ -365,14 +266,14 @@ class Tuner:
         data["cluster"] = dict(self.base_data.get("cluster", {}))
         base_sched = space.schedule_base
         # A flat dict of scalars (the usual schedule) needs no deep copy: only its top level is written below.
-        data["schedule"] = dict(base_sched) if all(type(v) in _SCALARS for v in base_sched.values()) \
+        data["schedule"] = dict(base_sched) if all(type(v) in SCALARS for v in base_sched.values()) \
             else copy.deepcopy(base_sched)
         for key, value in settings.items():
             section, _, name = key.partition(".")
             if section in ("training", "cluster", "schedule"):
                 data[section][name] = value
             else:
-                _set_dotted(data, key, value)
+                set_dotted(data, key, value)
         return data
 
     def _load(self, space: _SystemSpace, settings: Settings) -> Scenario:
@@ -386,7 +287,7 @@ class Tuner:
         sections: dict[str, Any] = {}
         keys: list[tuple[str, Hashable]] = []
         reused: list[str] = []
-        skeys = _section_keys(space.system, settings)
+        skeys = section_keys(space.system, settings)
         for name in changed:
             skey = None if skeys is None else skeys[name]
             hit = None if skey is None else self._sections.get(skey)
@@ -481,7 +382,7 @@ class Tuner:
         ev.gpu_mem_gib = float(metrics["gpu_mem_peak_gib"])
         ev.cpu_mem_gib = float(metrics["cpu_mem_peak_gib"])
         fits, reason = bool(metrics["feasible"]), str(metrics.get("reason") or "")
-        klass = _reason_class(reason) if not fits else ""
+        klass = reason_class(reason) if not fits else ""
         fits, reason, klass = self._caps(ev.gpu_mem_gib, ev.cpu_mem_gib, fits, reason, klass)
         ev.fits, ev.reason, ev.reason_key = fits, reason, klass
         step = float(metrics["step_time_s"])
@@ -751,12 +652,12 @@ class Tuner:
         space = next((s for s in self.spaces if s.system == sc.schedule.system
                       and s.implementation == getattr(sc.schedule, "implementation", None)), None)
         keys = [*BATCH_KEYS, *PARALLEL_KEYS]
-        settings = {k: _get_dotted(sc, k) for k in keys}
+        settings = {k: get_dotted(sc, k) for k in keys}
         settings["cluster.data_parallel"] = sc.cluster.dp
         if space is not None:
             for k in (*space.structural, *space.knobs):
                 if k.applies(sc.cluster.dp):
-                    settings[k.key] = _get_dotted(sc, k.key)
+                    settings[k.key] = get_dotted(sc, k.key)
             ev = self._check(space, settings)
         else:
             key = canonical_key(sc.schedule.system, settings)
