@@ -28,6 +28,13 @@ How it stays cheap (every number it prints says how many candidates were simulat
 Order is deterministic: candidates are generated in table order, ties are broken by the candidate's
 settings, and parallel results are sorted before any decision. Ctrl-C stops the search and keeps the best
 configuration found so far (``TuneResult.interrupted``).
+
+The parts around the search live beside it: the options and answers as data (sosim/tune_result.py), one
+candidate's keys and memory verdict (tune_eval.py), the search space (tune_space.py, from the systems),
+reuse of identical simulations (tune_memo.py), the report (tune_report.py) and the written config with its
+round trip (tune_write.py). Why this module is still ~1,200 lines: the ``Tuner`` (candidates, stages) and
+the worker streaming (``_MemoRun``, the executor) share the search's state; the executor code is being
+changed for signal handling separately, so it moves (to its own module) after that lands.
 """
 
 from __future__ import annotations
