@@ -91,9 +91,11 @@ def _reason(key: str, not_expressible: list[str]) -> str:
     return "not a DeepSpeed config key (it describes the run or sosim's model of it)"
 
 
-def read_back(config: Mapping[str, Any], winner: Scenario, overrides: list[str]) -> Scenario:
-    """The scenario ``sosim run --ds-config`` predicts from ``config`` with the winner's --hardware, --gpus,
-    --seq, --activation-checkpointing and the model, plus ``overrides`` (--set texts)."""
+def read_back(config: Mapping[str, Any], winner: Scenario, overrides: list[str], *,
+              profile_by_name: bool = False) -> Scenario:
+    """The scenario ``sosim run --ds-config`` predicts from ``config`` with the winner's --gpus, --seq,
+    --activation-checkpointing and the model, plus ``overrides`` (--set texts). The hardware is the winner's
+    own, or with ``profile_by_name`` the profile its name finds (what ``--hardware NAME`` loads)."""
     from sosim.dsconfig.read import RunInputs, map_ds_config
     from sosim.hf_model import HfModel
     from sosim.loader import Located, load_scenario
@@ -103,7 +105,20 @@ def read_back(config: Mapping[str, Any], winner: Scenario, overrides: list[str])
                        activation_checkpointing=t.activation_checkpointing, overrides=tuple(overrides))
     model = HfModel(model=winner.model.model_dump(), origin="<model>")
     mapping = map_ds_config(Located(data=json.loads(json.dumps(config)), origin="<written>"), model, inputs)
-    return load_scenario({**mapping.scenario, "hardware": winner.hardware.model_dump()}, overrides)
+    hardware = mapping.scenario["hardware"] if profile_by_name else winner.hardware.model_dump()
+    return load_scenario({**mapping.scenario, "hardware": hardware}, overrides)
+
+
+def _back_by_name(config: Mapping[str, Any], winner: Scenario) -> tuple[Scenario, list[OutsideChange]]:
+    """The read-back with the profile ``--hardware NAME`` loads; when no profile has that name (a scenario with
+    an inline machine), the winner's own machine and a line saying the profile must be saved first."""
+    try:
+        return read_back(config, winner, [], profile_by_name=True), []
+    except ConfigError:
+        name = winner.hardware.name
+        return read_back(config, winner, []), [OutsideChange(
+            "hardware", name, f"--hardware <{name}.yaml>",
+            f"no shipped profile is named {name!r}: save the scenario's hardware section as a profile YAML")]
 
 
 def outside_changes(config: Mapping[str, Any], winner: Scenario, not_expressible: list[str]) -> list[OutsideChange]:
@@ -113,7 +128,9 @@ def outside_changes(config: Mapping[str, Any], winner: Scenario, not_expressible
     changes = [OutsideChange(k, v, _flag(k, v), OUTSIDE_REASONS[k]) for k, v in (
         ("cluster.gpus", c.gpus), ("training.seq_len", t.seq_len),
         ("training.activation_checkpointing", t.activation_checkpointing))]
-    back = _comparable(read_back(config, winner, []))
+    back_sc, machine = _back_by_name(config, winner)
+    changes += machine
+    back = _comparable(back_sc)
     want = _comparable(winner)
     for key in sorted(set(want) | set(back)):
         if key in _FLAGS or want.get(key) == back.get(key):
@@ -124,9 +141,10 @@ def outside_changes(config: Mapping[str, Any], winner: Scenario, not_expressible
 
 def run_back_command(path: str, winner: Scenario, changes: list[OutsideChange], model_path: str | None = None) -> str:
     """The ``sosim run`` command that predicts the written config as the winner."""
-    flags = " ".join(ch.flag for ch in changes)
+    flags = " ".join(ch.flag for ch in changes if ch.key != "hardware")
     model = model_path or f"<config.json of {winner.model.name or 'the model'}>"
-    return f"sosim run --ds-config {path} --model {model} --hardware {winner.hardware.name} {flags}"
+    hardware = next((ch.flag for ch in changes if ch.key == "hardware"), f"--hardware {winner.hardware.name}")
+    return f"sosim run --ds-config {path} --model {model} {hardware} {flags}"
 
 
 def write_ds_config(result: TuneResult, out: str | Path, base_ds: Mapping[str, Any] | None = None,

@@ -45,7 +45,7 @@ def test_the_written_config_of_every_shipped_scenario_predicts_the_winner(path: 
         "schedule.implementation", "schedule.cpu_adam", "schedule.weight_placement"}
     assert "schedule.system" not in schedule_changes
     sets = [c.flag.removeprefix("--set ") for c in changes if c.flag.startswith("--set ")]
-    back = read_back(emitted.config, best.scenario, sets)
+    back = read_back(emitted.config, best.scenario, sets, profile_by_name=True)  # as --hardware NAME loads it
     assert back.schedule.system == best.system
     assert simulate(back).metrics["tokens_per_s"] == best.metrics["tokens_per_s"]
 
@@ -91,3 +91,18 @@ def test_gpu_only_is_written_at_the_lowest_stage_that_reads_back_as_gpu_only() -
     # A stage the base names is kept when it means the same state (stage 2 on one rank: 16 B/param).
     base2 = {"zero_optimization": {"stage": 2}}
     assert ds_config_from_scenario(sc, base2).config["zero_optimization"]["stage"] == 2
+
+
+def test_a_tuned_machine_override_is_listed_and_reproduced() -> None:
+    # The scenario's machine differs from its profile (--set hardware...): `--hardware NAME` alone would load the
+    # profile as shipped, so the overrides are listed as --set flags, and with them the winner is reproduced.
+    sc = load_scenario("gh200_superoffload_deepspeed_8b", ["hardware.gpu.hbm_gib=60", "hardware.link.h2d_GBps=100"])
+    result = tune(sc, TuneOptions(budget=20, jobs=1, progress=False))
+    best = result.best
+    assert best is not None and best.scenario is not None and best.metrics is not None
+    emitted = ds_config_from_scenario(best.scenario)
+    changes = outside_changes(emitted.config, best.scenario, emitted.not_expressible)
+    assert {c.flag for c in changes} >= {"--set hardware.gpu.hbm_gib=60.0", "--set hardware.link.h2d_GBps=100.0"}
+    sets = [c.flag.removeprefix("--set ") for c in changes if c.flag.startswith("--set ")]
+    back = read_back(emitted.config, best.scenario, sets, profile_by_name=True)
+    assert simulate(back).metrics["tokens_per_s"] == best.metrics["tokens_per_s"]
