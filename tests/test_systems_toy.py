@@ -111,3 +111,24 @@ def test_the_tuner_moves_the_nvme_tiers_knobs() -> None:
             tried.setdefault(k, set()).add(v)
     assert tried["schedule.offload_param"] == {"nvme", "cpu", "none"}  # structural: crossed in the first stage
     assert len(tried["schedule.aio_queue_depth"]) > 1 and tried["schedule.pipeline_read"] == {False, True}
+
+
+def test_at_most_one_shipped_system_claims_any_zero_configuration() -> None:
+    import itertools
+
+    from sosim.schedules.system_api import ZeroView
+
+    claimed = 0
+    for stage, opt, param, sup in itertools.product(range(4), ("none", "cpu", "nvme"), ("none", "cpu", "nvme"),
+                                                    (False, True)):
+        view = ZeroView(zero={"stage": stage}, stage=stage, opt_dev=opt, opt={}, param_dev=param, param={},
+                        is_super=sup, dp=2, model={})
+        names = [n for n, s in registry.SYSTEMS.items() if s.deepspeed is not None and s.deepspeed.claims(view)]
+        assert len(names) <= 1, (stage, opt, param, sup, names)
+        claimed += len(names)
+        # What DeepSpeed itself refuses or sosim does not model is claimed by none.
+        if (opt == "cpu" and stage == 0) or (opt == "nvme" and stage < 3):
+            assert not names
+    # Of the 72: gpu_only 12 (stages 0-2 x param none/cpu x super), zero3 2, zero_offload 8 (stages 1-2 x param
+    # none/cpu x super), zero3_offload 1, zero_infinity 1, superoffload 2 (param none/cpu), NVMe 6 (param x super).
+    assert claimed == 32

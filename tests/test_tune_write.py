@@ -55,14 +55,22 @@ def _tokens_per_s(capsys: pytest.CaptureFixture[str], argv: list[str]) -> tuple[
     return rc, json.loads(capsys.readouterr().out)
 
 
-@pytest.mark.parametrize("hardware", ["gh200", "h200-pcie-gen5-x86"])
-@pytest.mark.parametrize("ds", ["1.1b-s2048-mb4-zero3-clip0.ds_config.json",
-                                "1.1b-s2048-mb4-zero2-clip0.ds_config.json"])
+CASES = [  # (DeepSpeed config, model, hardware, flags the config needs)
+    *((f"measured/1.1b-s2048-mb4-{stage}-clip0.ds_config.json", MODEL, hw, [])
+      for stage in ("zero3", "zero2") for hw in ("gh200", "h200-pcie-gen5-x86")),
+    ("superoffload_gh200.json", MODEL, "gh200", []),
+    ("hf_trainer_zero3_offload_auto.json", DS / "models" / "llama-3-8b.json", "h200-pcie-gen5-x86",
+     ["--micro-batch", "2", "--precision", "bf16"]),
+]
+
+
+@pytest.mark.parametrize(("ds", "model", "hardware", "flags"), CASES, ids=lambda c: str(c).split("/")[-1][:40])
 def test_tune_then_run_the_written_config_gives_the_winners_tokens_per_s(
-        hardware: str, ds: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+        ds: str, model: Path, hardware: str, flags: list[str], tmp_path: Path,
+        capsys: pytest.CaptureFixture[str]) -> None:
     out = tmp_path / "tuned.json"
     rc, tuned = _tokens_per_s(capsys, [
-        "tune", "--ds-config", str(DS / "measured" / ds), "--model", str(MODEL), "--hardware", hardware,
+        "tune", "--ds-config", str(DS / ds), "--model", str(model), "--hardware", hardware, *flags,
         "--budget", "40", "--jobs", "1", "--out", str(out), "--format", "json", "--no-progress"])
     assert rc == 0
     winner = tuned["top"][0]
@@ -72,7 +80,7 @@ def test_tune_then_run_the_written_config_gives_the_winners_tokens_per_s(
     assert keys == LAUNCH_KEYS  # a DeepSpeed winner needs only the launch flags
     # The command the output prints, run as printed (the model path is the one given to tune).
     argv = shlex.split(written["run_back"])[1:]
-    assert argv[:2] == ["run", "--ds-config"] and str(MODEL) in argv
+    assert argv[:2] == ["run", "--ds-config"] and str(model) in argv
     rc, ran = _tokens_per_s(capsys, [*argv, "--format", "json"])
     assert rc == 0
     assert ran["system"] == winner["system"]
