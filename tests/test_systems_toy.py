@@ -132,3 +132,13 @@ def test_at_most_one_shipped_system_claims_any_zero_configuration() -> None:
     # Of the 72: gpu_only 12 (stages 0-2 x param none/cpu x super), zero3 2, zero_offload 8 (stages 1-2 x param
     # none/cpu x super), zero3_offload 1, zero_infinity 1, superoffload 2 (param none/cpu), NVMe 6 (param x super).
     assert claimed == 32
+
+
+def test_docs_show_the_toy_module_as_it_is() -> None:
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    doc = (root / "docs" / "systems.md").read_text()
+    shown = "\n".join(line[1:] for line in doc.split("+++ b/tests/toy_system.py", 1)[1].split("```", 1)[0]
+                      .splitlines() if line.startswith("+"))
+    assert shown.strip() == (root / "tests" / "toy_system.py").read_text().strip()
