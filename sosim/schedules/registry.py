@@ -2,10 +2,11 @@
 
 A system is everything sosim knows about it, carried in its :class:`System` entry: its knobs model (with a
 ``system`` literal), ``build_plan(scenario, costs) -> Plan``, ``memory_usage(scenario) -> MemoryUsage``,
-optionally ``choices(scenario) -> dict[str, str]`` (what it decided, for the result's provenance), its
-DeepSpeed form (``DEEPSPEED``: how it reads from and writes to a DeepSpeed config, sosim/schedules/
-system_api.py; None for a system DeepSpeed cannot run) and its tuning space (``TUNE_SPACE``: the knobs
-``sosim tune`` moves). sosim.dsconfig and sosim.tune_space ask this registry; they name no system.
+optionally ``choices(scenario) -> dict[str, str]`` (what it decided, for the result's provenance) and
+``PRESETS`` (implementation -> recipe), its DeepSpeed form (``DEEPSPEED``: how it reads from and writes to a
+DeepSpeed config, sosim/schedules/system_api.py; None for a system DeepSpeed cannot run) and its tuning space
+(``TUNE_SPACE``: the knobs ``sosim tune`` moves). sosim.dsconfig and sosim.tune_space ask this registry; they
+name no system.
 
 The shipped systems keep their DeepSpeed form and tuning space in a sibling module ``<system>_ds.py`` (the
 plan modules are long enough); a new system may keep all of it in one module (docs/systems.md).
@@ -13,7 +14,7 @@ plan modules are long enough); a new system may keep all of it in one module (do
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from functools import cache
 from types import MappingProxyType, ModuleType
 from typing import TYPE_CHECKING, Annotated, Any, NamedTuple, Union
@@ -53,6 +54,8 @@ class System(NamedTuple):
     choices: Callable[[Scenario], dict[str, str]]
     deepspeed: DeepSpeedForm | None = None
     tune_space: tuple[Knob, ...] = ()
+    # Implementation -> recipe builder (``PRESETS``); empty for a system with one plan (gpu_only, zero3).
+    presets: Mapping[str, Callable[..., Any]] = MappingProxyType({})
 
 
 def _no_choices(sc: Scenario) -> dict[str, str]:
@@ -65,7 +68,8 @@ def system_of(module: ModuleType, knobs: type[ScheduleKnobs], outward: ModuleTyp
     not ``module`` itself)."""
     faces = outward if outward is not None else module
     return System(knobs, module.build_plan, module.memory_usage, getattr(module, "choices", _no_choices),
-                  getattr(faces, "DEEPSPEED", None), tuple(getattr(faces, "TUNE_SPACE", ())))
+                  getattr(faces, "DEEPSPEED", None), tuple(getattr(faces, "TUNE_SPACE", ())),
+                  MappingProxyType(dict(getattr(module, "PRESETS", {}))))
 
 
 # The registration order is the order systems are searched and listed in.
