@@ -114,3 +114,14 @@ def test_a_tuned_machine_override_is_listed_and_reproduced() -> None:
     sets = [c.flag.removeprefix("--set ") for c in changes if c.flag.startswith("--set ")]
     back = read_back(emitted.config, best.scenario, sets, profile_by_name=True)
     assert simulate(back).metrics["tokens_per_s"] == best.metrics["tokens_per_s"]
+
+
+def test_an_auto_the_config_no_longer_says_is_a_change_for_the_hf_trainer() -> None:
+    # The HF Trainer fills "auto" from its own arguments and refuses a number that differs from them: a written
+    # micro-batch of 2 where the user's config said "auto" means --per_device_train_batch_size 2.
+    base = json.loads((DS / "hf_trainer_zero3_offload_auto.json").read_text())
+    sc = load_scenario("gh200_zero3_offload_4b", ["training.micro_batch=2"])
+    notes = ds_config_from_scenario(sc, base).not_expressible
+    assert ('train_micro_batch_size_per_gpu: "auto" in your config is now 2; pass --per_device_train_batch_size 2 '
+            "to the HF Trainer") in notes
+    assert any(n.startswith("bf16.enabled:") and "pass --bf16 to the HF Trainer" in n for n in notes)

@@ -130,7 +130,38 @@ def ds_config_from_scenario(sc: Scenario, base: Mapping[str, Any] | None = None)
             config["optimizer"].pop("params", None)
     if base is not None:
         config = _keep_base_spellings(sc, base_dict, config, settings)
+        notes += _replaced_autos(base_dict, config, settings)
     return EmitResult(config=config, not_expressible=notes)
+
+
+# The HF Trainer argument that fills an "auto" key (transformers/integrations/deepspeed.py trainer_config_process):
+# a number in the config must then equal the argument, or the Trainer refuses the config.
+_HF_ARGUMENT: dict[KeyPath, str] = {
+    ("train_micro_batch_size_per_gpu",): "--per_device_train_batch_size",
+    ("gradient_accumulation_steps",): "--gradient_accumulation_steps",
+    ("gradient_clipping",): "--max_grad_norm",
+    ("bf16", "enabled"): "--bf16",
+    ("fp16", "enabled"): "--fp16",
+}
+
+
+def _replaced_autos(base: dict[str, Any], config: dict[str, Any], settings: dict[KeyPath, Any]) -> list[str]:
+    """Keys of the user's config that said "auto" and now hold a number: the HF Trainer argument that fills
+    them must say the same (micro-batch, accumulation, ...), which is a change outside the config."""
+    notes: list[str] = []
+    for path in settings:
+        value = _get(config, path)
+        if _get(base, path) != "auto" or value is _MISSING or value == "auto":
+            continue
+        arg = _HF_ARGUMENT.get(path)
+        if arg is None:
+            how = "the HF Trainer no longer fills it"
+        elif isinstance(value, bool):
+            how = f"{'pass' if value else 'do not pass'} {arg} to the HF Trainer"
+        else:
+            how = f"pass {arg} {json.dumps(value)} to the HF Trainer"
+        notes.append(f"{'.'.join(str(p) for p in path)}: \"auto\" in your config is now {json.dumps(value)}; {how}")
+    return notes
 
 
 def _scenario_core(ds: dict[str, Any], sc: Scenario) -> dict[str, Any] | None:
