@@ -28,6 +28,13 @@ How it stays cheap (every number it prints says how many candidates were simulat
 Order is deterministic: candidates are generated in table order, ties are broken by the candidate's
 settings, and parallel results are sorted before any decision. Ctrl-C stops the search and keeps the best
 configuration found so far (``TuneResult.interrupted``).
+
+The parts around the search live beside it: the options and answers as data (sosim/tune_result.py), one
+candidate's keys and memory verdict (tune_eval.py), the search space (tune_space.py, from the systems),
+reuse of identical simulations (tune_memo.py), the report (tune_report.py) and the written config with its
+round trip (tune_write.py). Why this module is still ~1,200 lines: the ``Tuner`` (candidates, stages) and
+the worker streaming (``_MemoRun``, the executor) share the search's state; the executor code is being
+changed for signal handling separately, so it moves (to its own module) after that lands.
 """
 
 from __future__ import annotations
@@ -44,16 +51,28 @@ from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
 from concurrent.futures import Executor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal, cast
+from typing import Any, cast
 
 from sosim.config import Scenario
 from sosim.errors import ConfigError, SosimError
 from sosim.loader import load_derived, load_scenario
+from sosim.tune_eval import (
+    SCALARS,
+    canonical_key,
+    divisors,
+    get_dotted,
+    memory_check,
+    reason_class,
+    section_keys,
+    set_dotted,
+    simulate_metrics,
+    simulate_recorded_batch,
+)
 from sosim.tune_memo import ReadMemo
-from sosim.tune_space import BATCH_KEYS, PARALLEL_KEYS, SEARCH_SPACE, TRAINING_KNOBS, Knob, refine_values
+from sosim.tune_result import Evaluation, Settings, SystemMemory, TuneOptions, TuneResult
+from sosim.tune_space import BATCH_KEYS, PARALLEL_KEYS, TRAINING_KNOBS, Knob, refine_values, search_space
+from sosim.tune_write import write_ds_config
 
-Objective = Literal["tokens_per_s", "time_to_tokens"]
-Settings = dict[str, Any]  # dotted scenario key -> value
 EXIT_INTERRUPTED = 130  # the shell's convention for a run stopped by SIGINT
 # Batches at least this large go to the process pool (a pool round trip costs ~ms per chunk).
 PARALLEL_MIN_BATCH = 24
@@ -64,241 +83,6 @@ SCORE_DIGITS = 4
 MEMO_CHUNK = 8
 # Memory checks (~0.3 ms each, no simulation) spent looking for a fitting variant of one structural point.
 RESCUE_CHECKS = 80
-
-
-@dataclass(frozen=True)
-class TuneOptions:
-    """What to search and how hard. ``None`` means: take it from the base scenario."""
-
-    global_batch: int | None = None  # sequences per optimizer step (DeepSpeed train_batch_size)
-    gpus: int | None = None
-    objective: Objective = "tokens_per_s"
-    token_budget: float | None = None  # tokens to train, for objective time_to_tokens
-    systems: tuple[str, ...] | None = None  # None: every system of the schema
-    implementation: str | None = None  # None: the base scenario's (DeepSpeed for a DeepSpeed config)
-    budget: int = 2000  # simulations at most
-    beam: int = 3  # structural points per system that coordinate descent starts from
-    micro_batches_kept: int = 3
-    exhaustive_limit: int = 64  # a system with at most this many grid points is searched exhaustively
-    max_passes: int = 3  # coordinate-descent passes over the knobs
-    refine_rounds: int = 3
-    max_host_ram_gib: float | None = None  # per GPU; a cap below the profile's usable host memory
-    max_hbm_gib: float | None = None  # per GPU; a cap below the profile's usable HBM
-    jobs: int = 1  # worker processes for large batches (1: in this process)
-    progress: bool | None = False  # tqdm bar on stderr; None: only when stderr is a terminal
-
-    def check(self) -> None:
-        problems = []
-        if self.objective == "time_to_tokens" and not (self.token_budget and self.token_budget > 0):
-            problems.append("--objective time_to_tokens needs --token-budget T (tokens to train, > 0)")
-        if self.objective not in ("tokens_per_s", "time_to_tokens"):
-            problems.append(f"--objective: expected tokens_per_s or time_to_tokens, got {self.objective!r}")
-        for name in ("budget", "beam", "micro_batches_kept", "jobs"):
-            if getattr(self, name) < 1:
-                problems.append(f"{name}: must be at least 1, got {getattr(self, name)}")
-        for name in ("global_batch", "gpus"):
-            value = getattr(self, name)
-            if value is not None and value < 1:
-                problems.append(f"{name}: must be at least 1, got {value}")
-        for name in ("max_host_ram_gib", "max_hbm_gib"):
-            value = getattr(self, name)
-            if value is not None and not value > 0:
-                problems.append(f"{name}: must be > 0 GiB, got {value}")
-        if problems:
-            raise ConfigError(problems)
-
-
-@dataclass
-class Evaluation:
-    """One candidate: its settings and what became of it (memory verdict, simulation, score)."""
-
-    system: str
-    settings: Settings
-    key: str
-    scenario: Scenario | None = None
-    gpu_mem_gib: float | None = None  # per GPU, from the memory check (or the simulation)
-    cpu_mem_gib: float | None = None  # per GPU (rank), host side
-    fits: bool = False
-    reason: str = ""  # why it does not fit / is not valid (empty otherwise)
-    reason_key: str = ""  # the summary class of ``reason`` ("GPU memory (largest: activations)")
-    metrics: dict[str, Any] | None = None  # simulated metrics
-    score: float | None = None  # higher is better; None: not ranked
-    is_base: bool = False
-    # False for the user's own configuration when it lies outside the searched space (another implementation,
-    # another global batch): shown for comparison, never ranked.
-    in_space: bool = True
-
-    @property
-    def simulated(self) -> bool:
-        return self.metrics is not None
-
-    @property
-    def ranked(self) -> bool:
-        return self.score is not None
-
-
-@dataclass
-class SystemMemory:
-    """The 'will it fit' answer for one system."""
-
-    system: str
-    best: Evaluation | None  # best feasible configuration of the system
-    candidates_checked: int
-    fitting: int
-    # Smallest host memory (per GPU) of the configurations of this system that fit in HBM, and the
-    # installed host RAM that needs (usage + the profile's reserved memory); None if none fits in HBM.
-    min_host_gib: float | None
-    min_host_installed_gib: float | None
-    min_hbm_gib: float | None  # same for HBM over the configurations that fit in host memory
-    min_hbm_installed_gib: float | None
-    unavailable: str = ""  # why the system was not searched at all
-
-
-@dataclass
-class TuneResult:
-    base: Evaluation | None  # the user's own configuration as given
-    ranked: list[Evaluation]  # feasible, simulated, best first
-    evaluations: list[Evaluation]  # every candidate considered, in generation order
-    systems: list[SystemMemory]
-    options: TuneOptions
-    global_batch: int
-    tokens_per_step: int
-    gpus: int
-    simulated: int
-    memory_rejected: int
-    invalid: int
-    interrupted: bool = False
-    budget_exhausted: bool = False
-    # Of ``simulated``: candidates whose metrics were an earlier candidate's identical simulation, reused
-    # (sosim/tune_memo.py); they count against the budget like the others, so the searched set is the same.
-    reused: int = 0
-    search_space: dict[str, list[str]] = field(default_factory=dict)  # system -> searched knob keys
-    dropped_knobs: dict[str, list[str]] = field(default_factory=dict)  # system -> keys not in this schema
-    hbm_usable_gib: float = 0.0
-    host_usable_gib: float = 0.0
-    hbm_reserved_gib: float = 0.0
-    host_reserved_gib: float = 0.0
-    notes: list[str] = field(default_factory=list)
-
-    @property
-    def best(self) -> Evaluation | None:
-        return self.ranked[0] if self.ranked else None
-
-    def infeasible_summary(self) -> list[tuple[str, int]]:
-        """(reason class, count) of every candidate that did not fit or was not valid, most common first."""
-        counts = Counter(e.reason_key for e in self.evaluations if not e.fits and e.reason_key)
-        return sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))
-
-
-# ------------------------------------------------------------------------------------------------- helpers
-
-
-def divisors(n: int) -> list[int]:
-    return [d for d in range(1, n + 1) if n % d == 0]
-
-
-_SCALARS = (bool, int, float, str, type(None))
-
-
-def _section_keys(system: str, settings: Mapping[str, Any]) -> dict[str, Hashable] | None:
-    """Per searched section, a key of its data that two candidates of ``system`` share only when that
-    section's data are equal value for value and type for type (``1``, ``1.0`` and ``True`` differ; floats by
-    their exact bits). A section's data are the base's (the system's schedule base) with the candidate's
-    settings of that section written in (``Tuner._scenario_data``), so the settings of the section are its key.
-    None when a setting is not a scalar (nothing cached)."""
-    items: dict[str, list[tuple[str, str, Any]]] = {"training": [], "cluster": [], "schedule": []}
-    for k, v in settings.items():
-        section, _, name = k.partition(".")
-        t = type(v)
-        if t not in _SCALARS or section not in items:
-            return None
-        items[section].append((name, t.__name__, v.hex() if t is float else v))
-    return {section: (section, system if section == "schedule" else "", tuple(sorted(found)))
-            for section, found in items.items()}
-
-
-def canonical_key(system: str, settings: Mapping[str, Any]) -> str:
-    return json.dumps([system, sorted(settings.items())], default=str)
-
-
-def _set_dotted(data: dict[str, Any], key: str, value: Any) -> None:
-    node = data
-    parts = key.split(".")
-    for p in parts[:-1]:
-        node = node.setdefault(p, {})
-    node[parts[-1]] = value
-
-
-def _get_dotted(sc: Scenario, key: str) -> Any:
-    node: Any = sc
-    for p in key.split("."):
-        node = getattr(node, p)
-    return node
-
-
-def _reason_class(reason: str, gpu_items: Mapping[str, float] | None = None,
-                  cpu_items: Mapping[str, float] | None = None) -> str:
-    """A short class for a memory verdict: the side(s) and their largest item."""
-    classes = []
-    for part in reason.split("; "):
-        side = part.split(":", 1)[0].strip()
-        items = gpu_items if side.startswith("GPU") else cpu_items if side.startswith("CPU") else None
-        if items:
-            biggest = max(sorted(items), key=lambda k: items[k])
-            classes.append(f"{side} (largest item: {biggest})")
-        elif "(" in part and side.endswith("memory"):
-            # "GPU memory: needs 150.3 GiB (activations 90.1, ...) > ...": the first item is the largest.
-            first = part.split("(", 1)[1].split(" ", 1)[0]
-            classes.append(f"{side} (largest item: {first})")
-        else:
-            classes.append(side[:80])
-    return " + ".join(classes)
-
-
-def memory_check(sc: Scenario) -> tuple[float, float, bool, str, str]:
-    """(HBM GiB, host GiB, fits, reason, reason class) without simulating.
-
-    Uses the schedule's own ``memory_usage`` and ``check_fit``, which is exactly how ``simulate`` decides
-    ``feasible`` (sosim/simulate.py); a build without them falls back to a simulation (slower, same answer).
-    """
-    try:
-        from sosim.memory import check_fit
-        from sosim.schedules import SCHEDULES
-        from sosim.units import GIB
-
-        usage = SCHEDULES[sc.schedule.system].memory_usage(sc)
-    except (ImportError, AttributeError, KeyError, TypeError):  # pragma: no cover - a reshaped build
-        from sosim.simulate import simulate
-
-        m = simulate(sc).metrics
-        reason = str(m.get("reason") or "")
-        return (float(m["gpu_mem_peak_gib"]), float(m["cpu_mem_peak_gib"]), bool(m["feasible"]), reason,
-                _reason_class(reason) if reason else "")
-    fit = check_fit(usage, sc.hardware)
-    reason_class = _reason_class(fit.reason, usage.gpu_bytes, usage.cpu_bytes) if not fit.feasible else ""
-    return usage.gpu_peak_bytes / GIB, usage.cpu_peak_bytes / GIB, fit.feasible, fit.reason, reason_class
-
-
-def simulate_metrics(sc: Scenario) -> dict[str, Any]:
-    """The metrics of one simulation (the default evaluator; tests inject their own)."""
-    from sosim.simulate import simulate
-
-    return dict(simulate(sc).metrics)
-
-
-def simulate_recorded_batch(scs: Sequence[Scenario | None]) -> list[tuple[dict[str, Any], Any] | str]:
-    """:func:`sosim.tune_memo.simulate_recorded` of each scenario (a worker's task: several candidates per
-    round trip), or the message of the error it raised."""
-    from sosim.tune_memo import simulate_recorded
-
-    out: list[tuple[dict[str, Any], Any] | str] = []
-    for sc in scs:
-        assert sc is not None
-        try:
-            out.append(simulate_recorded(sc))
-        except SosimError as exc:
-            out.append(str(exc))
-    return out
 
 
 def _ignore_sigint() -> None:
@@ -409,12 +193,9 @@ class Tuner:
         return out
 
     def _systems(self) -> list[str]:
-        try:
-            from sosim.schedules import SYSTEM_NAMES
+        from sosim.schedules import SYSTEMS
 
-            known = list(SYSTEM_NAMES)
-        except ImportError:  # pragma: no cover - a reshaped build: the table's systems
-            known = list(SEARCH_SPACE)
+        known = list(SYSTEMS)
         wanted = list(self.options.systems) if self.options.systems else known
         unknown = [s for s in wanted if s not in known]
         if unknown:
@@ -465,7 +246,7 @@ class Tuner:
                 "training": set(type(sc.training).model_fields),
                 "cluster": set(type(sc.cluster).model_fields),
             }
-            table = (*TRAINING_KNOBS, *SEARCH_SPACE.get(system, ()))
+            table = (*TRAINING_KNOBS, *search_space(system))
             active, dropped = [], []
             for knob in table:
                 section, _, name = knob.key.partition(".")
@@ -475,7 +256,7 @@ class Tuner:
                     continue
                 else:
                     active.append(knob)
-            defaults = {k.key: _get_dotted(sc, k.key) for k in active}
+            defaults = {k.key: get_dotted(sc, k.key) for k in active}
             spaces.append(_SystemSpace(
                 system=system, implementation=impl, schedule_base=sched,
                 structural=tuple(k for k in active if k.structural),
@@ -492,14 +273,14 @@ class Tuner:
         data["cluster"] = dict(self.base_data.get("cluster", {}))
         base_sched = space.schedule_base
         # A flat dict of scalars (the usual schedule) needs no deep copy: only its top level is written below.
-        data["schedule"] = dict(base_sched) if all(type(v) in _SCALARS for v in base_sched.values()) \
+        data["schedule"] = dict(base_sched) if all(type(v) in SCALARS for v in base_sched.values()) \
             else copy.deepcopy(base_sched)
         for key, value in settings.items():
             section, _, name = key.partition(".")
             if section in ("training", "cluster", "schedule"):
                 data[section][name] = value
             else:
-                _set_dotted(data, key, value)
+                set_dotted(data, key, value)
         return data
 
     def _load(self, space: _SystemSpace, settings: Settings) -> Scenario:
@@ -513,7 +294,7 @@ class Tuner:
         sections: dict[str, Any] = {}
         keys: list[tuple[str, Hashable]] = []
         reused: list[str] = []
-        skeys = _section_keys(space.system, settings)
+        skeys = section_keys(space.system, settings)
         for name in changed:
             skey = None if skeys is None else skeys[name]
             hit = None if skey is None else self._sections.get(skey)
@@ -608,7 +389,7 @@ class Tuner:
         ev.gpu_mem_gib = float(metrics["gpu_mem_peak_gib"])
         ev.cpu_mem_gib = float(metrics["cpu_mem_peak_gib"])
         fits, reason = bool(metrics["feasible"]), str(metrics.get("reason") or "")
-        klass = _reason_class(reason) if not fits else ""
+        klass = reason_class(reason) if not fits else ""
         fits, reason, klass = self._caps(ev.gpu_mem_gib, ev.cpu_mem_gib, fits, reason, klass)
         ev.fits, ev.reason, ev.reason_key = fits, reason, klass
         step = float(metrics["step_time_s"])
@@ -878,12 +659,12 @@ class Tuner:
         space = next((s for s in self.spaces if s.system == sc.schedule.system
                       and s.implementation == getattr(sc.schedule, "implementation", None)), None)
         keys = [*BATCH_KEYS, *PARALLEL_KEYS]
-        settings = {k: _get_dotted(sc, k) for k in keys}
+        settings = {k: get_dotted(sc, k) for k in keys}
         settings["cluster.data_parallel"] = sc.cluster.dp
         if space is not None:
             for k in (*space.structural, *space.knobs):
                 if k.applies(sc.cluster.dp):
-                    settings[k.key] = _get_dotted(sc, k.key)
+                    settings[k.key] = get_dotted(sc, k.key)
             ev = self._check(space, settings)
         else:
             key = canonical_key(sc.schedule.system, settings)
@@ -934,10 +715,17 @@ class Tuner:
         return chosen[:n]
 
     def _search(self) -> None:
-        o = self.options
         base = self._base_evaluation()
         self.base_eval: Evaluation | None = base
         self._simulate([base])
+        starts, exhaustive = self._stage1()
+        chains = self._chains(starts, exhaustive)
+        self._descend([c for c in chains if c.space.system not in exhaustive])
+        self._refine(chains)
+
+    def _stage1(self) -> tuple[dict[str, list[Evaluation]], dict[str, list[Evaluation]]]:
+        """Stage 1; returns the structural points of the staged systems and the exhaustive systems' grids."""
+        o = self.options
         # Stage 1: structural points of every system, knobs at their defaults.
         starts: dict[str, list[Evaluation]] = {}
         exhaustive: dict[str, list[Evaluation]] = {}
@@ -965,7 +753,10 @@ class Tuner:
         finally:
             if stream is not None:
                 stream.cancel()
-        # Stage 2: coordinate descent from the best structural points of each staged system.
+        return starts, exhaustive
+
+    def _chains(self, starts: dict[str, list[Evaluation]], exhaustive: dict[str, list[Evaluation]]) -> list[_Chain]:
+        """Stage 2 starts: the best of each exhaustive grid, the ``beam`` most diverse structural points else."""
         chains: list[_Chain] = []
         for space in self.spaces:
             if space.system in exhaustive:
@@ -973,47 +764,48 @@ class Tuner:
                 if best is not None:
                     chains.append(_Chain(space, best, {k.key: list(k.values) for k in space.knobs}))
                 continue
-            for ev in self._diverse(space, starts.get(space.system, []), o.beam):
+            for ev in self._diverse(space, starts.get(space.system, []), self.options.beam):
                 chains.append(_Chain(space, ev))
-        descend = [c for c in chains if c.space.system not in exhaustive]
-        for _ in range(o.max_passes):
-            changed = False
-            n_knobs = max((len(c.space.knobs) for c in descend), default=0)
-            for i in range(n_knobs):
-                batch: list[tuple[_Chain, list[Evaluation]]] = []
-                for chain in descend:
-                    if i >= len(chain.space.knobs):
-                        continue
-                    knob = chain.space.knobs[i]
-                    if knob not in self._knobs(chain.space, chain.current.settings):
-                        continue
-                    values = list(knob.values)
-                    chain.tried.setdefault(knob.key, [])
-                    for v in values:
-                        if v not in chain.tried[knob.key]:
-                            chain.tried[knob.key].append(v)
-                    batch.append((chain, [self._step(chain.space, chain.current.settings, knob, v) for v in values]))
-                self._simulate([e for _, evs in batch for e in evs])
-                for chain, evs in batch:
-                    best = self._best([chain.current, *evs])
-                    if best is not None and best.key != chain.current.key:
-                        chain.current = best
-                        changed = True
-            if not changed:
+        return chains
+
+    def _descend(self, descend: list[_Chain]) -> None:
+        """Stage 2: coordinate descent from the best structural points of each staged system."""
+        for _ in range(self.options.max_passes):
+            if not self._descend_pass(descend):
                 break
-        # Stage 3: refine numeric knobs between the neighbours of their best value.
-        for _ in range(o.refine_rounds):
-            batch = []
-            for chain in chains:
-                for knob in chain.space.knobs:
-                    if knob.refine is None or knob not in self._knobs(chain.space, chain.current.settings):
-                        continue
-                    grid = chain.tried.setdefault(knob.key, list(knob.values))
-                    best_value = chain.current.settings.get(knob.key)
-                    new = refine_values(knob, grid, best_value)
-                    grid.extend(new)
-                    if new:
-                        batch.append((chain, [self._step(chain.space, chain.current.settings, knob, v) for v in new]))
+
+    def _descend_pass(self, descend: list[_Chain]) -> bool:
+        """One pass over the knobs (all chains' i-th knob in one batch); True when a chain moved."""
+        changed = False
+        n_knobs = max((len(c.space.knobs) for c in descend), default=0)
+        for i in range(n_knobs):
+            batch = [b for chain in descend if (b := self._knob_batch(chain, i)) is not None]
+            self._simulate([e for _, evs in batch for e in evs])
+            for chain, evs in batch:
+                best = self._best([chain.current, *evs])
+                if best is not None and best.key != chain.current.key:
+                    chain.current = best
+                    changed = True
+        return changed
+
+    def _knob_batch(self, chain: _Chain, i: int) -> tuple[_Chain, list[Evaluation]] | None:
+        """Every value of the chain's i-th knob from its current point (None: no such knob here)."""
+        if i >= len(chain.space.knobs):
+            return None
+        knob = chain.space.knobs[i]
+        if knob not in self._knobs(chain.space, chain.current.settings):
+            return None
+        values = list(knob.values)
+        chain.tried.setdefault(knob.key, [])
+        for v in values:
+            if v not in chain.tried[knob.key]:
+                chain.tried[knob.key].append(v)
+        return chain, [self._step(chain.space, chain.current.settings, knob, v) for v in values]
+
+    def _refine(self, chains: list[_Chain]) -> None:
+        """Stage 3: refine numeric knobs between the neighbours of their best value."""
+        for _ in range(self.options.refine_rounds):
+            batch = [b for chain in chains for b in self._refine_batch(chain)]
             if not batch:
                 break
             self._simulate([e for _, evs in batch for e in evs])
@@ -1021,6 +813,18 @@ class Tuner:
                 best = self._best([chain.current, *evs])
                 if best is not None:
                     chain.current = best
+
+    def _refine_batch(self, chain: _Chain) -> list[tuple[_Chain, list[Evaluation]]]:
+        out = []
+        for knob in chain.space.knobs:
+            if knob.refine is None or knob not in self._knobs(chain.space, chain.current.settings):
+                continue
+            grid = chain.tried.setdefault(knob.key, list(knob.values))
+            new = refine_values(knob, grid, chain.current.settings.get(knob.key))
+            grid.extend(new)
+            if new:
+                out.append((chain, [self._step(chain.space, chain.current.settings, knob, v) for v in new]))
+        return out
 
     # ---- result
     def _result(self) -> TuneResult:
@@ -1255,24 +1059,6 @@ def tune(base: Scenario | str | Path | Mapping[str, Any], options: TuneOptions |
 DEFAULT_OUT = "ds_config.tuned.json"
 
 
-def write_ds_config(result: TuneResult, out: str | Path, base_ds: Mapping[str, Any] | None = None) -> dict[str, Any]:
-    """Write the winner as a DeepSpeed config (the user's own config's other keys kept); say if a file was
-    replaced. Returns what was written: path, overwrote, not_expressible."""
-    from sosim import dsconfig
-
-    best = result.best
-    if best is None or best.scenario is None:
-        return {"path": None, "skipped": "no configuration fits"}
-    emitted = dsconfig.ds_config_from_scenario(best.scenario, base_ds)
-    path = Path(out)
-    overwrote = path.exists()
-    try:
-        dsconfig.write_ds_config(emitted, path)
-    except OSError as exc:
-        raise ConfigError([f"--out {out}: cannot write: {exc.strerror or exc}"]) from None
-    return {"path": str(path), "overwrote": overwrote, "not_expressible": list(emitted.not_expressible)}
-
-
 def _positive_float(text: str) -> float:
     import argparse
 
@@ -1398,7 +1184,8 @@ def run_tune(args: Any) -> int:
     start = time.perf_counter()
     result = Tuner(sc, options).run()
     elapsed = time.perf_counter() - start
-    written = {"path": None, "skipped": "--no-write"} if args.no_write else write_ds_config(result, args.out, base_ds)
+    written = ({"path": None, "skipped": "--no-write"} if args.no_write
+               else write_ds_config(result, args.out, base_ds, args.model))
     if args.format == "json":
         print_json({"scenario": sc.name, "hardware": sc.hardware.name, **to_json(result, args.top, written, elapsed)})
     else:

@@ -7,8 +7,8 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from sosim.tune import Evaluation, SystemMemory, TuneResult
-from sosim.tune_space import LABELS, SEARCH_SPACE, TRAINING_KNOBS, Knob, zero_stage_of
+from sosim.tune_result import Evaluation, SystemMemory, TuneResult
+from sosim.tune_space import LABELS, TRAINING_KNOBS, Knob, all_system_knobs
 
 # Words for the breakdown buckets of a result (sosim.result.BREAKDOWN_KEYS); a bucket a later build adds
 # is named from its key ("exposed_nvme_s" -> "nvme exposed").
@@ -69,7 +69,7 @@ def bottleneck(metrics: Mapping[str, Any]) -> str:
 
 def _knob_index() -> dict[str, Knob]:
     out: dict[str, Knob] = {}
-    for knob in (*TRAINING_KNOBS, *(k for ks in SEARCH_SPACE.values() for k in ks)):
+    for knob in (*TRAINING_KNOBS, *all_system_knobs()):
         out.setdefault(knob.key, knob)
     return out
 
@@ -77,9 +77,9 @@ def _knob_index() -> dict[str, Knob]:
 KNOBS = _knob_index()
 
 
-def setting_text(key: str, value: Any) -> str:
+def setting_text(key: str, value: Any, dp: int = 1) -> str:
     if key in KNOBS:
-        return KNOBS[key].text(value)
+        return KNOBS[key].text(value, dp)
     label = LABELS.get(key, key.rsplit(".", 1)[-1])
     return f"{label} {value:g}" if isinstance(value, float) else f"{label} {value}"
 
@@ -93,10 +93,9 @@ def settings_text(ev: Evaluation, skip_parallel: bool = True) -> str:
         keys = list(s)
     order = ["cluster.data_parallel", "cluster.sequence_parallel", "training.micro_batch", "training.grad_accum"]
     keys = [k for k in order if k in keys] + [k for k in keys if k not in order]
+    dp = int(s.get("cluster.data_parallel", 1))
     for k in keys:
-        stage = zero_stage_of(float(s[k]), int(s.get("cluster.data_parallel", 1))) \
-            if k == "schedule.state_bytes_per_param" else None
-        parts.append(f"ZeRO-{stage} ({s[k]:.3g} B/param)" if stage is not None else setting_text(k, s[k]))
+        parts.append(setting_text(k, s[k], dp))
     return ", ".join(parts)
 
 
@@ -230,96 +229,122 @@ def system_line(sm: SystemMemory, result: TuneResult) -> str:
     return text
 
 
-def format_text(result: TuneResult, top: int = 5, scenario_name: str = "", hardware: str = "",
-                written: Mapping[str, Any] | None = None, elapsed_s: float | None = None) -> str:
+def _header_lines(result: TuneResult, scenario_name: str, hardware: str, elapsed_s: float | None) -> list[str]:
     o = result.options
-    lines = []
     obj = ("tokens/s" if o.objective == "tokens_per_s"
            else f"time to {o.token_budget:,.0f} tokens (steps rounded up)")
-    lines.append(f"sosim tune: {scenario_name} on {hardware} x{result.gpus} GPU(s), global batch "
-                 f"{result.global_batch} x {result.tokens_per_step // max(result.global_batch, 1)} tokens, "
-                 f"objective {obj}")
-    n_considered = len(result.evaluations)
+    lines = [f"sosim tune: {scenario_name} on {hardware} x{result.gpus} GPU(s), global batch "
+             f"{result.global_batch} x {result.tokens_per_step // max(result.global_batch, 1)} tokens, "
+             f"objective {obj}"]
     took = f" in {elapsed_s:.1f} s" if elapsed_s is not None else ""
     reused = (f" ({result.reused} of them the same simulation as an earlier candidate, reused)"
               if result.reused else "")
     lines.append(f"searched {len(result.search_space)} system(s): {result.simulated} candidates simulated{reused}"
                  f"{took}; "
-                 f"{n_considered} considered, {result.memory_rejected} rejected by the memory check before "
+                 f"{len(result.evaluations)} considered, {result.memory_rejected} rejected by the memory check before "
                  f"simulation, {result.invalid} not valid")
-    for note in result.notes:
-        lines.append(f"NOTE: {note}")
+    lines += [f"NOTE: {note}" for note in result.notes]
     summary = result.infeasible_summary()
     if summary:
         lines.append("did not fit: " + "; ".join(f"{n} x {k}" for k, n in summary[:4])
                      + (f"; {len(summary) - 4} more reason(s)" if len(summary) > 4 else ""))
-    if not result.ranked:
-        lines.append("")
-        lines.append("NO CONFIGURATION FITS.")
-    else:
-        lines.append("")
-        col = "tokens/s" + (" [p10-p90]" if any("tokens_per_s_p10" in (e.metrics or {}) for e in result.ranked[:top])
-                            else "") if o.objective == "tokens_per_s" else "time"
-        lines.append(f" #  {'system':<14} {col:>12}  {'step s':>7}  {'HBM GiB':>7}  {'host GiB':>8}  settings")
-        shown = distinct_top(result, top)
-        for i, (ev, _ties) in enumerate(shown, 1):
-            m = ev.metrics or {}
-            step = f"{float(m['step_time_s']):.3f}"
-            mark = " (your config)" if ev.is_base else ""
-            lines.append(f"{i:>2}  {ev.system:<14} {_metric_cell(result, ev):>12}  {step:>7}  "
-                         f"{_gib(ev.gpu_mem_gib):>7}  {_gib(ev.cpu_mem_gib):>8}  {settings_text(ev)}{mark}")
-        lines.append("")
-        lines.append("bottlenecks:")
-        for i, (ev, ties) in enumerate(shown, 1):
-            text = f"{i:>2}  {bottleneck(ev.metrics or {})}"
-            same = no_effect_keys(ev, ties)
-            if same:
-                text += f"  [{len(ties)} variant(s) within {FOLD_FRACTION:.1%}: " + ", ".join(
-                    KNOBS[k].short if k in KNOBS else LABELS.get(k, k) for k in same) + "]"
-            lines.append(text)
-        if len(shown) > 1:
-            lines.append("")
-            lines.append(f"why #2 loses: {why_loses(shown[0][0], shown[1][0])}")
-        if shown and (len(shown) < 2 or shown[1][0].system == shown[0][0].system):
-            # The runner-up is a variant of the winner: also say why the best other system loses.
-            other = max((sm.best for sm in result.systems if sm.best is not None
-                         and sm.best.system != shown[0][0].system), key=lambda e: e.score or 0.0, default=None)
-            if other is not None:
-                lines.append(f"best other system, {other.system}: {why_loses(shown[0][0], other)}")
-        base = result.base
-        if base is not None and base.metrics is not None and result.best is not None:
-            best = result.best
-            gain = float(best.metrics["tokens_per_s"]) / float(base.metrics["tokens_per_s"]) - 1.0  # type: ignore[index]
-            status = "" if base.fits else f" (does not fit: {base.reason_key})"
-            impl = getattr(base.scenario.schedule, "implementation", None) if base.scenario is not None else None
-            if impl is not None and o.implementation is not None and impl != o.implementation:
-                status += f" (implementation {impl}; the search used {o.implementation})"
-            lines.append(f"your config ({base.system}, {settings_text(base)}): "
-                         f"{float(base.metrics['tokens_per_s']):,.0f} tok/s{status}; tuned {gain:+.1%}")
-    lines.append("")
-    lines.append(f"memory per GPU (usable: HBM {result.hbm_usable_gib:.1f} GiB, host {result.host_usable_gib:.1f} GiB; "
-                 f"reserved {result.hbm_reserved_gib:g} / {result.host_reserved_gib:g} GiB"
-                 + (f"; caps: --max-hbm {o.max_hbm_gib:g}" if o.max_hbm_gib else "")
-                 + (f" --max-host-ram {o.max_host_ram_gib:g}" if o.max_host_ram_gib else "") + "):")
+    return lines
+
+
+def _table_lines(result: TuneResult, shown: list[tuple[Evaluation, list[Evaluation]]], top: int) -> list[str]:
+    col = "tokens/s" + (" [p10-p90]" if any("tokens_per_s_p10" in (e.metrics or {}) for e in result.ranked[:top])
+                        else "") if result.options.objective == "tokens_per_s" else "time"
+    lines = [f" #  {'system':<14} {col:>12}  {'step s':>7}  {'HBM GiB':>7}  {'host GiB':>8}  settings"]
+    for i, (ev, _ties) in enumerate(shown, 1):
+        m = ev.metrics or {}
+        step = f"{float(m['step_time_s']):.3f}"
+        mark = " (your config)" if ev.is_base else ""
+        lines.append(f"{i:>2}  {ev.system:<14} {_metric_cell(result, ev):>12}  {step:>7}  "
+                     f"{_gib(ev.gpu_mem_gib):>7}  {_gib(ev.cpu_mem_gib):>8}  {settings_text(ev)}{mark}")
+    lines += ["", "bottlenecks:"]
+    for i, (ev, ties) in enumerate(shown, 1):
+        text = f"{i:>2}  {bottleneck(ev.metrics or {})}"
+        same = no_effect_keys(ev, ties)
+        if same:
+            text += f"  [{len(ties)} variant(s) within {FOLD_FRACTION:.1%}: " + ", ".join(
+                KNOBS[k].short if k in KNOBS else LABELS.get(k, k) for k in same) + "]"
+        lines.append(text)
+    return lines
+
+
+def _why_lines(result: TuneResult, shown: list[tuple[Evaluation, list[Evaluation]]]) -> list[str]:
+    lines = []
+    if len(shown) > 1:
+        lines += ["", f"why #2 loses: {why_loses(shown[0][0], shown[1][0])}"]
+    if shown and (len(shown) < 2 or shown[1][0].system == shown[0][0].system):
+        # The runner-up is a variant of the winner: also say why the best other system loses.
+        other = max((sm.best for sm in result.systems if sm.best is not None
+                     and sm.best.system != shown[0][0].system), key=lambda e: e.score or 0.0, default=None)
+        if other is not None:
+            lines.append(f"best other system, {other.system}: {why_loses(shown[0][0], other)}")
+    return lines
+
+
+def _base_lines(result: TuneResult) -> list[str]:
+    base, o = result.base, result.options
+    if base is None or base.metrics is None or result.best is None:
+        return []
+    best = result.best
+    gain = float(best.metrics["tokens_per_s"]) / float(base.metrics["tokens_per_s"]) - 1.0  # type: ignore[index]
+    status = "" if base.fits else f" (does not fit: {base.reason_key})"
+    impl = getattr(base.scenario.schedule, "implementation", None) if base.scenario is not None else None
+    if impl is not None and o.implementation is not None and impl != o.implementation:
+        status += f" (implementation {impl}; the search used {o.implementation})"
+    return [f"your config ({base.system}, {settings_text(base)}): "
+            f"{float(base.metrics['tokens_per_s']):,.0f} tok/s{status}; tuned {gain:+.1%}"]
+
+
+def _memory_lines(result: TuneResult) -> list[str]:
+    o = result.options
+    lines = ["", f"memory per GPU (usable: HBM {result.hbm_usable_gib:.1f} GiB, host {result.host_usable_gib:.1f} GiB; "
+             f"reserved {result.hbm_reserved_gib:g} / {result.host_reserved_gib:g} GiB"
+             + (f"; caps: --max-hbm {o.max_hbm_gib:g}" if o.max_hbm_gib else "")
+             + (f" --max-host-ram {o.max_host_ram_gib:g}" if o.max_host_ram_gib else "") + "):"]
     if result.best is not None:
         b = result.best
         lines.append(f"  winner needs {_gib(b.gpu_mem_gib)} GiB HBM and {_gib(b.cpu_mem_gib)} GiB host memory "
                      f"(install >= {(b.gpu_mem_gib or 0) + result.hbm_reserved_gib:.0f} GiB HBM, "
                      f">= {(b.cpu_mem_gib or 0) + result.host_reserved_gib:.0f} GiB host RAM per GPU)")
-    for sm in result.systems:
-        lines.append(system_line(sm, result))
+    lines += [system_line(sm, result) for sm in result.systems]
     if result.dropped_knobs:
         dropped = sorted({k for ks in result.dropped_knobs.values() for k in ks})
         lines.append(f"(not in this build's schema, not searched: {', '.join(dropped)})")
+    return lines
+
+
+def _written_lines(written: Mapping[str, Any]) -> list[str]:
+    """Where the winner's DeepSpeed config went, and what the run needs besides it (sosim/tune_write.py)."""
+    if not written.get("path"):
+        return ["", f"no DeepSpeed config written: {written['skipped']}"] if written.get("skipped") else [""]
+    lines = ["", f"wrote {written['path']}: DeepSpeed config of #1"
+             + (" (overwrote the existing file)" if written.get("overwrote") else "")]
+    outside = written.get("outside_config", [])
+    if outside:
+        lines.append("  the run needs, besides the config (predict it with the command below):")
+        lines += [f"    {change['flag']:<40} {change['reason']}" for change in outside]
+        lines.append(f"  predict it: {written['run_back']}")
+    listed = {change["key"] for change in outside}
+    lines += [f"  not in the config: {note}" for note in written.get("not_expressible", [])
+              if note.split(":")[0] not in listed]
+    return lines
+
+
+def format_text(result: TuneResult, top: int = 5, scenario_name: str = "", hardware: str = "",
+                written: Mapping[str, Any] | None = None, elapsed_s: float | None = None) -> str:
+    lines = _header_lines(result, scenario_name, hardware, elapsed_s)
+    if not result.ranked:
+        lines += ["", "NO CONFIGURATION FITS."]
+    else:
+        shown = distinct_top(result, top)
+        lines += ["", *_table_lines(result, shown, top), *_why_lines(result, shown), *_base_lines(result)]
+    lines += _memory_lines(result)
     if written:
-        lines.append("")
-        if written.get("path"):
-            lines.append(f"wrote {written['path']}: DeepSpeed config of #1"
-                         + (" (overwrote the existing file)" if written.get("overwrote") else ""))
-            for note in written.get("not_expressible", []):
-                lines.append(f"  not in the config: {note}")
-        elif written.get("skipped"):
-            lines.append(f"no DeepSpeed config written: {written['skipped']}")
+        lines += _written_lines(written)
     return "\n".join(lines)
 
 

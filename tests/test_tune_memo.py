@@ -145,7 +145,7 @@ def test_section_cache_and_memory_memo_change_no_verdict() -> None:
 
 
 def test_section_keys_tell_types_and_zero_signs_apart() -> None:
-    from sosim.tune import _section_keys
+    from sosim.tune_eval import section_keys as _section_keys
 
     a = _section_keys("zero_offload", {"schedule.bucket_mb": 0.0, "training.micro_batch": 1})
     b = _section_keys("zero_offload", {"schedule.bucket_mb": -0.0, "training.micro_batch": True})

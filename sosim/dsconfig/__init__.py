@@ -21,26 +21,52 @@ selects; ``get_optimizer_configuration``: DeepSpeedCPUAdam vs ``torch_adam``), `
 (``HfTrainerDeepSpeedConfig``: how the Trainer fills ``"auto"``).
 
 The package, one job per module: :mod:`sosim.dsconfig.schema` (DeepSpeed's key names, defaults and the
-reasons keys are ignored, as data), :mod:`sosim.dsconfig.read` (DeepSpeed JSON -> scenario, with its
-report), :mod:`sosim.dsconfig.emit` (scenario -> DeepSpeed JSON) and :mod:`sosim.dsconfig.cli` (the
-``sosim run`` arguments and hooks). Everything public is re-exported here.
+reasons keys are ignored, as data), :mod:`sosim.dsconfig.read` (DeepSpeed JSON -> scenario, with its report;
+its parts: :mod:`sosim.dsconfig.mapper`, the reader's state and notes, and :mod:`sosim.dsconfig.read_training`,
+precision / batch / clipping / checkpointing), :mod:`sosim.dsconfig.emit` (scenario -> DeepSpeed JSON) and
+:mod:`sosim.dsconfig.cli` (the ``sosim run`` arguments and hooks). Everything public is re-exported here. What
+is particular to one system (which configs run it, its keys, its writing) is that system's DeepSpeed form,
+asked through the registry (sosim/schedules/registry.py, system_api.py): this package names no system.
 """
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
 
-from sosim.dsconfig.cli import add_arguments, finish_run, mapping_from_args, scenario_for_run, scenario_from_args
-from sosim.dsconfig.emit import EmitResult, ds_config_from_scenario, write_ds_config
-from sosim.dsconfig.emit import emitted_zero_keys as emitted_zero_keys
-from sosim.dsconfig.read import DsMapping, RunInputs, load_ds_mapping, map_ds_config, prefetch_layers_for
-from sosim.dsconfig.schema import _TOP_IGNORED as _TOP_IGNORED
-from sosim.dsconfig.schema import _TOP_MAPPED as _TOP_MAPPED
-from sosim.dsconfig.schema import BF16_BYTES_PER_ELEMENT as BF16_BYTES_PER_ELEMENT
-from sosim.dsconfig.schema import DEFAULT_SEQ_LEN as DEFAULT_SEQ_LEN
-from sosim.dsconfig.schema import DS_DEFAULTS as DS_DEFAULTS
-from sosim.dsconfig.schema import DS_KEYS, DS_KEYS_ONE_VERSION, SCHEMA_SOURCE
-from sosim.dsconfig.schema import ZERO_ALIASES as ZERO_ALIASES
+if TYPE_CHECKING:
+    from sosim.dsconfig.cli import add_arguments, finish_run, mapping_from_args, scenario_for_run, scenario_from_args
+    from sosim.dsconfig.emit import EmitResult, ds_config_from_scenario, write_ds_config
+    from sosim.dsconfig.emit import emitted_zero_keys as emitted_zero_keys
+    from sosim.dsconfig.read import DsMapping, RunInputs, load_ds_mapping, map_ds_config, prefetch_layers_for
+    from sosim.dsconfig.schema import _TOP_IGNORED as _TOP_IGNORED
+    from sosim.dsconfig.schema import _TOP_MAPPED as _TOP_MAPPED
+    from sosim.dsconfig.schema import BF16_BYTES_PER_ELEMENT as BF16_BYTES_PER_ELEMENT
+    from sosim.dsconfig.schema import DEFAULT_SEQ_LEN as DEFAULT_SEQ_LEN
+    from sosim.dsconfig.schema import DS_DEFAULTS as DS_DEFAULTS
+    from sosim.dsconfig.schema import DS_KEYS, DS_KEYS_ONE_VERSION, SCHEMA_SOURCE
+    from sosim.dsconfig.schema import ZERO_ALIASES as ZERO_ALIASES
+
+# Re-exports are resolved on first use (PEP 562), so that loading sosim.dsconfig.schema (pure data, which the
+# systems' DeepSpeed forms read while the system registry loads) does not load the reader, which asks the
+# registry: no import circle.
+_WHERE: dict[str, str] = {
+    **dict.fromkeys(("add_arguments", "finish_run", "mapping_from_args", "scenario_for_run", "scenario_from_args"),
+                    "cli"),
+    **dict.fromkeys(("EmitResult", "ds_config_from_scenario", "write_ds_config", "emitted_zero_keys"), "emit"),
+    **dict.fromkeys(("DsMapping", "RunInputs", "load_ds_mapping", "map_ds_config", "prefetch_layers_for"), "read"),
+    **dict.fromkeys(("_TOP_IGNORED", "_TOP_MAPPED", "BF16_BYTES_PER_ELEMENT", "DEFAULT_SEQ_LEN", "DS_DEFAULTS",
+                     "DS_KEYS", "DS_KEYS_ONE_VERSION", "SCHEMA_SOURCE", "ZERO_ALIASES"), "schema"),
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _WHERE.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(f"{__name__}.{module}"), name)
+
 
 __all__: Sequence[str] = (
     "DS_KEYS", "DS_KEYS_ONE_VERSION", "SCHEMA_SOURCE", "DsMapping", "EmitResult", "RunInputs", "add_arguments",

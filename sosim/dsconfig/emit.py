@@ -4,21 +4,19 @@ from __future__ import annotations
 
 import copy
 import json
-import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from sosim import model as tm
 from sosim.config import Scenario
 from sosim.dsconfig.read import RunInputs, map_ds_config
-from sosim.dsconfig.schema import _ADAM_TYPES, _MISSING, BF16_BYTES_PER_ELEMENT
+from sosim.dsconfig.schema import _MISSING
 from sosim.errors import ConfigError
 from sosim.hf_model import HfModel
 from sosim.loader import KeyPath, Located
-
-_DELETE = object()
+from sosim.schedules import registry
+from sosim.schedules.system_api import DELETE, Emitted
 
 
 @dataclass
@@ -32,19 +30,13 @@ class EmitResult:
         return {"path": path, "not_expressible": self.not_expressible}
 
 
-def _core_settings(sc: Scenario, base: Mapping[str, Any]) -> tuple[dict[KeyPath, Any], list[str]]:
-    """Key path -> value (or _DELETE) for every DeepSpeed key the scenario decides, and what it cannot say."""
+def _batch_and_precision(sc: Scenario, base: Mapping[str, Any], out: Emitted) -> None:
+    """The keys every system writes: batch arithmetic, sequence parallelism, clipping, precision."""
     t, c = sc.training, sc.cluster
-    # The knobs as YAML-level keys: the emitter reads names, whatever class each system's knobs are.
-    k: dict[str, Any] = sc.schedule.model_dump()
-    dp = c.dp
-    notes: list[str] = []
-    out: dict[KeyPath, Any] = {
-        ("train_micro_batch_size_per_gpu",): t.micro_batch,
-        ("gradient_accumulation_steps",): t.grad_accum,
-        ("train_batch_size",): t.micro_batch * t.grad_accum * dp,
-        ("gradient_clipping",): t.gradient_clipping,
-    }
+    out[("train_micro_batch_size_per_gpu",)] = t.micro_batch
+    out[("gradient_accumulation_steps",)] = t.grad_accum
+    out[("train_batch_size",)] = t.micro_batch * t.grad_accum * c.dp
+    out[("gradient_clipping",)] = t.gradient_clipping
     if c.sequence_parallel > 1 or "sequence_parallel_size" in base:
         out[("sequence_parallel_size",)] = c.sequence_parallel
     bf16_key = "bfloat16" if "bfloat16" in base and "bf16" not in base else "bf16"
@@ -52,149 +44,55 @@ def _core_settings(sc: Scenario, base: Mapping[str, Any]) -> tuple[dict[KeyPath,
     out[(on, "enabled")] = True
     if isinstance(base.get(off), dict):
         out[(off, "enabled")] = False
-    z = ("zero_optimization",)
-    o, p = (*z, "offload_optimizer"), (*z, "offload_param")
-    zero_base = base.get("zero_optimization") if isinstance(base.get("zero_optimization"), dict) else {}
-    assert isinstance(zero_base, dict)
-    system = k["system"]
-    # Keys of the base that would contradict the scenario are removed; the new spellings are written.
+    # Deprecated spellings in the base would contradict the scenario: removed; the system writes the new ones.
     for key in ("cpu_offload", "cpu_offload_param", "cpu_offload_use_pin_memory", "prefetch_bucket_size",
                 "stage3_prefetch_bucket_size"):
-        out[(*z, key)] = _DELETE
-    if system in ("gpu_only", "zero3"):
-        out[o] = _DELETE
-    nvme_params = system == "zero_infinity_nvme" and k.get("offload_param", "none") != "none"
-    if (system not in ("zero_infinity", "superoffload") or (system == "superoffload" and not _superoffload_flow(sc))) \
-            and not nvme_params:
-        out[p] = _DELETE
-    if system == "zero3":
-        out[(*z, "stage")] = 3
-        out[(*z, "reduce_bucket_size")] = round(k["bucket_mb"] * 1e6 / BF16_BYTES_PER_ELEMENT)
-        for key in ("zero_quantized_weights", "zero_hpz_partition_size", "zero_quantized_gradients"):
-            out[(*z, key)] = k[key]
-    elif system == "gpu_only":
-        state = k["state_bytes_per_param"]
-        per_stage = {0: 16.0, 1: 4.0 + 12.0 / dp, 2: 2.0 + 14.0 / dp, 3: 16.0 / dp}
-        base_stage = zero_base.get("stage")
-        stages = [k for k, v in per_stage.items() if math.isclose(v, state, rel_tol=1e-9)]
-        if base_stage in stages:
-            stage = int(base_stage)
-        elif stages:
-            stage = stages[0]
-        else:
-            stage = 0
-            notes.append(f"schedule.state_bytes_per_param: {state:g} B/param matches no ZeRO stage on {dp} "
-                         "data-parallel ranks (0: 16, 1: 4+12/dp, 2: 2+14/dp, 3: 16/dp); written as stage 0")
-        out[(*z, "stage")] = stage
-    else:
-        impl = k["implementation"]
-        if impl == "ideal":
-            notes.append("schedule.implementation: ideal is the paper's schedule; DeepSpeed runs its own code path "
-                         "(predict it with --set schedule.implementation=deepspeed)")
-        out[(*z, "stage")] = 2 if system == "zero_offload" and zero_base.get("stage") != 1 else (
-            1 if system == "zero_offload" else 3)
-        out[(*o, "device")] = "cpu"
-        out[(*o, "pin_memory")] = k["pin_memory"]
-        out[(*z, "overlap_comm")] = k["overlap_comm"]
-        out[(*z, "reduce_bucket_size")] = round(k["bucket_mb"] * 1e6 / BF16_BYTES_PER_ELEMENT)
-        if system != "zero_offload":
-            out[(*z, "sub_group_size")] = round(k["sub_group_elements"])
-        cpu_adam = k["cpu_adam"]
-        cores = k["cpu_adam_core_fraction"]
-        if system == "superoffload":
-            out[(*o, "super_offload")] = True
-            out[(*o, "ratio")] = round(1.0 - k["gpu_optimizer_fraction"], 12)
-            out[(*o, "cpuadam_cores_perc")] = cores
-            if _superoffload_flow(sc):
-                out[(*p, "device")] = "cpu"
-                out[(*p, "pin_memory")] = k["pin_memory"]
-            if impl == "ideal":
-                if k["cast"] == "gpu":
-                    notes.append("schedule.cast: gpu (fp32 over the link, cast on the GPU) is the paper's; "
-                                 "DeepSpeed casts on the CPU")
-                notes.append(f"schedule.bucket_mb: {k['bucket_mb']:g} MB transfer buckets are the paper's; DeepSpeed's "
-                             "SuperOffload moves gradients per sub-group (sub_group_size)")
-            if not k["speculation"] and t.gradient_clipping == 0:
-                notes.append("schedule.speculation: false has no DeepSpeed switch (its SuperOffload speculates "
-                             "whenever gradient_clipping is 0)")
-            if cpu_adam != "cpu_adam":
-                notes.append(f"schedule.cpu_adam: {cpu_adam}: DeepSpeed's SuperOffload worker always runs "
-                             "DeepSpeedCPUAdam")
-        else:
-            out[(*o, "super_offload")] = _DELETE
-            out[(*o, "ratio")] = _DELETE
-            out[(*o, "cpuadam_cores_perc")] = _DELETE
-            if system == "zero_infinity_nvme":
-                # ZeRO-Infinity's NVMe tier (sosim/schedules/zero_infinity_nvme.py); the path is the user's.
-                out[(*o, "device")] = "nvme"
-                out[(*o, "nvme_path")] = "/local_nvme"
-                out[(*o, "pipeline_read")] = k["pipeline_read"]
-                out[(*o, "pipeline_write")] = k["pipeline_write"]
-                if nvme_params:
-                    out[(*p, "device")] = k["offload_param"]
-                    out[(*p, "pin_memory")] = k["pin_memory"]
-                    if k["offload_param"] == "nvme":  # type: ignore[union-attr]
-                        out[(*p, "nvme_path")] = "/local_nvme"
-                    layer = tm.layer_params(sc.model)
-                    out[(*z, "stage3_prefetch_bucket_size")] = int(k["prefetch_layers"] * layer)  # type: ignore[union-attr]
-                out[("aio", "block_size")] = k["aio_block_size"]
-                out[("aio", "queue_depth")] = k["aio_queue_depth"]
-                out[("aio", "intra_op_parallelism")] = k["aio_intra_op_parallelism"]
-                notes.append("nvme_path: /local_nvme is a placeholder; point it at the node's NVMe volume")
-            if system == "zero_infinity":
-                out[(*p, "device")] = "cpu"
-                out[(*p, "pin_memory")] = k["pin_memory"]
-                layer = tm.layer_params(sc.model)
-                out[(*z, "stage3_prefetch_bucket_size")] = int(k["prefetch_layers"] * layer)
-            if cores != 1.0:
-                notes.append(f"schedule.cpu_adam_core_fraction: {cores:g}: DeepSpeedCPUAdam uses all the process's "
-                             "cores outside super_offload (limit them with OMP_NUM_THREADS / taskset instead)")
-            if cpu_adam == "grace_adam":
-                notes.append("schedule.cpu_adam: grace_adam is not in DeepSpeed 0.19; DeepSpeed runs DeepSpeedCPUAdam")
-            if system == "zero_offload" and k["dpu"]:
-                notes.append("schedule.dpu: delayed parameter update has no DeepSpeed 0.19 config key")
-        # The optimizer: Adam(W) on the CPU, DeepSpeed's or torch's (optimizer.params.torch_adam).
-        base_opt = base.get("optimizer") if isinstance(base.get("optimizer"), dict) else None
-        if base_opt is None or str(base_opt.get("type", "")).lower() not in _ADAM_TYPES:
-            out[("optimizer",)] = {"type": "AdamW"}
-            if base_opt is not None:
-                notes.append(f"optimizer.type: {base_opt.get('type')!r} replaced by AdamW (sosim times Adam)")
-        torch_adam = cpu_adam == "torch" and system != "superoffload"
-        out[("optimizer", "params", "torch_adam")] = True if torch_adam else _DELETE
-    if system in ("gpu_only", "zero3") and not isinstance(base.get("optimizer"), dict):
-        out[("optimizer",)] = {"type": "AdamW"}
-    notes.append("training.activation_checkpointing: "
-                 + ("on: enable it in the model code (HF: model.gradient_checkpointing_enable() or "
-                    "--gradient_checkpointing)" if t.activation_checkpointing else
-                    "off: make sure the model code does not checkpoint")
-                 + "; a DeepSpeed config cannot switch it")
+        out[("zero_optimization", key)] = DELETE
+
+
+def _outside_notes(sc: Scenario, out: Emitted) -> None:
+    """What the run needs besides the config: the model code, the launcher, the machine."""
+    t, c = sc.training, sc.cluster
+    out.note("training.activation_checkpointing: "
+             + ("on: enable it in the model code (HF: model.gradient_checkpointing_enable() or "
+                "--gradient_checkpointing)" if t.activation_checkpointing else
+                "off: make sure the model code does not checkpoint")
+             + "; a DeepSpeed config cannot switch it")
     if t.loss_chunk_tokens is not None:
-        notes.append(f"training.loss_chunk_tokens: {t.loss_chunk_tokens} (chunked loss) lives in the model code")
+        out.note(f"training.loss_chunk_tokens: {t.loss_chunk_tokens} (chunked loss) lives in the model code")
     if t.clip_rate > 0:
-        notes.append(f"training.clip_rate: {t.clip_rate:g} describes the run (how often the norm exceeds the "
-                     "threshold), not a setting")
-    notes.append(f"cluster.gpus: launch on {c.gpus} GPU(s) (deepspeed --num_gpus {c.gpus}); train_batch_size "
-                 f"assumes {dp} data-parallel rank(s)")
-    notes.append(f"hardware: {sc.hardware.name} is not part of a DeepSpeed config")
-    return out, notes
+        out.note(f"training.clip_rate: {t.clip_rate:g} describes the run (how often the norm exceeds the threshold), "
+                 "not a setting")
+    out.note(f"cluster.gpus: launch on {c.gpus} GPU(s) (deepspeed --num_gpus {c.gpus}); train_batch_size assumes "
+             f"{c.dp} data-parallel rank(s)")
+    out.note(f"hardware: {sc.hardware.name} is not part of a DeepSpeed config")
 
 
-def _superoffload_flow(sc: Scenario) -> bool:
-    from sosim.schedules import superoffload  # the placement rule lives with the schedule
+def _core_settings(sc: Scenario, base: Mapping[str, Any]) -> tuple[dict[KeyPath, Any], list[str]]:
+    """Key path -> value (or DELETE) for every DeepSpeed key the scenario decides, and what it cannot say.
 
-    assert isinstance(sc.schedule, superoffload.SuperOffloadKnobs)
-    return superoffload.placement(sc, sc.schedule)[0]
+    The system's own keys come from its DeepSpeed form (sosim/schedules/registry.py)."""
+    out = Emitted()
+    _batch_and_precision(sc, base, out)
+    system = sc.schedule.system
+    form = registry.SYSTEMS[system].deepspeed
+    if form is None:
+        out.note(f"schedule.system: {system} has no DeepSpeed form; the config keeps the base's ZeRO section")
+    else:
+        form.emit(sc, base, out)
+    _outside_notes(sc, out)
+    return out.settings, out.notes
 
 
 def _set(config: dict[str, Any], path: KeyPath, value: Any) -> None:
     node: dict[Any, Any] = config
     for key in path[:-1]:
         if not isinstance(node.get(key), dict):
-            if value is _DELETE:
+            if value is DELETE:
                 return
             node[key] = {}
         node = node[key]
-    if value is _DELETE:
+    if value is DELETE:
         node.pop(path[-1], None)
     else:
         node[path[-1]] = copy.deepcopy(value)
@@ -232,7 +130,38 @@ def ds_config_from_scenario(sc: Scenario, base: Mapping[str, Any] | None = None)
             config["optimizer"].pop("params", None)
     if base is not None:
         config = _keep_base_spellings(sc, base_dict, config, settings)
+        notes += _replaced_autos(base_dict, config, settings)
     return EmitResult(config=config, not_expressible=notes)
+
+
+# The HF Trainer argument that fills an "auto" key (transformers/integrations/deepspeed.py trainer_config_process):
+# a number in the config must then equal the argument, or the Trainer refuses the config.
+_HF_ARGUMENT: dict[KeyPath, str] = {
+    ("train_micro_batch_size_per_gpu",): "--per_device_train_batch_size",
+    ("gradient_accumulation_steps",): "--gradient_accumulation_steps",
+    ("gradient_clipping",): "--max_grad_norm",
+    ("bf16", "enabled"): "--bf16",
+    ("fp16", "enabled"): "--fp16",
+}
+
+
+def _replaced_autos(base: dict[str, Any], config: dict[str, Any], settings: dict[KeyPath, Any]) -> list[str]:
+    """Keys of the user's config that said "auto" and now hold a number: the HF Trainer argument that fills
+    them must say the same (micro-batch, accumulation, ...), which is a change outside the config."""
+    notes: list[str] = []
+    for path in settings:
+        value = _get(config, path)
+        if _get(base, path) != "auto" or value is _MISSING or value == "auto":
+            continue
+        arg = _HF_ARGUMENT.get(path)
+        if arg is None:
+            how = "the HF Trainer no longer fills it"
+        elif isinstance(value, bool):
+            how = f"{'pass' if value else 'do not pass'} {arg} to the HF Trainer"
+        else:
+            how = f"pass {arg} {json.dumps(value)} to the HF Trainer"
+        notes.append(f"{'.'.join(str(p) for p in path)}: \"auto\" in your config is now {json.dumps(value)}; {how}")
+    return notes
 
 
 def _scenario_core(ds: dict[str, Any], sc: Scenario) -> dict[str, Any] | None:
@@ -262,7 +191,7 @@ def _keep_base_spellings(sc: Scenario, base: dict[str, Any], config: dict[str, A
             continue
         trial = copy.deepcopy(config)
         # Absent from the base: leave it absent when DeepSpeed's default already gives the scenario's value.
-        _set(trial, path, _DELETE if base_value is _MISSING else base_value)
+        _set(trial, path, DELETE if base_value is _MISSING else base_value)
         if _scenario_core(trial, sc) == target:
             config = trial
     return config

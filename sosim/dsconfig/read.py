@@ -4,24 +4,21 @@ from __future__ import annotations
 
 import difflib
 import json
-import math
-from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from sosim import model as tm
 from sosim.config import ModelSpec
+from sosim.dsconfig.mapper import RunInputs as RunInputs
+from sosim.dsconfig.mapper import _Decided, _enabled, _Mapper
+from sosim.dsconfig.read_training import _read_batch, _read_ckpt, _read_clipping, _read_precision
 from sosim.dsconfig.schema import (
-    _ACT_CKPT_KEYS,
-    _ADAM_TYPES,
     _MISSING,
-    _OFFLOAD_NVME_ONLY,
     _TOP_IGNORED,
     _TOP_MAPPED,
     _ZERO_IGNORED,
     _ZERO_TYPES,
-    BF16_BYTES_PER_ELEMENT,
     DEFAULT_SEQ_LEN,
     DS_DEFAULTS,
     DS_KEYS,
@@ -32,28 +29,10 @@ from sosim.dsconfig.schema import (
 from sosim.errors import ConfigError
 from sosim.hf_model import HfModel, load_hf_model
 from sosim.jsonio import Note, notes_by_status, read_json
-from sosim.loader import KeyPath, Located, parse_override
-
-
-# --------------------------------------------------------------------------------------------------------
-# DeepSpeed JSON -> scenario
-# --------------------------------------------------------------------------------------------------------
-@dataclass(frozen=True)
-class RunInputs:
-    """Everything besides the two files that a DeepSpeed config alone cannot say (flags of ``sosim run``).
-
-    ``None`` means not given: the value comes from the config, from DeepSpeed's or the HF Trainer's
-    defaults, or from a stated sosim default, and the report says which.
-    """
-
-    hardware: str
-    gpus: int | None = None
-    seq_len: int | None = None
-    micro_batch: int | None = None
-    grad_accum: int | None = None
-    precision: str | None = None  # bf16 | fp16
-    activation_checkpointing: bool | None = None
-    overrides: tuple[str, ...] = ()  # --set texts: the report says which mapped values they replace
+from sosim.loader import KeyPath, Located
+from sosim.schedules import registry
+from sosim.schedules.offload_ds import prefetch_layers_for as prefetch_layers_for
+from sosim.schedules.system_api import DeepSpeedForm, ZeroView
 
 
 @dataclass
@@ -88,387 +67,39 @@ class DsMapping:
         return "\n".join(lines)
 
 
-def _dotted(path: KeyPath) -> str:
-    return ".".join(str(p) for p in path)
-
-
-def _is_number(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
-
-
-class _Mapper:
-    """Reads one DeepSpeed config; every read key leaves a note; problems are collected, then raised at once."""
-
-    def __init__(self, loc: Located, inputs: RunInputs) -> None:
-        self.loc = loc
-        self.inputs = inputs
-        self.notes: list[Note] = []
-        self.problems: list[str] = []
-        self.handled: set[KeyPath] = set()
-        self.override_paths = {_dotted(parse_override(o)[0]): o for o in inputs.overrides}
-        self.dp = 1  # data-parallel ranks, known once the batch keys are read
-
-    # ---- access --------------------------------------------------------------------------------------
-    def get(self, path: KeyPath) -> Any:
-        node: Any = self.loc.data
-        for key in path:
-            if not isinstance(node, dict) or key not in node:
-                return _MISSING
-            node = node[key]
-        return node
-
-    def where(self, path: KeyPath) -> str:
-        return self.loc.where(path)
-
-    def error(self, path: KeyPath, message: str) -> None:
-        self.handled.add(path)
-        self.problems.append(f"{self.where(path)}: {_dotted(path) or '(top level)'}: {message}")
-
-    def _after_set(self, to: str, reason: str) -> str:
-        text = self.override_paths.get(to)
-        if text is None:
-            return reason
-        return f"{reason}; then replaced by --set {text}" if reason else f"replaced by --set {text}"
-
-    def mapped(self, path: KeyPath, to: str, as_value: Any, reason: str = "") -> None:
-        self.handled.add(path)
-        self.notes.append(Note("mapped", _dotted(path), self.where(path), self.get(path), to, as_value,
-                               self._after_set(to, reason)))
-
-    def defaulted(self, path: KeyPath, to: str, as_value: Any, reason: str) -> None:
-        self.handled.add(path)
-        self.notes.append(Note("defaulted", _dotted(path), self.loc.origin, None, to, as_value,
-                               self._after_set(to, reason)))
-
-    def flag(self, flag: str, to: str, as_value: Any, reason: str, status: str = "mapped") -> None:
-        note_status: Any = status
-        self.notes.append(Note(note_status, flag, "command line", as_value if status == "mapped" else None, to,
-                               as_value, self._after_set(to, reason)))
-
-    def ignored(self, path: KeyPath, reason: str, affects_step: bool = False) -> None:
-        self.handled.add(path)
-        self.notes.append(Note("ignored", _dotted(path), self.where(path), self.get(path), reason=reason,
-                               affects_step=affects_step))
-
-    # ---- typed reads: DeepSpeed's pydantic rules (lax: 1e8 for an int is fine, a fraction is not) -------
-    def number(self, path: KeyPath, *, integer: bool, lo: float | None = None, lo_open: bool = False,
-               hi: float | None = None) -> float | int | None:
-        """The value at ``path``; None (and an error) when it is not a number in range."""
-        value = self.get(path)
-        if isinstance(value, str):
-            try:
-                value = float(value)
-            except ValueError:
-                self.error(path, f"expected a number, got {json.dumps(self.get(path))}")
-                return None
-        if not _is_number(value) or not math.isfinite(value):
-            self.error(path, f"expected a number, got {json.dumps(self.get(path))}")
-            return None
-        if integer:
-            if float(value) != int(value):
-                self.error(path, f"expected a whole number, got {value}")
-                return None
-            value = int(value)
-        if lo is not None and (value < lo or (lo_open and value == lo)):
-            self.error(path, f"must be {'>' if lo_open else '>='} {lo:g}, got {value}")
-            return None
-        if hi is not None and value > hi:
-            self.error(path, f"must be <= {hi:g}, got {value}")
-            return None
-        return value
-
-    def boolean(self, path: KeyPath) -> bool | None:
-        value = self.get(path)
-        if isinstance(value, bool):
-            return value
-        if value in (0, 1) and not isinstance(value, float):
-            return bool(value)
-        if isinstance(value, str) and value.lower() in ("true", "false"):
-            return value.lower() == "true"
-        self.error(path, f"expected true or false, got {json.dumps(value)}")
-        return None
-
-    def is_auto(self, path: KeyPath) -> bool:
-        return self.get(path) == "auto"
-
-
-def _enabled(value: Any) -> bool:
-    if isinstance(value, dict):
-        return bool(value.get("enabled", False))
-    return bool(value)
-
-
-@dataclass
-class _Decided:
-    """Values decided while reading, before the scenario dict is assembled."""
-
-    training: dict[str, Any] = field(default_factory=dict)
-    schedule: dict[str, Any] = field(default_factory=dict)
-    cluster: dict[str, Any] = field(default_factory=dict)
-
-
-def _read_precision(m: _Mapper, out: _Decided) -> None:
-    bf16_key = "bf16" if m.get(("bf16",)) is not _MISSING or m.get(("bfloat16",)) is _MISSING else "bfloat16"
-    states: dict[str, bool | None] = {}
-    for section in (bf16_key, "fp16"):
-        sec = m.get((section,))
-        if sec is _MISSING:
-            states[section] = None
-            continue
-        if not isinstance(sec, dict):
-            m.error((section,), "expected an object like {\"enabled\": true}")
-            continue
-        schema = DS_KEYS["bf16" if section == "bfloat16" else section]
-        path = (section, "enabled")
-        if m.is_auto(path):
-            # HfTrainerDeepSpeedConfig fills bf16.enabled / fp16.enabled from --bf16 / --fp16 (default false).
-            states[section] = None
-            m.handled.add(path)
-        elif m.get(path) is not _MISSING:
-            states[section] = m.boolean(path)
-        else:
-            states[section] = False
-            m.handled.add(path)
-        for key in sec:
-            if key == "enabled":
-                continue
-            if key not in schema:
-                continue  # reported by the unknown-key pass
-            if key in ("bf16_master_weights_and_grads", "bf16_optimizer_states", "fp16_master_weights_and_grads"):
-                m.ignored((section, key), "16-bit master weights / optimizer states change host memory and CPU "
-                          "Adam bytes; sosim models fp32 master weights and moments",
-                          affects_step=_enabled({"enabled": m.get((section, key))}))
-            elif key == "check_grad_overflow":
-                m.ignored((section, key), "bf16 overflow check: part of the DeepSpeed step sosim's DeepSpeed paths "
-                          "were checked against (default true)")
-            else:
-                m.ignored((section, key), "loss-scaling / update settings: no modelled effect on time")
-    bf16_on, fp16_on = states.get(bf16_key), states.get("fp16")
-    flag = m.inputs.precision
-    if flag is not None:
-        for section in (bf16_key, "fp16"):
-            if m.get((section, "enabled")) is not _MISSING:
-                m.mapped((section, "enabled"), "training.precision", flag, f"--precision {flag} decides")
-        m.flag("--precision", "training.precision", flag, "set on the command line")
-        out.training["precision"] = flag
-        return
-    if bf16_on and fp16_on:
-        m.error(("fp16", "enabled"), "bf16 and fp16 are both enabled; DeepSpeed rejects this (runtime/config.py)")
-        return
-    if bf16_on:
-        m.mapped((bf16_key, "enabled"), "training.precision", "bf16")
-        out.training["precision"] = "bf16"
-    elif fp16_on:
-        m.mapped(("fp16", "enabled"), "training.precision", "fp16")
-        out.training["precision"] = "fp16"
-    else:
-        auto = [s for s in (bf16_key, "fp16") if m.is_auto((s, "enabled"))]
-        detail = (f"{' and '.join(s + '.enabled' for s in auto)} is \"auto\" (the HF Trainer fills it from "
-                  "--bf16 / --fp16, default off)" if auto else "neither bf16.enabled nor fp16.enabled is true")
-        m.error((auto[0], "enabled") if auto else (bf16_key,),
-                f"{detail}: DeepSpeed would train in fp32, which sosim does not model; "
-                "pass --precision bf16|fp16")
-
-
-def _read_batch(m: _Mapper, out: _Decided) -> None:
-    """train_batch_size = micro x accumulation x data-parallel ranks, as runtime/config.py derives it."""
-    inp = m.inputs
-
-    def read(key: str) -> int | str | None:
-        path = (key,)
-        if m.get(path) is _MISSING:
-            return None
-        if m.is_auto(path):
-            return "auto"
-        value = m.number(path, integer=True, lo=1)
-        return int(value) if value is not None else "bad"
-
-    tbs, mb, gas = read("train_batch_size"), read("train_micro_batch_size_per_gpu"), read("gradient_accumulation_steps")
-    if "bad" in (tbs, mb, gas):
-        return
-    sp_val = m.get(("sequence_parallel_size",))
-    sp = 1
-    if sp_val is not _MISSING:
-        n = m.number(("sequence_parallel_size",), integer=True, lo=1)
-        if n is None:
-            return
-        sp = int(n)
-        m.mapped(("sequence_parallel_size",), "cluster.sequence_parallel", sp,
-                 "Ulysses sequence parallelism: DeepSpeed divides the world size by it (runtime/config.py)")
-    out.cluster["sequence_parallel"] = sp
-
-    # Micro-batch: flag, else the file, else derived (below); "auto" needs the flag.
-    if inp.micro_batch is not None:
-        if isinstance(mb, int) and mb != inp.micro_batch:
-            m.mapped(("train_micro_batch_size_per_gpu",), "training.micro_batch", inp.micro_batch,
-                     f"--micro-batch {inp.micro_batch} replaces the file's {mb}")
-        elif mb is not None:
-            m.mapped(("train_micro_batch_size_per_gpu",), "training.micro_batch", inp.micro_batch,
-                     f"set by --micro-batch {inp.micro_batch}")
-        else:
-            m.flag("--micro-batch", "training.micro_batch", inp.micro_batch, "set on the command line")
-        mb = inp.micro_batch
-    elif mb == "auto":
-        m.error(("train_micro_batch_size_per_gpu",), "\"auto\" (the HF Trainer fills it from "
-                "--per_device_train_batch_size): pass --micro-batch N")
-        return
-    elif isinstance(mb, int):
-        m.mapped(("train_micro_batch_size_per_gpu",), "training.micro_batch", mb)
-    if inp.grad_accum is not None:
-        if gas is not None:
-            m.mapped(("gradient_accumulation_steps",), "training.grad_accum", inp.grad_accum,
-                     f"set by --grad-accum {inp.grad_accum}")
-        else:
-            m.flag("--grad-accum", "training.grad_accum", inp.grad_accum, "set on the command line")
-        gas = inp.grad_accum
-    elif gas == "auto":
-        gas = 1
-        m.mapped(("gradient_accumulation_steps",), "training.grad_accum", 1,
-                 "\"auto\": the HF Trainer's --gradient_accumulation_steps default (1); pass --grad-accum N")
-    elif isinstance(gas, int):
-        m.mapped(("gradient_accumulation_steps",), "training.grad_accum", gas)
-    if tbs == "auto":
-        m.ignored(("train_batch_size",), "the HF Trainer computes it as micro-batch x accumulation x world size")
-        tbs = None
-
-    # GPUs: flag, else implied by train_batch_size when micro-batch and accumulation are known, else 1.
-    gpus = inp.gpus
-    if gpus is not None:
-        m.flag("--gpus", "cluster.gpus", gpus, "set on the command line")
-    elif isinstance(tbs, int) and isinstance(mb, int) and isinstance(gas, int):
-        world, rest = divmod(tbs, mb * gas)
-        if rest or world < 1:
-            m.error(("train_batch_size",), f"{tbs} is not micro-batch {mb} x accumulation {gas} x a whole number "
-                    "of data-parallel ranks (DeepSpeed's _batch_assertion would fail)")
-            return
-        gpus = world * sp
-        m.mapped(("train_batch_size",), "cluster.gpus", gpus,
-                 f"{tbs} / (micro-batch {mb} x accumulation {gas}) = {world} data-parallel ranks"
-                 + (f" x sequence_parallel {sp}" if sp > 1 else "") + "; pass --gpus to state it")
-    else:
-        gpus = sp
-        m.notes.append(Note("defaulted", "--gpus", "command line", None, "cluster.gpus", gpus,
-                            m._after_set("cluster.gpus", "not given and not implied by train_batch_size: one "
-                                         "data-parallel rank")))
-    if gpus % sp:
-        m.error(("sequence_parallel_size",), f"{sp} does not divide the {gpus} GPUs")
-        return
-    dp = gpus // sp
-    m.dp = dp
-    out.cluster["gpus"] = gpus
-
-    # DeepSpeed's _set_batch_related_parameters with world_size = data-parallel ranks.
-    if isinstance(tbs, int) and isinstance(mb, int) and isinstance(gas, int):
-        if tbs != mb * gas * dp:
-            m.error(("train_batch_size",), f"{tbs} != micro-batch {mb} x accumulation {gas} x {dp} data-parallel "
-                    "ranks; DeepSpeed rejects this (runtime/config.py _batch_assertion)")
-            return
-        if ("train_batch_size",) not in m.handled:
-            m.mapped(("train_batch_size",), "", tbs, f"consistent: {mb} x {gas} x {dp} data-parallel ranks")
-    elif isinstance(tbs, int) and isinstance(mb, int):
-        gas, rest = divmod(tbs, mb * dp)
-        if rest or gas < 1:
-            m.error(("train_batch_size",), f"{tbs} is not micro-batch {mb} x {dp} ranks x a whole accumulation")
-            return
-        m.mapped(("train_batch_size",), "training.grad_accum", gas,
-                 f"DeepSpeed derives accumulation = {tbs} / ({mb} x {dp} ranks)")
-    elif isinstance(tbs, int) and isinstance(gas, int):
-        mb, rest = divmod(tbs, gas * dp)
-        if rest or mb < 1:
-            m.error(("train_batch_size",), f"{tbs} is not accumulation {gas} x {dp} ranks x a whole micro-batch")
-            return
-        m.mapped(("train_batch_size",), "training.micro_batch", mb,
-                 f"DeepSpeed derives micro-batch = {tbs} / ({gas} x {dp} ranks)")
-    elif isinstance(tbs, int):
-        mb, rest = divmod(tbs, dp)
-        if rest:
-            m.error(("train_batch_size",), f"{tbs} is not a multiple of the {dp} data-parallel ranks")
-            return
-        gas = 1
-        m.mapped(("train_batch_size",), "training.micro_batch", mb,
-                 f"DeepSpeed: accumulation 1, micro-batch = {tbs} / {dp} ranks")
-    elif mb is None:
-        m.error(("train_micro_batch_size_per_gpu",), "missing: DeepSpeed needs train_batch_size or "
-                "train_micro_batch_size_per_gpu (or pass --micro-batch N)")
-        return
-    if gas is None:
-        gas = DS_DEFAULTS["gradient_accumulation_steps"]
-        m.defaulted(("gradient_accumulation_steps",), "training.grad_accum", gas, "DeepSpeed default")
-    out.training["micro_batch"] = mb
-    out.training["grad_accum"] = gas
-
-
-def _read_clipping(m: _Mapper, out: _Decided) -> None:
-    path = ("gradient_clipping",)
-    if m.get(path) is _MISSING:
-        out.training["gradient_clipping"] = DS_DEFAULTS["gradient_clipping"]
-        m.defaulted(path, "training.gradient_clipping", 0.0, "DeepSpeed default: no clipping (runtime/constants.py)")
-    elif m.is_auto(path):
-        out.training["gradient_clipping"] = 1.0
-        m.mapped(path, "training.gradient_clipping", 1.0, "\"auto\": the HF Trainer's --max_grad_norm default (1.0)")
-    else:
-        value = m.number(path, integer=False, lo=0)
-        if value is not None:
-            out.training["gradient_clipping"] = float(value)
-            m.mapped(path, "training.gradient_clipping", float(value))
-
-
-def _read_ckpt(m: _Mapper, out: _Decided) -> None:
-    section = m.get(("activation_checkpointing",))
-    flag = m.inputs.activation_checkpointing
-    if isinstance(section, dict):
-        for key in section:
-            reason, affects = _ACT_CKPT_KEYS.get(key, ("not a DeepSpeed 0.19 activation-checkpointing key", False))
-            on = _enabled({"enabled": section[key]}) if isinstance(section[key], bool) else bool(section[key])
-            m.ignored(("activation_checkpointing", key), reason, affects_step=affects and on)
-        m.handled.add(("activation_checkpointing",))
-    elif section is not _MISSING:
-        m.error(("activation_checkpointing",), "expected an object")
-    if flag is not None:
-        out.training["activation_checkpointing"] = flag
-        m.flag("--activation-checkpointing", "training.activation_checkpointing", flag,
-               "set on the command line")
-        return
-    out.training["activation_checkpointing"] = True
-    why = ("the model code decides (HF: gradient_checkpointing_enable() / --gradient_checkpointing; "
-           "DeepSpeed: deepspeed.checkpointing.checkpoint)")
-    if section is not _MISSING:
-        why = "this section configures deepspeed.checkpointing, which the model code must call; " + why
-    m.notes.append(Note("defaulted", "--activation-checkpointing", "command line", None,
-                        "training.activation_checkpointing", True,
-                        m._after_set("training.activation_checkpointing",
-                                     f"{why}: sosim assumes on; pass --activation-checkpointing off otherwise")))
-
-
-def _read_zero(m: _Mapper, out: _Decided, model: dict[str, Any]) -> None:
+def _zero_section(m: _Mapper) -> tuple[dict[str, Any], int] | None:
+    """The zero_optimization section ({} when absent or a boolean) and its stage; None after an error."""
     z = ("zero_optimization",)
     zero = m.get(z)
-    stage = 0
     if zero is _MISSING or zero is None:
-        zero = {}
-        m.defaulted((*z, "stage"), "schedule.system", "gpu_only", "no zero_optimization: ZeRO disabled (stage 0)")
-    elif isinstance(zero, bool):
+        return {}, 0  # the note names the system that claims stage 0 (_report_system)
+    if isinstance(zero, bool):
         # runtime/zero/config.py read_zero_config_deprecated: true means stage 1.
-        stage = 1 if zero else 0
         m.handled.add(z)
-        zero = {}
-    elif not isinstance(zero, dict):
+        return {}, 1 if zero else 0
+    if not isinstance(zero, dict):
         m.error(z, "expected an object")
-        return
-    else:
-        m.handled.add(z)
-        if "stage" in zero:
-            if m.is_auto((*z, "stage")):
-                m.ignored((*z, "stage"), "\"auto\" is dropped by DeepSpeedConfigModel: stage 0")
-            else:
-                s = m.number((*z, "stage"), integer=True, lo=0, hi=3)
-                if s is None:
-                    return
-                stage = int(s)
+        return None
+    m.handled.add(z)
+    stage = 0
+    if "stage" in zero:
+        if m.is_auto((*z, "stage")):
+            m.ignored((*z, "stage"), "\"auto\" is dropped by DeepSpeedConfigModel: stage 0")
+        else:
+            s = m.number((*z, "stage"), integer=True, lo=0, hi=3)
+            if s is None:
+                return None
+            stage = int(s)
+    return zero, stage
+
+
+def _check_zero_values(m: _Mapper, zero: dict[str, Any]) -> None:
+    """Aliases given twice, then value types of every field (DeepSpeed rejects a bad value whether or not it
+    matters for speed)."""
+    z = ("zero_optimization",)
     for alias, name in ZERO_ALIASES.items():
         if alias in zero and name in zero:
             m.error((*z, alias), f"given twice, as {alias} and {name}")
-    # Value types first, for every field (DeepSpeed rejects a bad value whether or not it matters for speed).
     for key, value in zero.items():
         kind = _ZERO_TYPES.get(ZERO_ALIASES.get(key, key))
         if kind is not None and value != "auto":
@@ -477,443 +108,139 @@ def _read_zero(m: _Mapper, out: _Decided, model: dict[str, Any]) -> None:
             else:
                 m.number((*z, key), integer=True, lo=0)
             m.handled.discard((*z, key))  # checked, not yet accounted for in the report
-    if m.problems:
-        return
-    dp = out.cluster.get("gpus", 1) // out.cluster.get("sequence_parallel", 1)
 
-    def zget(*keys: str) -> tuple[KeyPath, Any]:
-        for key in keys:
-            if key in zero:
-                return (*z, key), zero[key]
-        return (*z, keys[0]), _MISSING
 
-    # Offload devices, including the deprecated booleans (cpu_offload -> offload_optimizer cpu, ...).
-    def device(section: str, deprecated: str) -> tuple[str, dict[str, Any]]:
-        sec: Any = zero.get(section, _MISSING)
-        if sec is None:
-            m.handled.add((*z, section))
-            sec = _MISSING
-        if sec is not _MISSING and not isinstance(sec, dict):
-            m.error((*z, section), "expected an object like {\"device\": \"cpu\"}")
-            return "none", {}
-        if deprecated in zero:
-            on = m.boolean((*z, deprecated))
-            if sec is not _MISSING:
-                m.error((*z, deprecated), f"deprecated; cannot be given together with {section} (DeepSpeed "
-                        "asserts this in config_utils.py)")
-            elif on:
-                m.mapped((*z, deprecated), f"{section}.device", "cpu", f"deprecated spelling of "
-                         f"{section}: {{device: cpu}}")
-                return "cpu", {}
-            else:
-                m.mapped((*z, deprecated), f"{section}.device", "none", "deprecated; false means no offload")
-        if not isinstance(sec, dict):
-            return "none", {}
+def _deprecated_device(m: _Mapper, zero: dict[str, Any], section: str, deprecated: str,
+                       given: bool) -> str | None:
+    """The device a deprecated boolean (cpu_offload, cpu_offload_param) gives, when it decides one."""
+    z = ("zero_optimization",)
+    on = m.boolean((*z, deprecated))
+    if given:
+        m.error((*z, deprecated), f"deprecated; cannot be given together with {section} (DeepSpeed asserts this in "
+                "config_utils.py)")
+        return None
+    if on:
+        m.mapped((*z, deprecated), f"{section}.device", "cpu", f"deprecated spelling of {section}: {{device: cpu}}")
+        return "cpu"
+    m.mapped((*z, deprecated), f"{section}.device", "none", "deprecated; false means no offload")
+    return None
+
+
+def _offload_device(m: _Mapper, zero: dict[str, Any], section: str, deprecated: str) -> tuple[str, dict[str, Any]]:
+    """Offload device and section, including the deprecated booleans (cpu_offload -> offload_optimizer cpu)."""
+    z = ("zero_optimization",)
+    sec: Any = zero.get(section, _MISSING)
+    if sec is None:
         m.handled.add((*z, section))
-        dev_path = (*z, section, "device")
-        dev = sec.get("device", "none")
-        if m.is_auto(dev_path):
-            dev = "none"
-        if dev not in ("none", "cpu", "nvme"):
-            m.error(dev_path, f"expected \"none\", \"cpu\" or \"nvme\", got {json.dumps(dev)}")
-            return "none", sec
-        m.handled.add(dev_path)
-        return dev, sec
+        sec = _MISSING
+    if sec is not _MISSING and not isinstance(sec, dict):
+        m.error((*z, section), "expected an object like {\"device\": \"cpu\"}")
+        return "none", {}
+    if deprecated in zero and _deprecated_device(m, zero, section, deprecated, sec is not _MISSING) == "cpu":
+        return "cpu", {}
+    if not isinstance(sec, dict):
+        return "none", {}
+    m.handled.add((*z, section))
+    dev_path = (*z, section, "device")
+    dev = sec.get("device", "none")
+    if m.is_auto(dev_path):
+        dev = "none"
+    if dev not in ("none", "cpu", "nvme"):
+        m.error(dev_path, f"expected \"none\", \"cpu\" or \"nvme\", got {json.dumps(dev)}")
+        return "none", sec
+    m.handled.add(dev_path)
+    return dev, sec
 
-    opt_dev, opt = device("offload_optimizer", "cpu_offload")
-    param_dev, param = device("offload_param", "cpu_offload_param")
+
+def _zero_view(m: _Mapper, out: _Decided, model: dict[str, Any]) -> ZeroView | None:
+    """The ZeRO section parsed into what chooses a system (None after an error)."""
+    parsed = _zero_section(m)
+    if parsed is None:
+        return None
+    zero, stage = parsed
+    _check_zero_values(m, zero)
     if m.problems:
-        return
+        return None
+    opt_dev, opt = _offload_device(m, zero, "offload_optimizer", "cpu_offload")
+    param_dev, param = _offload_device(m, zero, "offload_param", "cpu_offload_param")
+    if m.problems:
+        return None
+    super_path = ("zero_optimization", "offload_optimizer", "super_offload")
+    is_super = "super_offload" in opt and not m.is_auto(super_path) and bool(m.boolean(super_path))
+    dp = out.cluster.get("gpus", 1) // out.cluster.get("sequence_parallel", 1)
+    return ZeroView(zero=zero, stage=stage, opt_dev=opt_dev, opt=opt, param_dev=param_dev, param=param,
+                    is_super=is_super, dp=dp, model=model)
 
-    def pin(sec: dict[str, Any], section: str) -> bool:
-        path = (*z, section, "pin_memory")
-        if "pin_memory" in sec and not m.is_auto(path):
-            return bool(m.boolean(path))
-        if "cpu_offload_use_pin_memory" in zero:
-            return bool(m.boolean((*z, "cpu_offload_use_pin_memory")))
-        return True
 
-    # Which system.
-    sched = out.schedule
-    system_path = (*z, "stage")
+def _unmodelled(v: ZeroView) -> tuple[KeyPath, str]:
+    """Why no system reads a ZeRO configuration (DeepSpeed's own rules first)."""
+    z = ("zero_optimization",)
+    if v.opt_dev == "cpu" and v.stage == 0:
+        return (*z, "offload_optimizer"), "optimizer offload needs ZeRO stage 1, 2 or 3 (stage is 0)"
+    if "nvme" in (v.opt_dev, v.param_dev):
+        return (*z, "offload_optimizer", "device"), (
+            "NVMe offload is modelled for ZeRO stage 3 with offload_optimizer: {device: nvme}; offload_param may be "
+            "nvme, cpu or none")
+    if v.param_dev == "cpu" and v.opt_dev == "none" and v.stage == 3:
+        return (*z, "offload_param"), ("parameter offload without optimizer offload is not modelled by sosim (add "
+                                       "offload_optimizer: {device: cpu})")
+    return z, (f"no system of sosim models stage {v.stage} with offload_optimizer {v.opt_dev} and offload_param "
+               f"{v.param_dev}")
+
+
+def _choose_system(m: _Mapper, v: ZeroView) -> tuple[str, DeepSpeedForm, str] | None:
+    """The one registered system whose DeepSpeed form claims this configuration (and why)."""
+    claims = [(name, s.deepspeed, why) for name, s in registry.SYSTEMS.items() if s.deepspeed is not None
+              for why in [s.deepspeed.claims(v)] if why is not None]
+    if not claims:
+        m.error(*_unmodelled(v))
+        return None
+    if len(claims) > 1:
+        m.error(("zero_optimization",), "systems " + " and ".join(c[0] for c in claims) + " both read this "
+                "configuration (a registry error: each system's DeepSpeed form must claim its own)")
+        return None
+    return claims[0]
+
+
+def _report_system(m: _Mapper, v: ZeroView, system: str, why: str) -> None:
+    """The notes of the keys that chose the system."""
+    z = ("zero_optimization",)
     super_path = (*z, "offload_optimizer", "super_offload")
-    is_super = False
-    if "super_offload" in opt and not m.is_auto(super_path):
-        is_super = bool(m.boolean(super_path))
-    if opt_dev == "cpu" and stage == 0:
-        m.error((*z, "offload_optimizer"), "optimizer offload needs ZeRO stage 1, 2 or 3 (stage is 0)")
-        return
-    if "nvme" in (opt_dev, param_dev) and (stage != 3 or opt_dev != "nvme"):
-        m.error((*z, "offload_optimizer", "device"), "NVMe offload is modelled for ZeRO stage 3 with "
-                "offload_optimizer: {device: nvme} (sosim's zero_infinity_nvme); offload_param may be nvme, cpu or "
-                "none")
-        return
-    if param_dev == "cpu" and opt_dev not in ("cpu", "nvme") and stage == 3:
-        m.error((*z, "offload_param"), "parameter offload without optimizer offload is not modelled by sosim "
-                "(add offload_optimizer: {device: cpu})")
-        return
-    if opt_dev == "nvme":
-        system = "zero_infinity_nvme"
-        why = (f"stage 3 + offload_optimizer nvme (+ offload_param {param_dev}): ZeRO-Infinity's NVMe tier "
-               "(runtime/swap_tensor)")
-        sched["offload_param"] = param_dev
-        for key in ("pipeline_read", "pipeline_write"):
-            if key in opt and not m.is_auto((*z, "offload_optimizer", key)):
-                sched[key] = bool(m.boolean((*z, "offload_optimizer", key)))
-                m.mapped((*z, "offload_optimizer", key), f"schedule.{key}", sched[key])
-        aio = m.get(("aio",))
-        if isinstance(aio, dict):
-            for key, knob in (("block_size", "aio_block_size"), ("queue_depth", "aio_queue_depth"),
-                              ("intra_op_parallelism", "aio_intra_op_parallelism"), ("thread_count",
-                                                                                     "aio_intra_op_parallelism")):
-                if key in aio and isinstance(aio[key], int) and not isinstance(aio[key], bool):
-                    sched[knob] = aio[key]
-                    m.mapped(("aio", key), f"schedule.{knob}", aio[key])
-    elif opt_dev == "cpu" and stage in (1, 2):
-        system = "zero_offload"
-        why = (f"stage {stage} + offload_optimizer cpu: ZeRO-Offload"
-               + (" (stage 1 does not partition gradients across ranks; sosim's zero_offload is stage 2)"
-                  if stage == 1 and dp > 1 else ""))
-    elif opt_dev == "cpu" and is_super:
-        system = "superoffload"
-        why = "stage 3 + offload_optimizer.super_offload: SuperOffloadOptimizer_Stage3 (engine.py)"
-    elif opt_dev == "cpu" and param_dev == "cpu":
-        system = "zero_infinity"
-        why = "stage 3 + offload_optimizer cpu + offload_param cpu: ZeRO-Infinity (parameters streamed from CPU)"
-    elif opt_dev == "cpu":
-        system = "zero3_offload"
-        why = "stage 3 + offload_optimizer cpu: ZeRO-3 offload"
-    elif stage == 3:
-        system = "zero3"
-        why = "stage 3 without offload: ZeRO-3 in HBM (weights gathered per layer, gradients reduce-scattered)"
-        for key, knob_type in (("zero_quantized_weights", bool), ("zero_hpz_partition_size", int),
-                               ("zero_quantized_gradients", bool)):
-            if key in zero and not m.is_auto((*z, key)):
-                value = zero[key]
-                if isinstance(value, knob_type) and not (knob_type is int and isinstance(value, bool)):
-                    sched[key] = value
-                    m.mapped((*z, key), f"schedule.{key}", value, "ZeRO++ (sosim/schedules/zero3.py)")
-    else:
-        system = "gpu_only"
-        why = f"stage {stage} without offload: everything in HBM"
-    sched["system"] = system
-    if system not in ("gpu_only", "zero3"):
-        sched["implementation"] = "deepspeed"
-        why += "; implementation deepspeed (DeepSpeed 0.19's code path)"
-    if system_path[-1] in zero:
-        m.mapped(system_path, "schedule.system", system, why)
-    elif zero:
-        m.defaulted(system_path, "schedule.system", system, "DeepSpeed default stage 0; " + why)
-    for section, dev in (("offload_optimizer", opt_dev), ("offload_param", param_dev)):
-        if "device" in (opt if section == "offload_optimizer" else param):
-            used = system != "gpu_only" and not (section == "offload_param" and stage < 3)
-            if used or dev == "none":
-                m.mapped((*z, section, "device"), "schedule.system", system)
-    if "super_offload" in opt and stage == 3 and opt_dev == "cpu":
+    if m.get(z) in (_MISSING, None):
+        m.defaulted((*z, "stage"), "schedule.system", system, "no zero_optimization: ZeRO disabled (stage 0)")
+    elif "stage" in v.zero:
+        m.mapped((*z, "stage"), "schedule.system", system, why)
+    elif v.zero:
+        m.defaulted((*z, "stage"), "schedule.system", system, "DeepSpeed default stage 0; " + why)
+    for section, dev, sec in (("offload_optimizer", v.opt_dev, v.opt), ("offload_param", v.param_dev, v.param)):
+        if "device" in sec and (dev == "none" or not (section == "offload_param" and v.stage < 3)):
+            m.mapped((*z, section, "device"), "schedule.system", system)
+    if "super_offload" in v.opt and v.stage == 3 and v.opt_dev == "cpu":
         m.mapped(super_path, "schedule.system", system)
-    if param_dev == "cpu" and stage < 3:
+    if v.param_dev == "cpu" and v.stage < 3:
         m.ignored((*z, "offload_param"), "read only at stage 3 (engine.py); no effect here")
-    if stage < 3 and is_super:
+    if v.stage < 3 and v.is_super:
         m.ignored(super_path, "read only at stage 3 (engine.py _configure_zero_optimizer); no effect here",
                   affects_step=False)
 
-    # gpu_only: model state per parameter with ZeRO partitioning across the data-parallel ranks.
-    if system == "gpu_only":
-        per_stage = {0: 16.0, 1: 4.0 + 12.0 / dp, 2: 2.0 + 14.0 / dp, 3: 16.0 / dp}
-        sched["state_bytes_per_param"] = per_stage[stage]
-        m.notes.append(Note("mapped", "zero_optimization.stage", m.where(system_path), stage,
-                            "schedule.state_bytes_per_param", per_stage[stage],
-                            f"stage {stage} on {dp} data-parallel ranks: bf16 params and grads plus fp32 master, m, "
-                            "v (16 B/param), partitioned as ZeRO does"
-                            + ("; gpu_only models DDP all-reduce, not stage-3 parameter all-gathers" if stage == 3
-                               and dp > 1 else "")))
-        for key in ("overlap_comm", "reduce_bucket_size", "sub_group_size"):
-            if key in zero:
-                m.ignored((*z, key), "gpu_only models DDP's overlapped 25 MB all-reduce buckets"
-                          if key != "sub_group_size" else "used by offloaded ZeRO-3 optimizers only")
-        for section, sec in (("offload_optimizer", opt), ("offload_param", param)):
-            for key in sec:
-                if (*z, section, key) not in m.handled:
-                    m.ignored((*z, section, key), "no offload: no effect")
-        if m.get(("optimizer",)) is not _MISSING:
-            m.ignored(("optimizer",), "gpu_only times a fused GPU Adam step")
-        if m.get(("zero_force_ds_cpu_optimizer",)) is not _MISSING:
-            m.ignored(("zero_force_ds_cpu_optimizer",), "no CPU optimizer without offload")
-    elif system == "zero3":
-        # ZeRO-3 in HBM: the reduce bucket is the schedule's; offload sections and CPU optimizer do not apply.
-        if "reduce_bucket_size" in zero and not m.is_auto((*z, "reduce_bucket_size")):
-            n = zero["reduce_bucket_size"]
-            if isinstance(n, (int, float)) and not isinstance(n, bool) and n > 0:
-                sched["bucket_mb"] = float(n) * BF16_BYTES_PER_ELEMENT / 1e6
-                m.mapped((*z, "reduce_bucket_size"), "schedule.bucket_mb", sched["bucket_mb"])
-        for key in ("overlap_comm", "sub_group_size"):
-            if key in zero:
-                m.ignored((*z, key), "zero3 overlaps its collectives with compute; the GPU optimizer steps the "
-                          "whole partition")
-        for section, sec in (("offload_optimizer", opt), ("offload_param", param)):
-            for key in sec:
-                if (*z, section, key) not in m.handled:
-                    m.ignored((*z, section, key), "no offload: no effect")
-        if m.get(("optimizer",)) is not _MISSING:
-            m.ignored(("optimizer",), "zero3 times a GPU Adam step over each rank's partition")
-        if m.get(("zero_force_ds_cpu_optimizer",)) is not _MISSING:
-            m.ignored(("zero_force_ds_cpu_optimizer",), "no CPU optimizer without offload")
-    else:
-        _read_offload_knobs(m, out, zero, opt, param, param_dev, stage, system, pin, zget, model, dp)
-    _ignore_rest_of_zero(m, zero, stage, dp, model, sched)
 
-
-def _read_offload_knobs(m: _Mapper, out: _Decided, zero: dict[str, Any], opt: dict[str, Any],
-                        param: dict[str, Any], param_dev: str, stage: int, system: str,
-                        pin: Callable[[dict[str, Any], str], bool],
-                        zget: Callable[..., tuple[KeyPath, Any]], model: dict[str, Any], dp: int) -> None:
-    z = ("zero_optimization",)
-    sched = out.schedule
-    hidden = int(model["hidden"])
-
-    # pin_memory: one knob in sosim. ZeRO-Infinity moves parameters too: pageable if either side is.
-    opt_pin = pin(opt, "offload_optimizer")
-    pin_value = opt_pin
-    reason = "" if "pin_memory" in opt else "DeepSpeed default (pinned)"
-    if system == "zero_infinity":
-        param_pin = pin(param, "offload_param")
-        pin_value = opt_pin and param_pin
-        if opt_pin != param_pin:
-            reason = "optimizer and parameter offload differ; sosim has one pin_memory knob: pageable wins"
-        if "pin_memory" in param:
-            m.mapped((*z, "offload_param", "pin_memory"), "schedule.pin_memory", pin_value, reason)
-    if "pin_memory" in opt:
-        m.mapped((*z, "offload_optimizer", "pin_memory"), "schedule.pin_memory", pin_value, reason)
-    elif "cpu_offload_use_pin_memory" in zero:
-        m.mapped((*z, "cpu_offload_use_pin_memory"), "schedule.pin_memory", pin_value, "deprecated spelling")
-    else:
-        m.defaulted((*z, "offload_optimizer", "pin_memory"), "schedule.pin_memory", pin_value, reason)
-    sched["pin_memory"] = pin_value
-
-    # overlap_comm: DeepSpeed's default depends on the stage (runtime/zero/config.py overlap_comm_valid).
-    path, value = zget("overlap_comm")
-    default_overlap = stage == 3
-    if value is _MISSING or m.is_auto(path):
-        sched["overlap_comm"] = default_overlap
-        m.defaulted(path, "schedule.overlap_comm", default_overlap,
-                    f"DeepSpeed default for stage {stage} (true only at stage 3)")
-    else:
-        b = m.boolean(path)
-        if b is not None:
-            sched["overlap_comm"] = b
-            m.mapped(path, "schedule.overlap_comm", b)
-
-    # reduce_bucket_size (elements) -> bucket_mb (MB of bf16 gradients).
-    path, value = zget("reduce_bucket_size")
-    if value is _MISSING:
-        n = DS_DEFAULTS["reduce_bucket_size"]
-        m.defaulted(path, "schedule.bucket_mb", n * BF16_BYTES_PER_ELEMENT / 1e6, f"DeepSpeed default {n:.0e} elements")
-    elif m.is_auto(path):
-        n = hidden * hidden
-        m.mapped(path, "schedule.bucket_mb", n * BF16_BYTES_PER_ELEMENT / 1e6,
-                 f"\"auto\": the HF Trainer sets hidden_size^2 = {n} elements")
-    else:
-        v = m.number(path, integer=True, lo=0, lo_open=True)
-        if v is None:
-            return
-        n = int(v)
-        note = "" if system == "zero_offload" else (
-            "kept for the 'ideal' variant; sosim's stage-3 DeepSpeed paths move gradients per sub-group")
-        m.mapped(path, "schedule.bucket_mb", n * BF16_BYTES_PER_ELEMENT / 1e6,
-                 f"{n} elements x 2 B; {note}".rstrip("; "))
-    sched["bucket_mb"] = n * BF16_BYTES_PER_ELEMENT / 1e6
-
-    # The optimizer that runs on the CPU.
-    _read_optimizer(m, sched, system)
-
-    # Stage-3 knobs.
-    path, value = zget("sub_group_size")
-    if stage == 3:
-        if value is _MISSING or m.is_auto(path):
-            n = DS_DEFAULTS["sub_group_size"]
-            m.defaulted(path, "schedule.sub_group_elements", float(n), f"DeepSpeed default {n:.0e} elements")
-        else:
-            v = m.number(path, integer=True, lo=0, lo_open=True)
-            if v is None:
-                return
-            n = int(v)
-            m.mapped(path, "schedule.sub_group_elements", float(n))
-        sched["sub_group_elements"] = float(n)
-    elif value is not _MISSING:
-        m.ignored(path, "used by ZeRO stage 3 only")
-
-    path, value = zget("prefetch_bucket_size", "stage3_prefetch_bucket_size")
-    layer_params = tm.layer_params(ModelSpec.model_validate(model))
-    if system == "zero_infinity":
-        if value is _MISSING:
-            n = DS_DEFAULTS["prefetch_bucket_size"]
-            how = f"DeepSpeed default {n:.0e} elements"
-        elif m.is_auto(path):
-            n = int(0.9 * hidden * hidden)
-            how = f"\"auto\": the HF Trainer sets 0.9 x hidden_size^2 = {n} elements"
-        else:
-            v = m.number(path, integer=True, lo=0)
-            if v is None:
-                return
-            n = int(v)
-            how = ""
-        layers = prefetch_layers_for(n, layer_params)
-        how = (how + "; " if how else "") + f"{n} elements / {layer_params} per layer -> {layers} layer(s) ahead"
-        if value is _MISSING:
-            m.defaulted(path, "schedule.prefetch_layers", layers, how)
-        else:
-            m.mapped(path, "schedule.prefetch_layers", layers, how)
-        sched["prefetch_layers"] = layers
-    elif value is not _MISSING:
-        extra = " (\"auto\": 0.9 x hidden_size^2 in the HF Trainer)" if m.is_auto(path) else ""
-        m.ignored(path, "prefetch depth is modelled for zero_infinity (parameters streamed from CPU); "
-                  f"{system} gathers one unit ahead{extra}", affects_step=stage == 3 and dp > 1)
-
-    # Offload-optimizer knobs.
-    o = (*z, "offload_optimizer")
-    ratio_path, cores_path = (*o, "ratio"), (*o, "cpuadam_cores_perc")
-    ratio = 1.0
-    if "ratio" in opt and not m.is_auto(ratio_path):
-        r = m.number(ratio_path, integer=False, lo=0, hi=1)
-        if r is None:
-            return
-        ratio = float(r)
-    if system == "superoffload":
-        sched["gpu_optimizer_fraction"] = round(1.0 - ratio, 12)
-        if "ratio" in opt:
-            m.mapped(ratio_path, "schedule.gpu_optimizer_fraction", sched["gpu_optimizer_fraction"],
-                     "1 - ratio: the share of sub-groups whose optimizer stays on the GPU")
-        else:
-            m.defaulted(ratio_path, "schedule.gpu_optimizer_fraction", 0.0, "DeepSpeed default ratio 1.0")
-        cores = DS_DEFAULTS["cpuadam_cores_perc"]
-        if "cpuadam_cores_perc" in opt and not m.is_auto(cores_path):
-            c = m.number(cores_path, integer=False, lo=0, lo_open=True, hi=1)
-            if c is None:
-                return
-            cores = float(c)
-            m.mapped(cores_path, "schedule.cpu_adam_core_fraction", cores,
-                     "the SuperOffload worker's share of the cores (superoffload_utils.py)")
-        else:
-            m.defaulted(cores_path, "schedule.cpu_adam_core_fraction", cores, "DeepSpeed default 0.8")
-        sched["cpu_adam_core_fraction"] = cores
-        placement = "flow" if param_dev == "cpu" else "stationary"
-        sched["weight_placement"] = placement
-        # The DeepSpeed path casts on the CPU and speculates whenever clipping is off; both follow from the
-        # implementation (superoffload_stage3.py), so they are written as such.
-        sched["cast"] = "cpu"
-        sched["speculation"] = True
-        reason = ("offload_param cpu: bf16 weights stream from CPU memory" if placement == "flow"
-                  else "no offload_param: bf16 weights stay in HBM")
-        m.notes.append(Note("defaulted", "zero_optimization.offload_param", m.loc.origin, None,
-                            "schedule.weight_placement", placement, reason))
-    else:
-        sched["cpu_adam_core_fraction"] = 1.0
-        m.notes.append(Note("defaulted", "zero_optimization.offload_optimizer.cpuadam_cores_perc", m.loc.origin,
-                            None, "schedule.cpu_adam_core_fraction", 1.0,
-                            "DeepSpeedCPUAdam runs on all the process's cores; cpuadam_cores_perc applies to "
-                            "super_offload only"))
-        if "ratio" in opt:
-            if ratio < 1.0 and stage < 3:
-                m.error(ratio_path, "partial offload (ratio < 1) needs stage 3; DeepSpeed asserts this "
-                        "(runtime/zero/config.py offload_ratio_check)")
-                return
-            m.ignored(ratio_path, "partial offload of a plain ZeRO-3 optimizer is not modelled; the prediction "
-                      "has every sub-group on the CPU" if ratio < 1.0 else "1.0: everything offloaded (the "
-                      "default)", affects_step=ratio < 1.0)
-        if "cpuadam_cores_perc" in opt:
-            m.ignored(cores_path, "read by the super_offload worker only (superoffload_utils.py)")
-    if system == "zero_offload":
-        sched["dpu"] = False
-    for section, sec in (("offload_optimizer", opt), ("offload_param", param)):
-        for key in sec:
-            if key in _OFFLOAD_NVME_ONLY and (*z, section, key) not in m.handled:
-                m.ignored((*z, section, key), "NVMe offload only; no effect with device cpu" if system !=
-                          "zero_infinity_nvme" else "not modelled (paths and buffer sizes: memory only)")
-
-
-def prefetch_layers_for(prefetch_elements: int, layer_params: int) -> int:
-    """Layers DeepSpeed fetches ahead for a prefetch bucket of ``prefetch_elements``.
-
-    DeepSpeed's PartitionedParameterCoordinator keeps issuing parameter fetches while the elements in flight
-    are under the bucket size, so the last fetch crosses it: a bucket covers ceil(elements / layer) layers.
-    """
-    if prefetch_elements <= 0:
-        return 0
-    return max(1, math.ceil(prefetch_elements / layer_params))
-
-
-def _read_optimizer(m: _Mapper, sched: dict[str, Any], system: str) -> None:
-    opt = m.get(("optimizer",))
-    force = m.get(("zero_force_ds_cpu_optimizer",))
-    forced = True
-    if force is not _MISSING:
-        forced = bool(m.boolean(("zero_force_ds_cpu_optimizer",)))
-    if system == "superoffload":
-        sched["cpu_adam"] = "cpu_adam"
-        reason = "the SuperOffload worker always runs DeepSpeedCPUAdam (superoffload_utils.py)"
-        if isinstance(opt, dict) and "type" in opt:
-            m.mapped(("optimizer", "type"), "schedule.cpu_adam", "cpu_adam", reason)
-        else:
-            m.defaulted(("optimizer",), "schedule.cpu_adam", "cpu_adam", reason)
-        if force is not _MISSING:
-            m.ignored(("zero_force_ds_cpu_optimizer",), reason)
-        if isinstance(opt, dict):
-            m.handled.add(("optimizer",))
-            if isinstance(opt.get("params"), dict) and "torch_adam" in opt["params"]:
-                m.ignored(("optimizer", "params", "torch_adam"), reason)
-            _ignore_optimizer_rest(m, opt)
+def _read_zero(m: _Mapper, out: _Decided, model: dict[str, Any]) -> None:
+    """zero_optimization -> the system (the one whose DeepSpeed form claims it) and its knobs."""
+    v = _zero_view(m, out, model)
+    if v is None:
         return
-    if opt is _MISSING:
-        impl = "cpu_adam" if forced else "torch"
-        m.defaulted(("optimizer",), "schedule.cpu_adam", impl,
-                    "no optimizer section: the client passes one (the HF Trainer: torch AdamW); with offload "
-                    "DeepSpeed requires a DeepSpeedCPUAdam unless zero_force_ds_cpu_optimizer is false (engine.py)")
-        sched["cpu_adam"] = impl
-        if force is not _MISSING:
-            m.mapped(("zero_force_ds_cpu_optimizer",), "schedule.cpu_adam", impl)
+    chosen = _choose_system(m, v)
+    if chosen is None:
         return
-    if force is not _MISSING:
-        m.ignored(("zero_force_ds_cpu_optimizer",), "applies to client optimizers; the config names one")
-    if not isinstance(opt, dict):
-        m.error(("optimizer",), "expected an object like {\"type\": \"AdamW\"}")
-        return
-    kind = opt.get("type")
-    torch_adam = False
-    params = opt.get("params")
-    if isinstance(params, dict) and "torch_adam" in params:
-        torch_adam = bool(m.boolean(("optimizer", "params", "torch_adam")))
-    if isinstance(kind, str) and kind.lower() in _ADAM_TYPES:
-        impl = "torch" if torch_adam else "cpu_adam"
-        m.mapped(("optimizer", "type"), "schedule.cpu_adam", impl,
-                 "torch_adam: torch's Adam on CPU tensors" if torch_adam else
-                 "offload selects DeepSpeedCPUAdam (engine.py get_optimizer_configuration)")
-        if torch_adam:
-            m.mapped(("optimizer", "params", "torch_adam"), "schedule.cpu_adam", impl)
-    else:
-        impl = "cpu_adam"
-        m.ignored(("optimizer", "type"), f"sosim times Adam/AdamW on the CPU; {kind!r} would take a different "
-                  "time (the prediction uses DeepSpeedCPUAdam)", affects_step=True)
-    sched["cpu_adam"] = impl
-    m.handled.add(("optimizer",))
-    _ignore_optimizer_rest(m, opt)
-
-
-def _ignore_optimizer_rest(m: _Mapper, opt: dict[str, Any]) -> None:
-    for key in opt:
-        if key not in ("type", "params"):
-            m.ignored(("optimizer", key), "optimizer setting; no modelled effect on time")
-    params = opt.get("params")
-    if isinstance(params, dict):
-        rest = [k for k in params if k != "torch_adam"]
-        if rest:
-            m.handled.update(("optimizer", "params", k) for k in rest)
-            m.notes.append(Note("ignored", "optimizer.params", m.where(("optimizer", "params")),
-                                {k: params[k] for k in rest},
-                                reason="hyperparameters (learning rate, betas, ...): no effect on the step time"))
+    system, form, why = chosen
+    out.schedule["system"] = system
+    _report_system(m, v, system, why)
+    form.read(m, v, out.schedule)
+    _ignore_rest_of_zero(m, dict(v.zero), v.stage, v.dp, model, out.schedule, form.checks_max_live)
 
 
 def _ignore_rest_of_zero(m: _Mapper, zero: dict[str, Any], stage: int, dp: int, model: dict[str, Any],
-                         sched: dict[str, Any]) -> None:
+                         sched: dict[str, Any], checks_max_live: bool) -> None:
     z = ("zero_optimization",)
     for key in zero:
         path = (*z, key)
@@ -931,8 +258,7 @@ def _ignore_rest_of_zero(m: _Mapper, zero: dict[str, Any], stage: int, dp: int, 
                 affects = affects and active
                 if active and dp == 1 and when == "dp":
                     reason += "; with one data-parallel rank there is nothing to quantize or split"
-            if name == "max_live_parameters" and sched.get("system") in ("zero3_offload", "zero_infinity",
-                                                                           "superoffload"):
+            if name == "max_live_parameters" and checks_max_live:
                 _check_max_live(m, path, value, model, sched)
                 continue
             if value == "auto" and name == "param_persistence_threshold":

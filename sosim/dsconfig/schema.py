@@ -115,13 +115,13 @@ _ZERO_IGNORED: dict[str, tuple[str, bool | str]] = {
     "max_reuse_distance": ("keeps a stage-3 parameter gathered when it is reused soon; sosim re-gathers per "
                            "pass", "dp"),
     "zero_hpz_partition_size": ("ZeRO++ hierarchical partitioning (secondary copy of the weights per node); "
-                                "modelled for ZeRO-3 without offload (system zero3) only", "dp"),
+                                "modelled for ZeRO-3 without offload only", "dp"),
     "zero_quantized_weights": ("ZeRO++ quantized weight all-gathers; modelled for ZeRO-3 without offload "
-                               "(system zero3) only", "dp"),
+                               "only", "dp"),
     "zero_quantized_nontrainable_weights": ("ZeRO++ quantized frozen weights (LoRA); sosim trains all "
                                             "weights", "dp"),
     "zero_quantized_gradients": ("ZeRO++ quantized gradient all-to-all; modelled for ZeRO-3 without offload "
-                                 "(system zero3) only", "dp"),
+                                 "only", "dp"),
     "zeropp_loco_param": ("LoCo-ZeRO++ error feedback (0.19.6); not modelled", "dp"),
     "mics_shard_size": ("MiCS sharding (0.19.6); not modelled", "dp"),
     "mics_hierarchical_params_gather": ("MiCS (0.19.6); not modelled", "dp"),

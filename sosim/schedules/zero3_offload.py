@@ -46,7 +46,7 @@ STAGE3_DEFAULTS: dict[str, BaseModel] = {
 }
 
 
-class Zero3Knobs(OffloadKnobs):
+class Stage3OffloadKnobs(OffloadKnobs):
     """Knobs of the ZeRO-3 offload systems; defaults follow ``implementation``."""
 
     # Optimizer sub-group size in elements (DeepSpeed sub_group_size).
@@ -60,14 +60,14 @@ class Zero3Knobs(OffloadKnobs):
     DEFAULTS: ClassVar = STAGE3_DEFAULTS
 
     @model_validator(mode="after")
-    def _deepspeed_has_no_core_split(self) -> Zero3Knobs:
+    def _deepspeed_has_no_core_split(self) -> Stage3OffloadKnobs:
         if self.implementation == "deepspeed" and self.cpu_adam_core_fraction != 1.0:
             raise ValueError("cpu_adam_core_fraction: DeepSpeed's ZeRO-3 runs CPU Adam in the training process on "
                              "all cores (cpuadam_cores_perc exists only for superoffload); use implementation: ideal")
         return self
 
 
-class Zero3OffloadKnobs(Zero3Knobs):
+class Zero3OffloadKnobs(Stage3OffloadKnobs):
     system: Literal["zero3_offload"]
 
 
@@ -81,7 +81,7 @@ def memory_usage(sc: Scenario) -> MemoryUsage:
     return stage3.offload_footprint(sc, implementation=s.implementation, bucket_mb=s.bucket_mb, weight_flow=False)
 
 
-def deepspeed(sc: Scenario, costs: CostModel, s: Zero3Knobs) -> Recipe:
+def deepspeed(sc: Scenario, costs: CostModel, s: Stage3OffloadKnobs) -> Recipe:
     return Recipe(
         layout=stage3.deepspeed_layout(sc, costs, s.sub_group_elements, s.bucket_mb, ratio=1.0),
         cpu=cpu.one_process(rank_threads(sc), s.cpu_adam),
@@ -92,7 +92,7 @@ def deepspeed(sc: Scenario, costs: CostModel, s: Zero3Knobs) -> Recipe:
     )
 
 
-def ideal(sc: Scenario, costs: CostModel, s: Zero3Knobs) -> Recipe:
+def ideal(sc: Scenario, costs: CostModel, s: Stage3OffloadKnobs) -> Recipe:
     units = layout.build_units(sc, costs)
     tensors = layout.build_tensors(sc.model, units)
     flushes = layout.make_flushes(tensors, layout.bucket_elements_from_mb(s.bucket_mb), "fill")

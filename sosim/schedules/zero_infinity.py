@@ -20,7 +20,7 @@ from sosim.schedules import stage3
 from sosim.schedules.driver import Recipe, plan_for
 from sosim.schedules.steps import AfterBackward, HostCopyOnly, Stage3Step
 from sosim.schedules.weights import HostStreamed
-from sosim.schedules.zero3_offload import Zero3Knobs
+from sosim.schedules.zero3_offload import Stage3OffloadKnobs
 from sosim.schedules.zero3_offload import deepspeed as zero3_deepspeed
 from sosim.schedules.zero3_offload import ideal as zero3_ideal
 from sosim.units import BF16_BYTES
@@ -30,7 +30,7 @@ if TYPE_CHECKING:
     from sosim.costs import CostModel
 
 
-class ZeroInfinityKnobs(Zero3Knobs):
+class ZeroInfinityKnobs(Stage3OffloadKnobs):
     system: Literal["zero_infinity"]
     # Layers of parameters fetched ahead of use (DeepSpeed prefetch_bucket_size, expressed in layers).
     prefetch_layers: int = Field(1, ge=0)

@@ -42,7 +42,7 @@ from sosim.schedules.gradients import Stage3Gradients
 from sosim.schedules.layout import Group, Unit
 from sosim.schedules.steps import BlockingCopy, cpu_adam, cpu_pass
 from sosim.schedules.weights import HostStreamed, Partitioned
-from sosim.schedules.zero3_offload import STAGE3_DEFAULTS, Zero3Knobs
+from sosim.schedules.zero3_offload import STAGE3_DEFAULTS, Stage3OffloadKnobs
 from sosim.units import BF16_BYTES, FP32_BYTES
 
 if TYPE_CHECKING:
@@ -62,7 +62,7 @@ OPT_BUFFER_COUNT = 4
 PARAM_BUFFER_BYTES = 5 * 1e8 * BF16_BYTES
 
 
-class ZeroInfinityNvmeKnobs(Zero3Knobs):
+class ZeroInfinityNvmeKnobs(Stage3OffloadKnobs):
     system: Literal["zero_infinity_nvme"]
     offload_param: Literal["none", "cpu", "nvme"] = "nvme"
     # offload_optimizer.pipeline_read / pipeline_write (DeepSpeed default false).
