@@ -15,6 +15,7 @@ from typing import Literal, Protocol
 
 import numpy as np
 
+from sosim import grace_host
 from sosim import model as tm
 from sosim.config import AdamImpl, Curve, HardwareProfile, ModelSpec, TrainingSpec
 from sosim.units import BF16_BYTES, FP32_BYTES, GB, TFLOP, us_to_s
@@ -36,7 +37,7 @@ CAST_BYTES_PER_ELEMENT = 6.0
 # parameter casts into such a temporary (PyTorch's cross-device, cross-dtype copy converts on the source
 # device first: aten/src/ATen/native/cuda/Copy.cu, copy_kernel_cuda). Estimate: ~1.5 us per 4 KiB page on
 # one core = ~2.7 GB/s per core of first-touch bandwidth (Linux anonymous page faults incl. zeroing).
-FIRST_TOUCH_GBps_PER_CORE = 2.7
+FIRST_TOUCH_GBps_PER_CORE = grace_host.REFERENCE_FIRST_TOUCH_GBps_PER_CORE  # at 4 KiB pages (sosim.grace_host)
 # DeepSpeed ZeRO-3 runs Python hooks around every submodule's forward and backward (fetch, release,
 # partition bookkeeping) even on one GPU; with the kernel launches after them, this host work is what a
 # layer's pass waits for. Fallback where no table measured it (e.g. GH200's Grace host): the x86 H200
@@ -328,17 +329,20 @@ class AnalyticCostModel:
             return 0.0
         cast = self.cpu_cast_s(elements, threads)
         if not pinned:
-            cast += elements * BF16_BYTES / (FIRST_TOUCH_GBps_PER_CORE * GB * max(1.0, threads))
+            first_touch = grace_host.first_touch_GBps_per_core(self.hw.cpu)  # page size sets it
+            cast += elements * BF16_BYTES / (first_touch * GB * max(1.0, threads))
         return cast + self.copy_s(elements * BF16_BYTES, "h2d", pinned)
 
     def stage3_hook_s(self, tokens: int, backward: bool) -> float:
         """Host-side time of one decoder layer's forward (or backward alone) under DeepSpeed's ZeRO-3 hooks,
         kernel launches included: the GPU's pass of the layer waits for it when it is longer.
 
-        Analytic: a per-parameter-tensor figure, the same in both passes and for every token count.
+        Analytic: a per-parameter-tensor figure, the same in both passes and for every token count, on this
+        profile's host thread (sosim.grace_host: the x86 VM's figure / cpu.host_thread_speed).
         """
         del tokens, backward  # the estimate depends on neither
-        return STAGE3_HOOK_S_PER_TENSOR * parameter_tensors_per_layer(self.model)
+        per_tensor = grace_host.host_thread_s(STAGE3_HOOK_S_PER_TENSOR, self.hw.cpu)
+        return per_tensor * parameter_tensors_per_layer(self.model)
 
     def ds_unscale_clip_s(self, elements: float, system: str) -> float:
         """DeepSpeed stage 3's ``unscale_and_clip_grads`` over one sub-group's fp32 host gradients: a CPU
@@ -352,7 +356,8 @@ class AnalyticCostModel:
         over ``params`` fp32 gradients on the host, its host sync, and per-sub-group bookkeeping (schedules
         using this must not add their own norm op)."""
         del system  # same estimate for ZeRO-3 and SuperOffload
-        return self.cpu_norm_s(params) + HOST_SYNC_S + DS_STEP_PER_SUBGROUP_S * max(0, subgroups)
+        bookkeeping = grace_host.host_thread_s(DS_STEP_PER_SUBGROUP_S, self.hw.cpu)
+        return self.cpu_norm_s(params) + HOST_SYNC_S + bookkeeping * max(0, subgroups)
 
     def so_worker_roundtrip_s(self, elements: float, with_copies: bool = False) -> float:
         """SuperOffload: hand one sub-group of ``elements`` to the Adam worker and take it back (no Adam).
@@ -363,7 +368,8 @@ class AnalyticCostModel:
         del with_copies
         if elements <= 0:
             return 0.0
-        return SO_WORKER_IPC_S + elements * SO_WORKER_COPY_BYTES_PER_ELEMENT / (self.hw.cpu.mem_GBps * GB)
+        ipc = grace_host.host_thread_s(SO_WORKER_IPC_S, self.hw.cpu)
+        return ipc + elements * SO_WORKER_COPY_BYTES_PER_ELEMENT / (self.hw.cpu.mem_GBps * GB)
 
     def so_flush_s(self, elements: float) -> float | None:
         """SuperOffload's whole gradient flush of ``elements`` as measured (``so_grads``), or None: the
@@ -373,5 +379,9 @@ class AnalyticCostModel:
 
     @property
     def provenance(self) -> dict[str, str]:
-        return {"cost_model": "analytic", "profile": self.hw.name,
-                "costs_analytic": "all (the profile names no calibration table)"}
+        out = {"cost_model": "analytic", "profile": self.hw.name,
+               "costs_analytic": "all (the profile names no calibration table)"}
+        moved = grace_host.transferred_note(self.hw.cpu)
+        if moved:
+            out["costs_transferred"] = moved
+        return out

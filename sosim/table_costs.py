@@ -33,6 +33,7 @@ from typing import Any
 
 import numpy as np
 
+from sosim import grace_host, published
 from sosim import model as tm
 from sosim.calibration_table import CalibrationError, CalibrationTable
 from sosim.config import AdamImpl, HardwareProfile
@@ -518,6 +519,12 @@ class TableCostModel(AnalyticCostModel):
             "table_lookups_measured": str(sum(led.measured.values()) + sum(int(v[2]) for v in led.rescaled.values())),
             "table_lookups_fallback": str(sum(led.analytic.values())),
         }
+        origin = published.table_origin(self.table)
+        if origin:
+            out["calibration_origin"] = origin
+        moved = grace_host.transferred_note(self.hw.cpu)
+        if moved:
+            out["costs_transferred"] = moved
         return out
 
     def _why(self, kind: str) -> str:
