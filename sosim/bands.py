@@ -65,8 +65,9 @@ ESTIMATE_SPREADS: Mapping[str, EstimateSpread] = {
         "unmeasured order-of-magnitude estimate of Python hook work; +-50% is the smallest interval that "
         "can honestly be claimed for a number with no timing behind it"),
     "ds_step_fixed": EstimateSpread(
-        0.5, "engine.step()'s fixed part (norm pass at the measured memory bandwidth + HOST_SYNC_S + "
-        "DS_STEP_PER_SUBGROUP_S): the host sync and per-sub-group bookkeeping are unmeasured estimates"),
+        0.5, "engine.step()'s fixed part (HOST_SYNC_S + the x86 VM's measured per-sub-group, per-tensor and "
+        "per-step pieces, moved to another host by cpu.host_thread_speed): one lease's pieces, and on other "
+        "hosts a transferred speed ratio"),
     "so_worker": EstimateSpread(
         0.5, "SuperOffload worker round trip (SO_WORKER_IPC_S + shared-buffer copies): the queue latency is "
         "an unmeasured estimate"),

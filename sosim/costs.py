@@ -49,9 +49,17 @@ STAGE3_HOOK_S_PER_TENSOR = 1.0e-3
 # Host waiting for the GPU stream to drain (torch.cuda.synchronize / event sync, e.g. the norm's .item()):
 # the GPU runs dry for the kernel-launch pipeline depth. Estimate: 100 us.
 HOST_SYNC_S = 100e-6
-# engine.step()'s per-sub-group Python bookkeeping (partition views, flags, timers) outside the optimizer
-# kernels. Estimate: 200 us per sub-group.
-DS_STEP_PER_SUBGROUP_S = 200e-6
+# engine.step()'s fixed part outside the optimizer kernels, the unscale pass and the copies, from its pieces as
+# DeepSpeed 0.19.8 runs them on the x86 H200 VM (calibration/nvidia-h200-2026-11-30/measurements.csv,
+# ds_step_fixed zero3_* / superoffload_*, 0.49 B params, 5 sub-groups, 75 parameter tensors). The gradient norm
+# is not a host pass: stage 3 takes each gradient's norm on the GPU as it is partitioned
+# (``partition_grads``: ``_constant_buffered_norm2``) and ``_get_norm_groups`` only gathers them, per sub-group
+# with a host sync: 4.9-5.3 ms / 5 sub-groups.
+DS_STEP_PER_SUBGROUP_S = 1.0e-3
+# ``_partition_all_parameters``: release / re-partition per parameter tensor: 3.1-3.2 ms / 75 tensors.
+DS_STEP_PER_TENSOR_S = 42e-6
+# ``_pre_step`` + ``_overflow_check_and_loss_scale_update`` + ``_post_step``: 0.8 ms per step.
+DS_STEP_PER_STEP_S = 0.8e-3
 # SuperOffload's hand-off of one sub-group to its Adam worker process (multiprocessing queue put + get of a
 # task and its result: deepspeed/runtime/superoffload/superoffload_utils.py, SuperOffloadCPUOptimizer).
 # Estimate: 2 x 50 us for the two queue messages; the data goes through shared buffers, counted below.
@@ -352,12 +360,14 @@ class AnalyticCostModel:
         return 2.0 * self.cpu_norm_s(elements)
 
     def ds_step_fixed_s(self, params: float, subgroups: int, system: str) -> float:
-        """engine.step() outside the optimizer kernels, the unscale pass and the copies: the gradient norm
-        over ``params`` fp32 gradients on the host, its host sync, and per-sub-group bookkeeping (schedules
-        using this must not add their own norm op)."""
-        del system  # same estimate for ZeRO-3 and SuperOffload
-        bookkeeping = grace_host.host_thread_s(DS_STEP_PER_SUBGROUP_S, self.hw.cpu)
-        return self.cpu_norm_s(params) + HOST_SYNC_S + bookkeeping * max(0, subgroups)
+        """engine.step() outside the optimizer kernels, the unscale pass and the copies: the per-sub-group
+        gathering of the GPU-computed gradient norms with its host sync, the per-tensor re-partition, the fixed
+        pre/overflow/post steps (x86 VM pieces, on this profile's host thread: sosim.grace_host), and one host
+        sync for the global norm (schedules using this must not add their own norm op)."""
+        del params, system  # same pieces for ZeRO-3 and SuperOffload; the norm is not a host pass over them
+        python_s = (DS_STEP_PER_SUBGROUP_S * max(0, subgroups) + DS_STEP_PER_STEP_S
+                    + DS_STEP_PER_TENSOR_S * model_parameter_tensors(self.model))
+        return HOST_SYNC_S + grace_host.host_thread_s(python_s, self.hw.cpu)
 
     def so_worker_roundtrip_s(self, elements: float, with_copies: bool = False) -> float:
         """SuperOffload: hand one sub-group of ``elements`` to the Adam worker and take it back (no Adam).
