@@ -28,6 +28,12 @@ CAUSAL_WORK_FRACTION = tm.CAUSAL_ATTENTION_FRACTION
 # Adam reads p, g, m, v and writes p, m, v in fp32 (28 B)
 # plus the bf16 copy of p (2 B) (ZeRO-Offload, Ren et al., USENIX ATC'21).
 GPU_ADAM_BYTES_PER_PARAM = 30.0
+# CPU Adam's memory traffic: read p, g, m, v and write p, m, v in fp32 (ZeRO-Offload, Ren et al.).
+ADAM_BYTES_PER_PARAM = 28.0
+# Below this fraction of the memory bandwidth (at its reference cores) a CPU Adam is taken to be core bound.
+# DeepSpeed's scalar CPUAdam on Grace reaches 0.45 of STREAM (148 of 330 GB/s, PR 8365), GraceAdam and the x86
+# VM's AVX CPUAdam ~1.0: any threshold between them classifies both; 0.6 sits between.
+CORE_BOUND_FRACTION = 0.6
 # fp32 -> bf16 cast reads 4 B and writes 2 B per element (bf16 -> fp32 the reverse): 6 B either way.
 CAST_BYTES_PER_ELEMENT = 6.0
 
@@ -270,18 +276,30 @@ class AnalyticCostModel:
         return {"h2d": min(1.0, half / link.h2d_GBps), "d2h": min(1.0, half / link.d2h_GBps)}
 
     # --- CPU -------------------------------------------------------------------------------------------
-    def _core_factor(self, cores: float) -> float:
-        """Slowdown of a bandwidth-bound CPU kernel run on ``cores`` instead of the reference core count."""
+    def _core_factor(self, cores: float, impl: AdamImpl | None = None) -> float:
+        """Slowdown of a CPU Adam run on ``cores`` instead of the reference core count.
+
+        Bandwidth-bound (the default): it stops speeding up at ``adam_saturation_cores``. Core-bound: an
+        implementation whose published rate moves its 28 B/param at less than :data:`CORE_BOUND_FRACTION` of
+        ``mem_GBps`` on all reference cores (DeepSpeed's scalar CPUAdam on Grace: 148 of 330 GB/s) is limited
+        by its cores, not by memory, so it scales with every core up to the reference count (roofline)."""
         cpu = self.hw.cpu
+        if impl is not None and self._adam_core_bound(impl):
+            return cpu.adam_ref_cores / min(max(cores, 1.0), float(cpu.adam_ref_cores))
         ref = min(cpu.adam_ref_cores, cpu.adam_saturation_cores)
         used = min(max(cores, 1.0), cpu.adam_saturation_cores)
         return ref / used
+
+    def _adam_core_bound(self, impl: AdamImpl) -> bool:
+        """Whether ``impl``'s Adam traffic at its largest published size stays well below the memory bandwidth."""
+        gparams, seconds = self.hw.cpu.adam_s_by_gparams[impl][-1]
+        return ADAM_BYTES_PER_PARAM * gparams * 1e9 / seconds < CORE_BOUND_FRACTION * self.hw.cpu.mem_GBps * GB
 
     def cpu_adam_s(self, params: float, impl: AdamImpl, cores: float, total_params: float) -> float:
         """Adam over ``params`` parameters, at the per-parameter rate of a whole step of ``total_params``."""
         curve = self.hw.cpu.adam_s_by_gparams[impl]
         total_s = adam_latency_s(curve, total_params / 1e9)
-        return total_s * (params / total_params) * self._core_factor(cores)
+        return total_s * (params / total_params) * self._core_factor(cores, impl)
 
     def cpu_cast_s(self, elements: float, cores: float) -> float:
         cpu = self.hw.cpu

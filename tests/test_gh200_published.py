@@ -95,3 +95,13 @@ def test_transferred_costs_widen_the_band() -> None:
     assert set(band.transferred_used) <= set(TRANSFERRED_SPREADS)
     assert "stage3_hook" in band.transferred_used
     assert band.describe()["transferred_spreads_used"]["stage3_hook"] == TRANSFERRED_SPREADS["stage3_hook"].rel
+
+
+def test_a_core_bound_cpu_adam_scales_with_every_core() -> None:
+    # DeepSpeed 0.19's scalar CPUAdam moves 28 B/param at 148 GB/s on 72 Grace cores, under half of STREAM:
+    # core bound, so 36 cores take twice as long; GraceAdam (368 GB/s) is memory bound past 32 cores.
+    costs = make_cost_model(load_scenario(GPT8B))
+    full = costs.cpu_adam_s(4e9, "cpu_adam", 72, 4e9)
+    assert costs.cpu_adam_s(4e9, "cpu_adam", 36, 4e9) == pytest.approx(2 * full, rel=1e-9)
+    grace = costs.cpu_adam_s(4e9, "grace_adam", 72, 4e9)
+    assert costs.cpu_adam_s(4e9, "grace_adam", 36, 4e9) == pytest.approx(grace, rel=1e-9)
