@@ -36,3 +36,9 @@ def table_origin(table: CalibrationTable) -> str:
         return ""
     names = ", ".join(f"{p.parent.name}/SOURCES.md" for p in marked)
     return f"published measurements, not measured by sosim (each row's source: {names})"
+
+
+def all_published(table: CalibrationTable) -> bool:
+    """Whether every part of a (possibly merged) table is a published one."""
+    paths = [p for p, _ in table.parts] if table.parts else [Path(table.path)]
+    return all(is_published(p) for p in paths)

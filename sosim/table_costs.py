@@ -522,6 +522,9 @@ class TableCostModel(AnalyticCostModel):
         origin = published.table_origin(self.table)
         if origin:
             out["calibration_origin"] = origin
+            if published.all_published(self.table):  # nothing in it was measured by sosim: say so by name
+                out["costs_published"] = out["costs_measured"]
+                out["costs_measured"] = "none (the table holds published values: costs_published)"
         moved = grace_host.transferred_note(self.hw.cpu)
         if moved:
             out["costs_transferred"] = moved

@@ -62,6 +62,7 @@ def test_published_table_is_used_and_named() -> None:
 def test_provenance_says_published_and_transferred() -> None:
     prov = simulate(load_scenario(GPT8B)).provenance
     assert "published" in prov["calibration_origin"]
+    assert "copy_h2d_pinned" in prov["costs_published"] and prov["costs_measured"].startswith("none")
     assert "host_thread_speed 3" in prov["costs_transferred"]
     assert "64 KiB pages" in prov["costs_transferred"]
     x86 = simulate(load_scenario("scenarios/h200_x86_llama2.0b_zero2_measured.yaml")).provenance
