@@ -106,3 +106,14 @@ def test_a_core_bound_cpu_adam_scales_with_every_core() -> None:
     assert costs.cpu_adam_s(4e9, "cpu_adam", 36, 4e9) == pytest.approx(2 * full, rel=1e-9)
     grace = costs.cpu_adam_s(4e9, "grace_adam", 72, 4e9)
     assert costs.cpu_adam_s(4e9, "grace_adam", 36, 4e9) == pytest.approx(grace, rel=1e-9)
+
+
+def test_every_published_row_says_published_or_transferred() -> None:
+    # A published table must never pass a value off as measured by sosim: each row's `device` names its kind.
+    import csv
+    from pathlib import Path
+
+    path = Path(load_profile("gh200").calibration_paths[0])
+    rows = list(csv.DictReader(path.open()))
+    assert rows and all(r["device"].startswith(("published:", "transferred:")) for r in rows)
+    assert (path.parent / "SOURCES.md").read_text().startswith("# published")
