@@ -37,6 +37,7 @@ from typing import Any, cast
 
 import numpy as np
 
+from sosim import grace_host, published
 from sosim.config import Scenario
 from sosim.costs import CostModel
 from sosim.result import Result
@@ -65,8 +66,9 @@ ESTIMATE_SPREADS: Mapping[str, EstimateSpread] = {
         "unmeasured order-of-magnitude estimate of Python hook work; +-50% is the smallest interval that "
         "can honestly be claimed for a number with no timing behind it"),
     "ds_step_fixed": EstimateSpread(
-        0.5, "engine.step()'s fixed part (norm pass at the measured memory bandwidth + HOST_SYNC_S + "
-        "DS_STEP_PER_SUBGROUP_S): the host sync and per-sub-group bookkeeping are unmeasured estimates"),
+        0.5, "engine.step()'s fixed part (HOST_SYNC_S + the x86 VM's measured per-sub-group, per-tensor and "
+        "per-step pieces, moved to another host by cpu.host_thread_speed): one lease's pieces, and on other "
+        "hosts a transferred speed ratio"),
     "so_worker": EstimateSpread(
         0.5, "SuperOffload worker round trip (SO_WORKER_IPC_S + shared-buffer copies): the queue latency is "
         "an unmeasured estimate"),
@@ -83,8 +85,34 @@ ESTIMATE_SPREADS: Mapping[str, EstimateSpread] = {
 }
 
 
-def _estimate_kind(kind: str) -> str | None:
-    for name in sorted(ESTIMATE_SPREADS, key=len, reverse=True):
+# Extra spread for costs *transferred* to a profile built from published measurements (issue 16: GH200): the
+# analytic fallback then rests on a number carried from another machine, on top of any estimate above. Applied
+# only where the profile says it transferred something (a published table, or sosim.grace_host moving the x86
+# VM's host costs); drawn from a separate seeded stream, so bands of other profiles keep their exact draws.
+TRANSFERRED_SPREADS: Mapping[str, EstimateSpread] = {
+    "stage3_hook": EstimateSpread(
+        0.3, "ZeRO-3 hook time on Grace = the x86 VM's / cpu.host_thread_speed, a speed bound derived from one "
+        "published pair of Alps steps (ZeRO-3 vs ZeRO-2): the bound, not a measurement"),
+    "ds_step_fixed": EstimateSpread(0.3, "step() bookkeeping moved by the same host_thread_speed bound"),
+    "so_worker": EstimateSpread(0.3, "the worker's queue messages moved by the same host_thread_speed bound"),
+    "ds_refresh": EstimateSpread(
+        0.2, "the refresh's CPU cast rate is the x86 cast/DRAM ratio at Grace's STREAM, its first touch a "
+        "page-size model: both transferred"),
+    "cpu_cast": EstimateSpread(
+        0.25, "PyTorch's CPU fp32->bf16 rate on Grace = 0.43 x STREAM, the ratio measured on the x86 VM"),
+    "ds_step_unscale_clip": EstimateSpread(
+        0.15, "a CPU mul_ pass at Grace's published STREAM range (307-365 GB/s, +-9%) plus the kernel's unknown "
+        "fraction of it"),
+    "attention": EstimateSpread(
+        0.1, "SDPA efficiency transferred from the H200's measured 0.53-0.65 of peak (same SMs)"),
+    "gpu_cast": EstimateSpread(0.1, "a memory-bound GPU kernel at the published HBM3 range (3.3-3.7 TB/s)"),
+}
+# Seed offset of the transferred draws' own stream.
+TRANSFERRED_STREAM = 16
+
+
+def _estimate_kind(kind: str, spreads: Mapping[str, EstimateSpread] = ESTIMATE_SPREADS) -> str | None:
+    for name in sorted(spreads, key=len, reverse=True):
         if kind == name or kind.startswith(name + "_"):
             return name
     return None
@@ -101,6 +129,7 @@ class SpreadCostModel(TableCostModel):
     """The table cost model with a factor on each analytic fallback that is a stated estimate."""
 
     estimate_factors: Mapping[str, float] = field(default_factory=dict, compare=False, repr=False)
+    transferred_factors: Mapping[str, float] = field(default_factory=dict, compare=False, repr=False)
 
     def _use(
         self,
@@ -115,6 +144,9 @@ class SpreadCostModel(TableCostModel):
             estimate = _estimate_kind(kind)
             if estimate is not None:
                 value *= self.estimate_factors.get(estimate, 1.0)
+            moved = _estimate_kind(kind, TRANSFERRED_SPREADS)
+            if moved is not None:
+                value *= self.transferred_factors.get(moved, 1.0)
         return value
 
 
@@ -158,6 +190,15 @@ def table_has_spread(sc: Scenario) -> bool:
     return False
 
 
+def has_transferred_costs(sc: Scenario) -> bool:
+    """Whether the profile is built from published values with transferred costs (a published table, or host
+    costs moved from the x86 VM by sosim.grace_host): its bands then draw TRANSFERRED_SPREADS too."""
+    if grace_host.transferred_note(sc.hardware.cpu):
+        return True
+    paths = sc.hardware.calibration_paths
+    return bool(paths) and bool(published.table_origin(load_tables(paths)))
+
+
 def band_unavailable_reason(sc: Scenario) -> str | None:
     """None when ``sc`` can carry a band; else why not (for messages and JSON)."""
     if sc.hardware.calibration is None:
@@ -175,10 +216,13 @@ def sampled_cost_models(sc: Scenario, n: int, seed: int) -> Iterator[CostModel]:
         raise ValueError(band_unavailable_reason(sc) or "no calibration table")
     spread = SpreadCostModel.from_analytic(base, base.table, base.baseline, base.baseline_source)
     rng = np.random.default_rng(seed)
+    moved_rng = np.random.default_rng([seed, TRANSFERRED_STREAM]) if has_transferred_costs(sc) else None
     for i in range(n):
         sampled = cast(SpreadCostModel, spread.sample(rng, label=f"band replay {i} seed {seed}"))
         factors = {k: quantile_factor(float(rng.uniform()), ESTIMATE_SPREADS[k].rel) for k in sorted(ESTIMATE_SPREADS)}
-        model = dataclasses.replace(sampled, estimate_factors=factors)
+        moved = {} if moved_rng is None else {k: quantile_factor(float(moved_rng.uniform()), TRANSFERRED_SPREADS[k].rel)
+                                              for k in sorted(TRANSFERRED_SPREADS)}
+        model = dataclasses.replace(sampled, estimate_factors=factors, transferred_factors=moved)
         yield _Memo(model)  # type: ignore[misc]
 
 
@@ -201,6 +245,8 @@ class Band:
     # The lease-to-lease log-sd drawn per component class, and where it came from.
     lease_log_sd: Mapping[str, float] = field(default_factory=dict)
     lease_source: str = "none"
+    # Transferred-cost kinds (TRANSFERRED_SPREADS) this scenario used, each drawn with its extra spread.
+    transferred_used: tuple[str, ...] = ()
 
     @property
     def half_width_rel(self) -> float:
@@ -225,6 +271,7 @@ class Band:
             "estimate_spreads_used": {k: ESTIMATE_SPREADS[k].rel for k in self.estimates_used},
             "analytic_without_spread": list(self.unspread_analytic),
             "lease_log_sd": dict(self.lease_log_sd), "lease_source": self.lease_source,
+            "transferred_spreads_used": {k: TRANSFERRED_SPREADS[k].rel for k in self.transferred_used},
             "not_sampled": "the run-to-run spread of whole measured training steps (validation data)",
         }
 
@@ -274,11 +321,16 @@ def simulate_band(
     analytic = _analytic_kinds(ref)
     used = sorted({k for k in (_estimate_kind(a) for a in analytic) if k is not None})
     lease, source = lease_spread_of(sc, table)
+    moved = has_transferred_costs(sc)
     return Band(
         n=n, seed=seed, step_time_s=(step_q[0], step_q[1], step_q[2]), tokens_per_s=(tok_q[0], tok_q[1], tok_q[2]),
         samples_s=tuple(float(s) for s in steps), sampled_kinds=tuple(sorted({op for op, _ in table.columns_by_op})),
-        estimates_used=tuple(used), unspread_analytic=tuple(a for a in analytic if _estimate_kind(a) is None),
+        estimates_used=tuple(used),
+        unspread_analytic=tuple(a for a in analytic if _estimate_kind(a) is None
+                                and not (moved and _estimate_kind(a, TRANSFERRED_SPREADS) is not None)),
         lease_log_sd=lease, lease_source=source,
+        transferred_used=tuple(sorted({k for k in (_estimate_kind(a, TRANSFERRED_SPREADS) for a in analytic)
+                                       if k is not None})) if moved else (),
     )
 
 

@@ -213,6 +213,7 @@ def cmd_examples(args: argparse.Namespace) -> int:
 
 def cmd_profiles(args: argparse.Namespace) -> int:
     from sosim.loader import load_profile, profile_files
+    from sosim.published import is_published
 
     rows = []
     for name, files in profile_files(getattr(args, "profiles", [])).items():
@@ -227,6 +228,8 @@ def cmd_profiles(args: argparse.Namespace) -> int:
         rows.append({**row, "gpu": prof.gpu.name, "cpu": prof.cpu.name,
                      "link": f"{prof.link.kind} {prof.link.h2d_GBps:g}/{prof.link.d2h_GBps:g} GB/s",
                      "calibrated": prof.calibration is not None,
+                     "published": bool(prof.calibration_paths) and all(is_published(Path(c))
+                                                                        for c in prof.calibration_paths),
                      "calibration": ", ".join(prof.calibration_paths) or None,
                      "description": prof.description})
     if args.format == "json":
@@ -238,7 +241,7 @@ def cmd_profiles(args: argparse.Namespace) -> int:
             if "error" in r:
                 print(f"{r['name']:<22} ERROR {r['error']}{where}")
             else:
-                cal = " [calibrated]" if r["calibrated"] else ""
+                cal = " [published values]" if r["published"] else " [calibrated]" if r["calibrated"] else ""
                 print(f"{r['name']:<22} {r['gpu']} | {r['cpu']} | {r['link']}{cal}{where}{shadow}")
     return 0
 

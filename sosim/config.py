@@ -127,6 +127,11 @@ class CpuSpec(_Sourced):
     cast_GBps: PosFloat
     # Host memory the training process cannot use (OS, page cache, framework).
     reserved_gib: NonNegFloat
+    # The host thread's speed at DeepSpeed's Python paths (ZeRO-3 hooks, step() bookkeeping, worker queue)
+    # relative to the x86 VM those costs were measured on (sosim.grace_host); 1.0: that VM's core.
+    host_thread_speed: PosFloat = 1.0
+    # Base page size of the host kernel: first-touch of a fresh buffer faults once per page (sosim.grace_host).
+    page_kib: PosFloat = 4.0
 
     @model_validator(mode="after")
     def _curves(self) -> CpuSpec:

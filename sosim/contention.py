@@ -32,7 +32,7 @@ from sosim.plan import Category, Plan, Resource, ResourceKind
 _COPY = {ResourceKind.H2D: "h2d", ResourceKind.D2H: "d2h"}
 _CPU = frozenset({ResourceKind.CPU_OPT, ResourceKind.CPU_MAIN})
 # CPU ops that are the host thread's own single-threaded work (hooks, bookkeeping, host syncs).
-_HOST_THREAD = frozenset({Category.FRAMEWORK, Category.SYNC})
+_HOST_THREAD = frozenset({Category.FRAMEWORK, Category.HOOK, Category.SYNC})
 _COLLECTIVE = frozenset({ResourceKind.NET})
 # A copy moving its bytes at less than this fraction of the link's pinned rate is staged by the CPU.
 STAGED_FRACTION = 0.5

@@ -15,6 +15,7 @@ from typing import Literal, Protocol
 
 import numpy as np
 
+from sosim import grace_host
 from sosim import model as tm
 from sosim.config import AdamImpl, Curve, HardwareProfile, ModelSpec, TrainingSpec
 from sosim.units import BF16_BYTES, FP32_BYTES, GB, TFLOP, us_to_s
@@ -27,6 +28,12 @@ CAUSAL_WORK_FRACTION = tm.CAUSAL_ATTENTION_FRACTION
 # Adam reads p, g, m, v and writes p, m, v in fp32 (28 B)
 # plus the bf16 copy of p (2 B) (ZeRO-Offload, Ren et al., USENIX ATC'21).
 GPU_ADAM_BYTES_PER_PARAM = 30.0
+# CPU Adam's memory traffic: read p, g, m, v and write p, m, v in fp32 (ZeRO-Offload, Ren et al.).
+ADAM_BYTES_PER_PARAM = 28.0
+# Below this fraction of the memory bandwidth (at its reference cores) a CPU Adam is taken to be core bound.
+# DeepSpeed's scalar CPUAdam on Grace reaches 0.45 of STREAM (148 of 330 GB/s, PR 8365), GraceAdam and the x86
+# VM's AVX CPUAdam ~1.0: any threshold between them classifies both; 0.6 sits between.
+CORE_BOUND_FRACTION = 0.6
 # fp32 -> bf16 cast reads 4 B and writes 2 B per element (bf16 -> fp32 the reverse): 6 B either way.
 CAST_BYTES_PER_ELEMENT = 6.0
 
@@ -36,7 +43,7 @@ CAST_BYTES_PER_ELEMENT = 6.0
 # parameter casts into such a temporary (PyTorch's cross-device, cross-dtype copy converts on the source
 # device first: aten/src/ATen/native/cuda/Copy.cu, copy_kernel_cuda). Estimate: ~1.5 us per 4 KiB page on
 # one core = ~2.7 GB/s per core of first-touch bandwidth (Linux anonymous page faults incl. zeroing).
-FIRST_TOUCH_GBps_PER_CORE = 2.7
+FIRST_TOUCH_GBps_PER_CORE = grace_host.REFERENCE_FIRST_TOUCH_GBps_PER_CORE  # at 4 KiB pages (sosim.grace_host)
 # DeepSpeed ZeRO-3 runs Python hooks around every submodule's forward and backward (fetch, release,
 # partition bookkeeping) even on one GPU; with the kernel launches after them, this host work is what a
 # layer's pass waits for. Fallback where no table measured it (e.g. GH200's Grace host): the x86 H200
@@ -48,9 +55,17 @@ STAGE3_HOOK_S_PER_TENSOR = 1.0e-3
 # Host waiting for the GPU stream to drain (torch.cuda.synchronize / event sync, e.g. the norm's .item()):
 # the GPU runs dry for the kernel-launch pipeline depth. Estimate: 100 us.
 HOST_SYNC_S = 100e-6
-# engine.step()'s per-sub-group Python bookkeeping (partition views, flags, timers) outside the optimizer
-# kernels. Estimate: 200 us per sub-group.
-DS_STEP_PER_SUBGROUP_S = 200e-6
+# engine.step()'s fixed part outside the optimizer kernels, the unscale pass and the copies, from its pieces as
+# DeepSpeed 0.19.8 runs them on the x86 H200 VM (calibration/nvidia-h200-2026-11-30/measurements.csv,
+# ds_step_fixed zero3_* / superoffload_*, 0.49 B params, 5 sub-groups, 75 parameter tensors). The gradient norm
+# is not a host pass: stage 3 takes each gradient's norm on the GPU as it is partitioned
+# (``partition_grads``: ``_constant_buffered_norm2``) and ``_get_norm_groups`` only gathers them, per sub-group
+# with a host sync: 4.9-5.3 ms / 5 sub-groups.
+DS_STEP_PER_SUBGROUP_S = 1.0e-3
+# ``_partition_all_parameters``: release / re-partition per parameter tensor: 3.1-3.2 ms / 75 tensors.
+DS_STEP_PER_TENSOR_S = 42e-6
+# ``_pre_step`` + ``_overflow_check_and_loss_scale_update`` + ``_post_step``: 0.8 ms per step.
+DS_STEP_PER_STEP_S = 0.8e-3
 # SuperOffload's hand-off of one sub-group to its Adam worker process (multiprocessing queue put + get of a
 # task and its result: deepspeed/runtime/superoffload/superoffload_utils.py, SuperOffloadCPUOptimizer).
 # Estimate: 2 x 50 us for the two queue messages; the data goes through shared buffers, counted below.
@@ -261,18 +276,30 @@ class AnalyticCostModel:
         return {"h2d": min(1.0, half / link.h2d_GBps), "d2h": min(1.0, half / link.d2h_GBps)}
 
     # --- CPU -------------------------------------------------------------------------------------------
-    def _core_factor(self, cores: float) -> float:
-        """Slowdown of a bandwidth-bound CPU kernel run on ``cores`` instead of the reference core count."""
+    def _core_factor(self, cores: float, impl: AdamImpl | None = None) -> float:
+        """Slowdown of a CPU Adam run on ``cores`` instead of the reference core count.
+
+        Bandwidth-bound (the default): it stops speeding up at ``adam_saturation_cores``. Core-bound: an
+        implementation whose published rate moves its 28 B/param at less than :data:`CORE_BOUND_FRACTION` of
+        ``mem_GBps`` on all reference cores (DeepSpeed's scalar CPUAdam on Grace: 148 of 330 GB/s) is limited
+        by its cores, not by memory, so it scales with every core up to the reference count (roofline)."""
         cpu = self.hw.cpu
+        if impl is not None and self._adam_core_bound(impl):
+            return cpu.adam_ref_cores / min(max(cores, 1.0), float(cpu.adam_ref_cores))
         ref = min(cpu.adam_ref_cores, cpu.adam_saturation_cores)
         used = min(max(cores, 1.0), cpu.adam_saturation_cores)
         return ref / used
+
+    def _adam_core_bound(self, impl: AdamImpl) -> bool:
+        """Whether ``impl``'s Adam traffic at its largest published size stays well below the memory bandwidth."""
+        gparams, seconds = self.hw.cpu.adam_s_by_gparams[impl][-1]
+        return ADAM_BYTES_PER_PARAM * gparams * 1e9 / seconds < CORE_BOUND_FRACTION * self.hw.cpu.mem_GBps * GB
 
     def cpu_adam_s(self, params: float, impl: AdamImpl, cores: float, total_params: float) -> float:
         """Adam over ``params`` parameters, at the per-parameter rate of a whole step of ``total_params``."""
         curve = self.hw.cpu.adam_s_by_gparams[impl]
         total_s = adam_latency_s(curve, total_params / 1e9)
-        return total_s * (params / total_params) * self._core_factor(cores)
+        return total_s * (params / total_params) * self._core_factor(cores, impl)
 
     def cpu_cast_s(self, elements: float, cores: float) -> float:
         cpu = self.hw.cpu
@@ -328,17 +355,20 @@ class AnalyticCostModel:
             return 0.0
         cast = self.cpu_cast_s(elements, threads)
         if not pinned:
-            cast += elements * BF16_BYTES / (FIRST_TOUCH_GBps_PER_CORE * GB * max(1.0, threads))
+            first_touch = grace_host.first_touch_GBps_per_core(self.hw.cpu)  # page size sets it
+            cast += elements * BF16_BYTES / (first_touch * GB * max(1.0, threads))
         return cast + self.copy_s(elements * BF16_BYTES, "h2d", pinned)
 
     def stage3_hook_s(self, tokens: int, backward: bool) -> float:
         """Host-side time of one decoder layer's forward (or backward alone) under DeepSpeed's ZeRO-3 hooks,
         kernel launches included: the GPU's pass of the layer waits for it when it is longer.
 
-        Analytic: a per-parameter-tensor figure, the same in both passes and for every token count.
+        Analytic: a per-parameter-tensor figure, the same in both passes and for every token count, on this
+        profile's host thread (sosim.grace_host: the x86 VM's figure / cpu.host_thread_speed).
         """
         del tokens, backward  # the estimate depends on neither
-        return STAGE3_HOOK_S_PER_TENSOR * parameter_tensors_per_layer(self.model)
+        per_tensor = grace_host.host_thread_s(STAGE3_HOOK_S_PER_TENSOR, self.hw.cpu)
+        return per_tensor * parameter_tensors_per_layer(self.model)
 
     def ds_unscale_clip_s(self, elements: float, system: str) -> float:
         """DeepSpeed stage 3's ``unscale_and_clip_grads`` over one sub-group's fp32 host gradients: a CPU
@@ -348,11 +378,14 @@ class AnalyticCostModel:
         return 2.0 * self.cpu_norm_s(elements)
 
     def ds_step_fixed_s(self, params: float, subgroups: int, system: str) -> float:
-        """engine.step() outside the optimizer kernels, the unscale pass and the copies: the gradient norm
-        over ``params`` fp32 gradients on the host, its host sync, and per-sub-group bookkeeping (schedules
-        using this must not add their own norm op)."""
-        del system  # same estimate for ZeRO-3 and SuperOffload
-        return self.cpu_norm_s(params) + HOST_SYNC_S + DS_STEP_PER_SUBGROUP_S * max(0, subgroups)
+        """engine.step() outside the optimizer kernels, the unscale pass and the copies: the per-sub-group
+        gathering of the GPU-computed gradient norms with its host sync, the per-tensor re-partition, the fixed
+        pre/overflow/post steps (x86 VM pieces, on this profile's host thread: sosim.grace_host), and one host
+        sync for the global norm (schedules using this must not add their own norm op)."""
+        del params, system  # same pieces for ZeRO-3 and SuperOffload; the norm is not a host pass over them
+        python_s = (DS_STEP_PER_SUBGROUP_S * max(0, subgroups) + DS_STEP_PER_STEP_S
+                    + DS_STEP_PER_TENSOR_S * model_parameter_tensors(self.model))
+        return HOST_SYNC_S + grace_host.host_thread_s(python_s, self.hw.cpu)
 
     def so_worker_roundtrip_s(self, elements: float, with_copies: bool = False) -> float:
         """SuperOffload: hand one sub-group of ``elements`` to the Adam worker and take it back (no Adam).
@@ -363,7 +396,8 @@ class AnalyticCostModel:
         del with_copies
         if elements <= 0:
             return 0.0
-        return SO_WORKER_IPC_S + elements * SO_WORKER_COPY_BYTES_PER_ELEMENT / (self.hw.cpu.mem_GBps * GB)
+        ipc = grace_host.host_thread_s(SO_WORKER_IPC_S, self.hw.cpu)
+        return ipc + elements * SO_WORKER_COPY_BYTES_PER_ELEMENT / (self.hw.cpu.mem_GBps * GB)
 
     def so_flush_s(self, elements: float) -> float | None:
         """SuperOffload's whole gradient flush of ``elements`` as measured (``so_grads``), or None: the
@@ -373,5 +407,9 @@ class AnalyticCostModel:
 
     @property
     def provenance(self) -> dict[str, str]:
-        return {"cost_model": "analytic", "profile": self.hw.name,
-                "costs_analytic": "all (the profile names no calibration table)"}
+        out = {"cost_model": "analytic", "profile": self.hw.name,
+               "costs_analytic": "all (the profile names no calibration table)"}
+        moved = grace_host.transferred_note(self.hw.cpu)
+        if moved:
+            out["costs_transferred"] = moved
+        return out

@@ -84,7 +84,8 @@ class Category(StrEnum):
     CAST = "cast"
     COMM = "comm"
     SYNC = "sync"
-    FRAMEWORK = "framework"  # host-side bookkeeping of the training framework (hooks, step() fixed part)
+    FRAMEWORK = "framework"  # host-side bookkeeping of the training framework (step() fixed part, waits)
+    HOOK = "hook"  # DeepSpeed ZeRO-3's per-module hooks around each layer's pass (host thread)
 
 
 # Singleton instances of each kind (one GPU, one host link): what single-GPU schedules use.

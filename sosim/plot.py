@@ -37,6 +37,7 @@ BREAKDOWN_COLORS: dict[str, str] = {
     "gpu_compute_s": "#4c72b0",
     "gpu_other_s": "#8fa8d6",
     "exposed_cpu_optimizer_s": "#dd8452",
+    "exposed_stage3_hooks_s": "#da8bc3",
     "exposed_cpu_cast_s": "#c44e52",
     "exposed_d2h_s": "#55a868",
     "exposed_h2d_s": "#8cc79a",

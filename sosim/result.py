@@ -3,7 +3,7 @@
 The steady-state step is the window between the start of the second-to-last and the last iteration's
 first forward op. Inside it, every instant is attributed to exactly one bucket, so the breakdown sums to
 the step time: GPU busy (compute or other GPU work), else the first busy kind of work in the order
-CPU optimizer > CPU cast > D2H > H2D > collectives, else idle.
+CPU optimizer > ZeRO-3 hooks > other CPU work (casts, bookkeeping) > D2H > H2D > collectives, else idle.
 """
 
 from __future__ import annotations
@@ -30,6 +30,9 @@ from sosim.units import GIB, TFLOP
 _CPU = frozenset({ResourceKind.CPU_OPT, ResourceKind.CPU_MAIN})
 EXPOSED_ORDER: tuple[tuple[str, frozenset[ResourceKind], frozenset[Category] | None], ...] = (
     ("exposed_cpu_optimizer_s", _CPU, frozenset({Category.OPTIMIZER})),
+    # DeepSpeed ZeRO-3's module hooks: the host thread's Python around each layer (issue 16: was counted as
+    # exposed_cpu_cast_s, which hid that a stage-3 step can be host-bound without casting anything).
+    ("exposed_stage3_hooks_s", _CPU, frozenset({Category.HOOK})),
     ("exposed_cpu_cast_s", _CPU, None),
     ("exposed_d2h_s", frozenset({ResourceKind.D2H}), None),
     ("exposed_h2d_s", frozenset({ResourceKind.H2D}), None),
@@ -62,6 +65,7 @@ _BREAKDOWN_DOC = {
     "gpu_compute_s": "GPU stream busy with forward/backward",
     "gpu_other_s": "GPU stream busy with other work (optimizer, casts, syncs)",
     "exposed_cpu_optimizer_s": "GPU idle while CPU optimizer work runs",
+    "exposed_stage3_hooks_s": "GPU idle while DeepSpeed ZeRO-3's module hooks run on the host thread",
     "exposed_cpu_cast_s": "GPU idle while other CPU work runs (casts, copies, bookkeeping)",
     "exposed_d2h_s": "GPU idle while a device-to-host copy runs",
     "exposed_h2d_s": "GPU idle while a host-to-device copy runs",

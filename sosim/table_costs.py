@@ -33,6 +33,7 @@ from typing import Any
 
 import numpy as np
 
+from sosim import grace_host, published
 from sosim import model as tm
 from sosim.calibration_table import CalibrationError, CalibrationTable
 from sosim.config import AdamImpl, HardwareProfile
@@ -518,6 +519,15 @@ class TableCostModel(AnalyticCostModel):
             "table_lookups_measured": str(sum(led.measured.values()) + sum(int(v[2]) for v in led.rescaled.values())),
             "table_lookups_fallback": str(sum(led.analytic.values())),
         }
+        origin = published.table_origin(self.table)
+        if origin:
+            out["calibration_origin"] = origin
+            if published.all_published(self.table):  # nothing in it was measured by sosim: say so by name
+                out["costs_published"] = out["costs_measured"]
+                out["costs_measured"] = "none (the table holds published values: costs_published)"
+        moved = grace_host.transferred_note(self.hw.cpu)
+        if moved:
+            out["costs_transferred"] = moved
         return out
 
     def _why(self, kind: str) -> str:

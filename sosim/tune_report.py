@@ -16,6 +16,7 @@ BUCKET_WORDS: dict[str, str] = {
     "gpu_compute_s": "GPU compute",
     "gpu_other_s": "other GPU work (GPU optimizer, casts, syncs)",
     "exposed_cpu_optimizer_s": "CPU Adam exposed",
+    "exposed_stage3_hooks_s": "ZeRO-3 hooks (host thread) exposed",
     "exposed_cpu_cast_s": "CPU casts/bookkeeping exposed",
     "exposed_d2h_s": "device-to-host copies exposed",
     "exposed_h2d_s": "host-to-device copies exposed",

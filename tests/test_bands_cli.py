@@ -11,7 +11,8 @@ from sosim.cli import main
 
 ROOT = Path(__file__).resolve().parents[1]
 CALIBRATED = str(ROOT / "scenarios" / "h200_x86_llama1.1b_zero2_measured.yaml")
-UNCALIBRATED = str(ROOT / "scenarios" / "gh200_zero_offload_4b.yaml")
+# gh200 names a table of published values (docs/gh200.md); the V100 profile is analytic.
+UNCALIBRATED = str(ROOT / "scenarios" / "v100_zero_offload_1b.yaml")
 BAND_KEYS = ("step_time_s_p10", "step_time_s_p90", "tokens_per_s_p10", "tokens_per_s_p90")
 
 
@@ -42,7 +43,7 @@ def test_no_bands_and_uncalibrated(capsys: pytest.CaptureFixture[str]) -> None:
     assert not any(k in plain for k in BAND_KEYS)
     assert "no calibration table" in plain["band"]["reason"]
     assert main(["run", UNCALIBRATED, "--bands"]) == 2
-    assert "--bands: profile 'gh200' names no calibration table" in capsys.readouterr().err
+    assert "--bands: profile 'v100-dgx2' names no calibration table" in capsys.readouterr().err
     with pytest.raises(SystemExit) as exc:  # argparse: at least 2 replays
         main(["run", CALIBRATED, "--band-replays", "1"])
     assert exc.value.code == 2

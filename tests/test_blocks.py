@@ -99,7 +99,7 @@ def test_stage3_hooks_stall_the_gpu_only_when_longer_than_the_layer(hook_s: floa
     # Short hooks: the first layer waits for one hook, then the GPU runs back to back (0.5 + 3 x 1).
     # Long hooks: each layer starts when its hook ends (2, 4, 6), the last ends at 7.
     assert float(end.max()) == pytest.approx(expected_end)
-    assert sum(op.category is Category.FRAMEWORK for op in ctx.plan.ops) == 3
+    assert sum(op.category is Category.HOOK for op in ctx.plan.ops) == 3
 
 
 @dataclass

@@ -16,7 +16,7 @@ from sosim.cli import main
 from sosim.errors import SosimError
 
 ROOT = Path(__file__).resolve().parents[1]
-GH200 = "gh200_zero_offload_4b"  # on the gh200 profile (no calibration table)
+GH200 = "gh200_zero_offload_4b"  # on the gh200 profile (its table: published values)
 H200 = "h200_x86_llama1.1b_zero2_measured"  # on the calibrated h200-pcie-gen5-x86 profile
 
 
@@ -56,7 +56,9 @@ def test_baseline_records_predictions_and_what_produced_them(baseline: Path) -> 
     assert gh200["metrics"]["tokens_per_s"] * gh200["metrics"]["step_time_s"] == pytest.approx(8 * 2048)
     assert gh200["inputs"]["profile"] == "gh200"
     assert gh200["inputs"]["profile_file"] == str(ROOT / "hardware_profiles" / "gh200.yaml")
-    assert gh200["inputs"]["calibration"] == []
+    # The GH200 profile's table holds published values (docs/gh200.md): it is an input like a measured one.
+    assert [Path(c["file"]) for c in gh200["inputs"]["calibration"]] == [
+        ROOT / "calibration" / "published-gh200" / "measurements.csv"]
     assert gh200["inputs"]["implementation"] == "deepspeed"
     assert len(gh200["inputs"]["profile_sha256"]) == 64 and len(gh200["inputs"]["scenario_sha256"]) == 64
     tables = [Path(c["file"]) for c in h200["inputs"]["calibration"]]
@@ -143,13 +145,14 @@ def test_profile_written_inline(tmp_path: Path, capsys: pytest.CaptureFixture[st
     import yaml
 
     data = yaml.safe_load((ROOT / "scenarios" / f"{GH200}.yaml").read_text())
-    data["hardware"] = yaml.safe_load((ROOT / "hardware_profiles" / "gh200.yaml").read_text())
+    # gh200-480gb: a profile without a table (a table named relative to a profile file has no place inline).
+    data["hardware"] = yaml.safe_load((ROOT / "hardware_profiles" / "gh200-480gb.yaml").read_text())
     scen = tmp_path / "inline.yaml"
     scen.write_text(yaml.safe_dump(data))
     base = tmp_path / "base.json"
     assert _run(["check", "--write", str(base), str(scen)], capsys)[0] == 0
     inputs = json.loads(base.read_text())["scenarios"][0]["inputs"]
-    assert inputs["profile_file"] is None and inputs["profile"] == "gh200"
+    assert inputs["profile_file"] is None and inputs["profile"] == "gh200-480gb"
     assert _run(["check", str(base)], capsys)[0] == 0
     data["hardware"]["gpu"]["peak_bf16_tflops"] = 940
     scen.write_text(yaml.safe_dump(data))
@@ -157,7 +160,7 @@ def test_profile_written_inline(tmp_path: Path, capsys: pytest.CaptureFixture[st
     assert code == 1
     (row,) = json.loads(out)["scenarios"]
     assert [m.split(" sha256")[0].split(" (")[0] for m in row["inputs_moved"]] == [
-        f"scenario file {scen}:", "hardware profile gh200"]
+        f"scenario file {scen}:", "hardware profile gh200-480gb"]
 
 
 def test_scenario_that_no_longer_loads_is_an_error_naming_its_file(

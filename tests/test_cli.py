@@ -107,7 +107,8 @@ def test_table_names_provenance_mfu_and_memory(capsys: pytest.CaptureFixture[str
 
 
 def test_uncalibrated_run_says_analytic(capsys: pytest.CaptureFixture[str]) -> None:
-    out = _run(["run", "gh200_zero_offload_4b"], capsys)[1]
+    # gh200 names a table of published values (issue 16); gh200-480gb is the analytic one.
+    out = _run(["run", "gh200_zero_offload_4b", "--set", "hardware=gh200-480gb"], capsys)[1]
     assert "calibration" in out and "none (analytic cost model" in out
 
 
@@ -139,7 +140,7 @@ def test_write_failure_is_a_message(tmp_path: Path, capsys: pytest.CaptureFixtur
                                     monkeypatch: pytest.MonkeyPatch) -> None:
     import sosim.trace
 
-    def fail(result: object, path: object) -> None:
+    def fail(result: object, path: object, **kwargs: object) -> None:
         raise OSError(28, "No space left on device")
 
     monkeypatch.setattr(sosim.trace, "write_trace", fail)

@@ -119,6 +119,6 @@ def test_inline_profile_without_a_file_is_its_own_baseline() -> None:
 
 
 def test_analytic_profiles_are_unchanged_by_the_table_machinery() -> None:
-    sc = load_scenario(ROOT / "scenarios" / "gh200_zero_offload_4b.yaml")
+    sc = load_scenario(ROOT / "scenarios" / "gh200_zero_offload_4b.yaml", ["hardware=gh200-480gb"])
     r = simulate(sc)
     assert r.provenance["cost_model"] == "analytic"

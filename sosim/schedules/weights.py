@@ -127,7 +127,7 @@ class Stage3Hooks:
             name, duration = f"stage3_hooks_bwd:{u.name}", self.bwd_s
         # ctx.host_op, inlined (once per layer and pass). ctx.add's arguments after deps, by position: phase,
         # category, layer, n_bytes, flops, group.
-        ctx.host_issue = ctx.add(ctx.cpu.host, name, duration, [ctx.host_issue], phase, Category.FRAMEWORK, u.index,
+        ctx.host_issue = ctx.add(ctx.cpu.host, name, duration, [ctx.host_issue], phase, Category.HOOK, u.index,
                                  0.0, 0.0, -1)
 
 
