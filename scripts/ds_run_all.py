@@ -9,7 +9,8 @@ Job syntax: SIZE:SEQ:MICRO_BATCH:CONFIG[:option=value...], e.g. 1.1b:2048:4:supe
 named size or L<layers>h<hidden>a<heads>kv<kv_heads>f<ffn> (scripts/ds_train_step.py). $SOSIM_LEASE, if set, is
 recorded in every row (column lease).
 Options: clip, ratio, cores (cpuadam_cores_perc), subgroup (sub_group_size), steps, phased, warmup,
-ckpt=0 (activation checkpointing off), param=cpu (zero3 with offload_param cpu: ZeRO-Infinity), gpus=N (N ranks through DeepSpeed's launcher on this host),
+ckpt=0 (activation checkpointing off), param=cpu (zero3 with offload_param cpu: ZeRO-Infinity),
+gpus=N (N ranks through DeepSpeed's launcher on this host),
 timeout=S (this job's limit instead of --job-timeout-s).
 """
 

@@ -183,6 +183,8 @@ def ds_config(
     offload_param: bool = False,
 ) -> dict[str, Any]:
     """The exact DeepSpeed JSON config of one run (recorded verbatim next to the timings)."""
+    if offload_param and config != "zero3":
+        raise ValueError("--offload-param applies to --config zero3 (ZeRO-Infinity)")
     base: dict[str, Any] = {
         "train_micro_batch_size_per_gpu": micro_batch,
         "gradient_accumulation_steps": 1,
@@ -216,8 +218,6 @@ def ds_config(
         if offload_param:
             # ZeRO-Infinity with the parameters in pinned CPU memory (not NVMe): stage 3 fetches each
             # layer's bf16 parameters over the link before use.
-            if config != "zero3":
-                raise ValueError("--offload-param applies to --config zero3 (ZeRO-Infinity)")
             zero["offload_param"] = {"device": "cpu", "pin_memory": True}
     else:
         raise ValueError(f"no DeepSpeed config for {config!r}")

@@ -16,6 +16,7 @@ Variants (bytes = one bf16 buffer; rows ``op=copy``, so the simulator's copy loo
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 from .records import Table
@@ -39,18 +40,21 @@ class _HostAsCuda:
 def bench_c2c_access(torch: Any, table: Table, quick: bool) -> None:
     sizes = (16 * MIB, 256 * MIB) if quick else (4 * MIB, 16 * MIB, 64 * MIB, 256 * MIB, 1024 * MIB)
     for size_bytes in sizes:
-        elements = size_bytes // 2
-        gpu = torch.randn(elements, device="cuda").to(torch.bfloat16)
-        host = gpu.cpu()  # pageable: system-allocated memory
-        repeats = repeats_for(size_bytes / 100e9, budget_s=1.0, lo=5, hi=20)
-        table.add("copy", "h2d_sysmem", "bf16", gpu_times_s(torch, lambda: gpu.copy_(host), 2, repeats),
-                  bytes=size_bytes)
-        table.add("copy", "d2h_sysmem", "bf16", gpu_times_s(torch, lambda: host.copy_(gpu), 2, repeats),
-                  bytes=size_bytes)
-        alias = torch.as_tensor(_HostAsCuda(host.view(torch.int16)), device="cuda")
-        gpu_bits = gpu.view(torch.int16)
-        table.add("copy", "gpu_read_sysmem", "bf16",
-                  gpu_times_s(torch, lambda: gpu_bits.copy_(alias), 2, repeats), bytes=size_bytes)
-        table.add("copy", "gpu_write_sysmem", "bf16",
-                  gpu_times_s(torch, lambda: alias.copy_(gpu_bits), 2, repeats), bytes=size_bytes)
-        del alias, gpu, host
+        _one_size(torch, table, size_bytes)
+
+
+def _one_size(torch: Any, table: Table, size_bytes: int) -> None:
+    """All four variants at one size (one function per size, so every timed callable binds its own buffers)."""
+    gpu = torch.randn(size_bytes // 2, device="cuda").to(torch.bfloat16)
+    host = gpu.cpu()  # pageable: system-allocated memory
+    repeats = repeats_for(size_bytes / 100e9, budget_s=1.0, lo=5, hi=20)
+    table.add("copy", "h2d_sysmem", "bf16", gpu_times_s(torch, functools.partial(gpu.copy_, host), 2, repeats),
+              bytes=size_bytes)
+    table.add("copy", "d2h_sysmem", "bf16", gpu_times_s(torch, functools.partial(host.copy_, gpu), 2, repeats),
+              bytes=size_bytes)
+    alias = torch.as_tensor(_HostAsCuda(host.view(torch.int16)), device="cuda")
+    gpu_bits = gpu.view(torch.int16)
+    table.add("copy", "gpu_read_sysmem", "bf16",
+              gpu_times_s(torch, functools.partial(gpu_bits.copy_, alias), 2, repeats), bytes=size_bytes)
+    table.add("copy", "gpu_write_sysmem", "bf16",
+              gpu_times_s(torch, functools.partial(alias.copy_, gpu_bits), 2, repeats), bytes=size_bytes)

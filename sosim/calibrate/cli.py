@@ -51,6 +51,7 @@ EXTRA_SECTIONS: tuple[str, ...] = (
     "nccl",
     "host_shared",
     "c2c_access",
+    "host_warmup",
 )
 ALL_SECTIONS: tuple[str, ...] = SECTIONS + EXTRA_SECTIONS
 
@@ -234,7 +235,17 @@ def _import_torch_with_cuda() -> Any | None:
 
 
 def _run(torch: Any, out: Path | None, quick: bool, sections: list[str], append: bool) -> int:
-    from . import c2c_bench, copy_bench, cpu_bench, ds_bench, gpu_bench, host_bench, multi_gpu, so_grads_bench
+    from . import (
+        c2c_bench,
+        copy_bench,
+        cpu_bench,
+        ds_bench,
+        gpu_bench,
+        host_bench,
+        host_warmup,
+        multi_gpu,
+        so_grads_bench,
+    )
     from .machine import cpu_model, device_slug, machine_meta, today_utc
     from .records import Context, Table, read_rows
 
@@ -277,6 +288,7 @@ def _run(torch: Any, out: Path | None, quick: bool, sections: list[str], append:
         "nccl": multi_gpu.bench_nccl,
         "host_shared": multi_gpu.bench_host_shared,
         "c2c_access": c2c_bench.bench_c2c_access,
+        "host_warmup": host_warmup.bench_host_warmup,
     }
     failed: list[str] = list(previous_meta.get("failed_sections", []))
     timings_s: dict[str, float] = dict(previous_meta.get("section_wall_s", {}))

@@ -24,6 +24,7 @@ What each number is:
 from __future__ import annotations
 
 import csv
+import itertools
 import json
 import math
 import statistics
@@ -46,10 +47,11 @@ GPU_DATASHEETS: tuple[tuple[str, float, float, str], ...] = (
 # calibration.md "Lease to lease"); keyed by the template profile the platform plan picks.
 KIND_LEASE_SPREAD: dict[str, tuple[float, float, str]] = {
     "h200-pcie-gen5-x86": (
-        0.187,
-        0.056,
-        "measured over 4 leases of the lent H200 kind (CalibrationTable.session_log_sd of h200-pcie-gen5-x86: "
-        "75 host points, 35 device points; calibration/nvidia-h200-2026-11-29, -11-30, -11-30b, -11-30c)",
+        0.186,
+        0.047,
+        "measured over 5 leases of the lent H200 kind: pooled log-sd of a component's median between leases "
+        "(CalibrationTable.session_log_sd over calibration/nvidia-h200-2026-11-29, -11-30, -11-30b, -11-30c and "
+        "-12-01: 91 host points, 59 device points; docs/calibrate-your-machine.md)",
     ),
 }
 NEAREST_KIND_FOR: dict[str, str] = {"gh200": "h200-pcie-gen5-x86"}
@@ -70,7 +72,7 @@ def _f(row: Row, key: str) -> float:
     return float(text) if text else math.nan
 
 
-def read_measurements(path: Path) -> list[dict[str, str]]:
+def read_measurements(path: Path) -> list[Row]:
     with path.open(newline="") as handle:
         return list(csv.DictReader(handle))
 
@@ -120,9 +122,11 @@ def cpu_numbers(rows: list[Row]) -> dict[str, tuple[Any, str]]:
         threads, top = _max_threads_rows(_rows(rows, "cpu_adam", variant))
         if top:
             threads_used = max(threads_used, threads)
-            curves[impl] = [[_f(r, "elements") / 1e9, _f(r, "median_s")] for r in sorted(top, key=lambda r: _f(r, "elements"))]
+            ordered = sorted(top, key=lambda r: _f(r, "elements"))
+            curves[impl] = [[_f(r, "elements") / 1e9, _f(r, "median_s")] for r in ordered]
     if curves:
-        out["adam_s_by_gparams"] = (curves, f"cpu_adam rows at {threads_used} threads (torch foreach / DeepSpeed CPUAdam)")
+        out["adam_s_by_gparams"] = (curves,
+                                    f"cpu_adam rows at {threads_used} threads (torch foreach / DeepSpeed CPUAdam)")
         out["adam_ref_cores"] = (threads_used, "the thread count of the adam_s_by_gparams rows")
     ds = curves.get("cpu_adam")
     if ds:
@@ -143,11 +147,11 @@ def gpu_numbers(rows: list[Row], peak_tflops: float, hbm_GBps: float) -> dict[st
     out: dict[str, tuple[Any, str]] = {}
     gemm = _rows(rows, "gemm", "fwd")
     if gemm:
-        points = sorted((2 * _f(r, "m") * _f(r, "n") * _f(r, "k") / 1e9,
-                         2 * _f(r, "m") * _f(r, "n") * _f(r, "k") / _f(r, "median_s") / 1e12 / peak_tflops) for r in gemm)
+        flops = [(2 * _f(r, "m") * _f(r, "n") * _f(r, "k"), _f(r, "median_s")) for r in gemm]
+        points = sorted((f / 1e9, f / s / 1e12 / peak_tflops) for f, s in flops)
         buckets: list[list[float]] = []
         edges = [0, 25, 60, 200, 700, 2500, math.inf]
-        for lo, hi in zip(edges, edges[1:], strict=False):
+        for lo, hi in itertools.pairwise(edges):
             inside = [p for p in points if lo <= p[0] < hi]
             if inside:
                 gf = statistics.median(p[0] for p in inside)
@@ -161,15 +165,16 @@ def gpu_numbers(rows: list[Row], peak_tflops: float, hbm_GBps: float) -> dict[st
                 / _f(fwd[k], "median_s") / 1e12 / peak_tflops for k in big]
         out["attention_efficiency"] = (round(min(1.0, statistics.median(effs)), 3),
                                        f"median of {len(effs)} causal SDPA forwards at seq >= 2048")
-        ratios = [(_f(both[k], "median_s") - _f(fwd[k], "median_s")) / _f(fwd[k], "median_s") for k in big if k in both]
+        ratios = [(_f(both[k], "median_s") - _f(fwd[k], "median_s")) / _f(fwd[k], "median_s")
+                  for k in big if k in both]
         if ratios:
             out["attention_bwd_factor"] = (round(statistics.median(ratios), 2),
                                            f"median (fwd_bwd - fwd) / fwd of {len(ratios)} SDPA shapes at seq >= 2048")
     cast = _largest(_rows(rows, "cast", "gpu_fp32_to_bf16"), "elements")
     if cast is not None:
         gbps = 6 * _f(cast, "elements") / _f(cast, "median_s") / 1e9
-        out["hbm_efficiency"] = (round(min(1.0, gbps / hbm_GBps), 3),
-                                 f"GPU fp32->bf16 of {_f(cast, 'elements'):.0e} elements: {gbps:.0f} GB/s of {hbm_GBps:.0f}")
+        out["hbm_efficiency"] = (round(min(1.0, gbps / hbm_GBps), 3), f"GPU fp32->bf16 of {_f(cast, 'elements'):.0e} "
+                                                                      f"elements: {gbps:.0f} GB/s of {hbm_GBps:.0f}")
     return out
 
 
