@@ -27,6 +27,11 @@ ROOT = Path(__file__).resolve().parent.parent
 FOLDER = ROOT / "calibration" / "nvidia-h200-2026-12-01"
 OWN_PROFILE = "h200-lease-2026-12-01"
 SHIPPED_PROFILE = "h200-pcie-gen5-x86"
+# Diagnostic, not a target: the own profile with lease B's re-measured copy and ds_refresh sections listed after
+# lease A's table (a later table replaces the sections it measured again), to show how much of the own
+# profile's error one outlying component carries. Written at run time into a temporary folder.
+DIAG_PROFILE = "h200-lease-2026-12-01-refresh-b"
+PROFILES = (OWN_PROFILE, SHIPPED_PROFILE, DIAG_PROFILE)
 EARLIER_LEASES = (
     "nvidia-h200-2026-11-30c", "nvidia-h200-2026-11-29", "nvidia-h200-2026-11-30", "nvidia-h200-2026-11-30b"
 )
@@ -87,9 +92,26 @@ def leases_of(folder: Path) -> dict[str, str]:
         return {r["run_id"]: r.get("lease", "") for r in csv.DictReader(handle)}
 
 
+def _diagnostic_profile(folder: Path, tmp: Path) -> None:
+    """DIAG_PROFILE in ``tmp``: the own profile with lease B's warm copy + ds_refresh table added after lease A's."""
+    import yaml
+
+    data = yaml.safe_load((folder / "profiles" / f"{OWN_PROFILE}.yaml").read_text())
+    data["name"] = DIAG_PROFILE
+    data["description"] = f"diagnostic: {OWN_PROFILE} with lease B's copy and ds_refresh rows"
+    data["calibration"] = [str((folder / "measurements.csv").resolve()),
+                           str((folder / "lease-b-cold-warm" / "warm" / "measurements.csv").resolve())]
+    (tmp / f"{DIAG_PROFILE}.yaml").write_text(yaml.safe_dump(data, sort_keys=False))
+
+
 def collect(folder: Path, bands: int) -> list[Row]:
+    import tempfile
+
+    tmp = Path(tempfile.mkdtemp(prefix="calibrate_report_"))
+    _diagnostic_profile(folder, tmp)
     os.environ["SOSIM_PROFILES"] = os.pathsep.join(
-        [str(folder / "profiles"), *([os.environ["SOSIM_PROFILES"]] if os.environ.get("SOSIM_PROFILES") else [])])
+        [str(folder / "profiles"), str(tmp),
+         *([os.environ["SOSIM_PROFILES"]] if os.environ.get("SOSIM_PROFILES") else [])])
     from sosim.validate_measured import measured_timers, predict, read_runs
 
     runs, skipped = read_runs(folder)
@@ -104,8 +126,8 @@ def collect(folder: Path, bands: int) -> list[Row]:
         predicted: dict[str, float] = {}
         band: dict[str, tuple[float, float, float] | None] = {}
         timers: dict[str, dict[str, tuple[float | None, float | None]]] = {}
-        for profile in (OWN_PROFILE, SHIPPED_PROFILE):
-            res = predict(run, profile, bands=bands, seed=BAND_SEED)
+        for profile in PROFILES:
+            res = predict(run, profile, bands=bands if profile != DIAG_PROFILE else 0, seed=BAND_SEED)
             predicted[profile] = res.predicted_s
             band[profile] = res.band
             measured = measured_timers(run)
@@ -154,22 +176,25 @@ def summary(rows: Sequence[Row]) -> str:
     out = ["| profile | runs | mean abs error | worst | measured median inside p10-p90 | band half-width median |",
            "|---|---|---|---|---|---|"]
     for profile, name, target in ((OWN_PROFILE, "this lease's own profile", TARGET_OWN),
-                                  (SHIPPED_PROFILE, "shipped profile", TARGET_SHIPPED)):
+                                  (SHIPPED_PROFILE, "shipped profile", TARGET_SHIPPED),
+                                  (DIAG_PROFILE, "diagnostic: own profile, refresh re-measured on lease B", None)):
         for subset, label in ((rows, "all"), ([r for r in rows if not r.held_out], "shapes in a table"),
                               ([r for r in rows if r.held_out], "held-out shapes")):
             out.append(f"| {name} ({profile}), {label} " + _stats(subset, profile))
-        out.append(f"| target for {name} | | <= {target[0]:.0%} | <= {target[1]:.0%} | >= {TARGET_COVERAGE:.0%} "
-                   f"| <= ±{TARGET_HALF_WIDTH:.0%} |")
+        if target is not None:
+            out.append(f"| target for {name} | | <= {target[0]:.0%} | <= {target[1]:.0%} | >= {TARGET_COVERAGE:.0%} "
+                       f"| <= ±{TARGET_HALF_WIDTH:.0%} |")
     by_system: dict[str, list[Row]] = {}
     for r in rows:
         by_system.setdefault(r.system, []).append(r)
-    out += ["", "| system | runs | own: mean / worst error | shipped: mean / worst error |", "|---|---|---|---|"]
+    out += ["", "| system | runs | own: mean / worst error | shipped: mean / worst error | diagnostic: mean / worst |",
+            "|---|---|---|---|---|"]
     for system, items in sorted(by_system.items()):
         cells = []
-        for profile in (OWN_PROFILE, SHIPPED_PROFILE):
+        for profile in PROFILES:
             errs = [r.error(profile) for r in items]
             cells.append(f"{statistics.mean(abs(e) for e in errs):.1%} / {max(errs, key=abs):+.1%}")
-        out.append(f"| {system} | {len(items)} | {cells[0]} | {cells[1]} |")
+        out.append(f"| {system} | {len(items)} | {cells[0]} | {cells[1]} | {cells[2]} |")
     return "\n".join(out)
 
 
@@ -236,6 +261,15 @@ def cold_warm(folder: Path) -> str:
     for name, ratios in sorted(by.items()):
         out.append(f"| {name} | {len(ratios)} | {statistics.median(ratios):.2f} "
                    f"| {min(ratios):.2f}-{max(ratios):.2f} |")
+    lease_a = _medians(folder / "measurements.csv")
+    by_a: dict[str, list[float]] = {}
+    for key, value in lease_a.items():
+        if key in warm and warm[key] >= 1e-3:
+            by_a.setdefault(f"{key[0]}/{key[1]}", []).append(value / warm[key])
+    out += ["", "| section / variant | points | median lease A / lease B (warm) | min-max |", "|---|---|---|---|"]
+    for name, ratios in sorted(by_a.items()):
+        out.append(f"| {name} | {len(ratios)} | {statistics.median(ratios):.2f} "
+                   f"| {min(ratios):.2f}-{max(ratios):.2f} |")
     with (base / "warmup" / "measurements.csv").open(newline="") as handle:
         for r in csv.DictReader(handle):
             gbps = float(r["bytes"]) / float(r["median_s"]) / 1e9
@@ -265,13 +299,13 @@ def write(page: Path, folder: Path, bands: int) -> int:
     text = page.read_text()
     missing = []
     for name, make in sections(folder, bands).items():
-        pattern = re.compile(rf"(<!-- generated:{re.escape(name)} -->\n).*?(\n<!-- /generated:{re.escape(name)} -->)",
-                             re.S)
+        tag = re.escape(name)
+        pattern = re.compile(rf"(<!-- generated:{tag} -->\n)(?:.*?\n)?(<!-- /generated:{tag} -->)", re.S)
         if not pattern.search(text):
             missing.append(name)
             continue
         body = make()
-        text = pattern.sub(lambda m, b=body: m.group(1) + b + m.group(2), text)
+        text = pattern.sub(lambda m, b=body: m.group(1) + b + "\n" + m.group(2), text)
     page.write_text(text)
     if missing:
         print(f"calibrate_report: no markers for {', '.join(missing)} in {page}", file=sys.stderr)
