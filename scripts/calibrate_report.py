@@ -278,6 +278,55 @@ def cold_warm(folder: Path) -> str:
     return "\n".join(out)
 
 
+def _refresh_points(folder: Path) -> list[tuple[str, str, str, float, float]]:
+    """(lease folder, run, shape, parameters, measured t_refresh s) of every one-GPU stage-3 run on the H200 kind
+    with the parameters on the GPU (ZeRO-3 and SuperOffload at ratio 1.0, phased rows)."""
+    points = []
+    for steps in sorted((ROOT / "calibration").glob("nvidia-h200-2026-*/deepspeed_steps.csv")):
+        with steps.open(newline="") as handle:
+            for r in csv.DictReader(handle):
+                if (r.get("timing") != "phased" or r.get("status") != "ok" or not r.get("t_refresh_s")
+                        or r["config"] not in ("zero3", "superoffload") or r.get("offload_param")
+                        or (r.get("gpus") or "1") != "1" or (r.get("ratio") or "1.0") not in ("1.0", "1")):
+                    continue
+                shape = f"{r['layers']}x{r['hidden']} {r['heads']}/{r['kv_heads']}"
+                points.append((steps.parent.name, r["run_id"], shape, float(r["params"]), float(r["t_refresh_s"])))
+    return points
+
+
+def shape_holdout(folder: Path) -> str:
+    """The refresh, fitted as seconds per parameter on the tabled shapes' runs (every lease), against the runs of
+    the held-out shapes: does the per-parameter cost generalise to shapes no table holds?"""
+    known = table_layer_shapes()
+    points = _refresh_points(folder)
+
+    def is_held(shape: str) -> bool:
+        dims, heads = shape.split(" ")
+        hidden = int(dims.split("x")[1])
+        a, kv = (int(x) for x in heads.split("/"))
+        return not any(k[0] == hidden and k[1] == a and k[2] == kv for k in known)
+
+    fit = [p for p in points if not is_held(p[2])]
+    rate = sum(t * n for *_, n, t in fit) / sum(n * n for *_, n, _t in fit)
+    resid = [t / (rate * n) - 1 for *_, n, t in fit]
+    out = [f"Fit on {len(fit)} runs of tabled shapes over {len({p[0] for p in fit})} leases: **{rate * 1e9:.3f} s per "
+           f"1e9 parameters** (in-sample |residual| mean {statistics.mean(abs(r) for r in resid):.1%}, "
+           f"max {max(abs(r) for r in resid):.1%}).", "",
+           "| held-out run | lease | shape | parameters | measured refresh s | fitted s | error |",
+           "|---|---|---|---|---|---|---|"]
+    errs = []
+    for lease, run, shape, n, t in points:
+        if is_held(shape):
+            err = rate * n / t - 1
+            errs.append(abs(err))
+            out.append(f"| {run} | {lease.removeprefix('nvidia-h200-')} | {shape} | {n / 1e9:.3f}e9 | {t:.3f} "
+                       f"| {rate * n:.3f} | {err:+.1%} |")
+    if errs:
+        out.append(f"\nHeld-out refresh: mean |error| {statistics.mean(errs):.1%}, worst {max(errs):.1%} "
+                   f"over {len(errs)} runs.")
+    return "\n".join(out)
+
+
 def sections(folder: Path, bands: int) -> dict[str, Callable[[], str]]:
     cache: dict[str, list[Row]] = {}
 
@@ -292,6 +341,7 @@ def sections(folder: Path, bands: int) -> dict[str, Callable[[], str]]:
         "lease-components": lambda: components(rows()),
         "lease-spread": lambda: lease_spread(folder),
         "lease-cold-warm": lambda: cold_warm(folder),
+        "shape-holdout": lambda: shape_holdout(folder),
     }
 
 

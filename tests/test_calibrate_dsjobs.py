@@ -60,3 +60,17 @@ def test_run_all_param_option_and_skip_done(tmp_path: Path, capsys: pytest.Captu
     # The only job was finished by an earlier call: nothing is started, nothing fails.
     assert run_all.main(["--out", str(tmp_path), "--deadline-s", "60", "--skip-done", "0.5b:2048:4:zero2"]) == 0
     assert "done in an earlier call, skipped" in capsys.readouterr().out
+
+
+def test_calibrate_report_replaces_only_its_marked_sections(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    report = _script("calibrate_report")
+    monkeypatch.setattr(report, "sections", lambda folder, bands: {"a": lambda: "table A", "b": lambda: "B\nrow"})
+    page = tmp_path / "p.md"
+    page.write_text("intro\n<!-- generated:a -->\nold\n<!-- /generated:a -->\nkept\n<!-- generated:b -->\n"
+                    "<!-- /generated:b -->\n")
+    expected = ("intro\n<!-- generated:a -->\ntable A\n<!-- /generated:a -->\nkept\n<!-- generated:b -->\nB\nrow\n"
+                "<!-- /generated:b -->\n")
+    assert report.write(page, tmp_path, 0) == 0 and page.read_text() == expected
+    assert report.write(page, tmp_path, 0) == 0 and page.read_text() == expected  # idempotent
+    page.write_text("no markers\n")
+    assert report.write(page, tmp_path, 0) == 1
