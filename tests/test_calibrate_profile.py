@@ -213,3 +213,58 @@ def test_check_report_predicts_each_run_with_the_profile(tmp_path: Path) -> None
     assert float(measured) == pytest.approx(0.317, abs=0.001)
     assert float(error.rstrip("%")) / 100 == pytest.approx(float(predicted) / float(measured) - 1, abs=0.002)
     assert "over 1 runs" in text
+
+
+# ------------------------------------------------------------------------------------------ orchestration
+class _FakeCuda:
+    @staticmethod
+    def get_device_name(index: int) -> str:
+        return "NVIDIA H200"
+
+
+class _FakeTorch:
+    cuda = _FakeCuda()
+
+
+def test_profile_run_measures_gpu_first_waits_for_cpuadam_then_writes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import importlib.util
+
+    events: list[str] = []
+
+    class _Build:
+        def wait(self) -> int:
+            events.append("build waited")
+            return 0
+
+    def fake_run(torch: object, out: Path, quick: bool, sections: list[str], append: bool) -> int:
+        events.append(f"run {','.join(sections)} append={append}")
+        if not append:
+            _calibration(out)
+        return 0
+
+    real_find_spec = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: object() if name == "deepspeed" else real_find_spec(name, *a))
+    monkeypatch.setattr(calcli, "_import_torch_with_cuda", lambda: _FakeTorch())
+    monkeypatch.setattr(calcli, "_start_cpuadam_build", lambda: _Build())
+    monkeypatch.setattr(calcli, "_run", fake_run)
+    assert calcli.main(["--profile", "box1", "--profiles", str(tmp_path), "--quick"]) == 0
+    assert events[0] == "run gemm,attention,layer,gpu_cast append=False"
+    assert events[1] == "build waited"
+    assert events[2].startswith("run host_warmup,copy,cpu_cast,cpu_adam,ds_refresh,") and events[2].endswith("True")
+    assert (tmp_path / "box1.yaml").is_file()
+    err = capsys.readouterr().err
+    assert "--set hardware=box1" in err and "platform" in err
+
+
+def test_profile_run_with_nothing_measured_writes_no_profile(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setattr(calcli, "_import_torch_with_cuda", lambda: _FakeTorch())
+    monkeypatch.setattr(calcli, "_start_cpuadam_build", lambda: None)
+    monkeypatch.setattr(calcli, "_run", lambda *a: 1)
+    assert calcli.main(["--profile", "box2", "--profiles", str(tmp_path), "--only", "copy"]) == 1
+    assert not (tmp_path / "box2.yaml").exists()
+    assert "no profile written" in capsys.readouterr().err

@@ -196,13 +196,17 @@ def _calibrate_profile(args: argparse.Namespace) -> int:
         status = max(status, _run(torch, cal_dir, args.quick, rest, bool(gpu_first)))
     from .profile_writer import write_profile
 
+    if not (cal_dir / "measurements.csv").is_file() or not (cal_dir / "calibration_meta.json").is_file():
+        print(f"sosim calibrate: nothing was measured into {cal_dir}; no profile written", file=sys.stderr)
+        return 1
     template = shipped_profiles_folder() / f"{plan.template_profile}.yaml"
     written = write_profile(args.profile, folder, cal_dir, template, plan.template_profile, plan.link_kind)
     for note in written.notes:
         print(f"[calibrate] profile note: {note}", file=sys.stderr)
     flag = "" if args.profiles is None else f" --profiles {folder}"
-    print(f"[calibrate] wrote profile {written.path}; use it: sosim{flag} run SCENARIO --hardware {args.profile}",
-          file=sys.stderr)
+    print(f"[calibrate] wrote profile {written.path}; use it: sosim{flag} run SCENARIO --set hardware={args.profile} "
+          f"(or --ds-config DS.json --hardware {args.profile}); check it: sosim calibrate --check --profile "
+          f"{args.profile}{' --profiles ' + str(folder) if args.profiles is not None else ''}", file=sys.stderr)
     return status
 
 
