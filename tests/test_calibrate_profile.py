@@ -268,3 +268,30 @@ def test_profile_run_with_nothing_measured_writes_no_profile(
     assert calcli.main(["--profile", "box2", "--profiles", str(tmp_path), "--only", "copy"]) == 1
     assert not (tmp_path / "box2.yaml").exists()
     assert "no profile written" in capsys.readouterr().err
+
+
+def test_writer_reproduces_the_hand_made_h200_profile_from_its_own_table(tmp_path: Path) -> None:
+    """The shipped h200-pcie-gen5-x86 numbers were derived by hand from calibration/nvidia-h200-2026-11-29; the
+    writer, given that table, must land on them (rounding and the choice of rows apart: within 6%)."""
+    import shutil
+
+    from sosim.loader import load_profile
+
+    cal = tmp_path / "p" / "same.calibration"
+    cal.mkdir(parents=True)
+    for name in ("measurements.csv", "calibration_meta.json"):
+        shutil.copy(ROOT / "calibration" / "nvidia-h200-2026-11-29" / name, cal / name)
+    write_profile("same", tmp_path / "p", cal, ROOT / "hardware_profiles" / "h200-pcie-gen5-x86.yaml",
+                  "h200-pcie-gen5-x86", "pcie")
+    mine, hand = load_profile("same", profile_dirs=[tmp_path / "p"]), load_profile("h200-pcie-gen5-x86")
+    pairs = [(mine.link.h2d_GBps, hand.link.h2d_GBps), (mine.link.d2h_GBps, hand.link.d2h_GBps),
+             (mine.link.bidir_GBps, hand.link.bidir_GBps), (mine.link.pageable_factor, hand.link.pageable_factor),
+             (mine.cpu.mem_GBps, hand.cpu.mem_GBps), (mine.cpu.cast_GBps, hand.cpu.cast_GBps),
+             (mine.gpu.attention_efficiency, hand.gpu.attention_efficiency),
+             (mine.gpu.attention_bwd_factor, hand.gpu.attention_bwd_factor),
+             (mine.gpu.hbm_efficiency, hand.gpu.hbm_efficiency)]
+    for got, want in pairs:
+        assert got == pytest.approx(want, rel=0.06)
+    for (gf, eff), (_, hand_eff) in zip(mine.gpu.gemm_efficiency, hand.gpu.gemm_efficiency, strict=True):
+        assert eff == pytest.approx(hand_eff, rel=0.06), gf
+    assert mine.cpu.adam_s_by_gparams["cpu_adam"][-1][1] == pytest.approx(0.0266, rel=0.01)
