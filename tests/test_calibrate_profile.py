@@ -248,7 +248,7 @@ def test_profile_run_measures_gpu_first_waits_for_cpuadam_then_writes(
     monkeypatch.setattr(importlib.util, "find_spec",
                         lambda name, *a: object() if name == "deepspeed" else real_find_spec(name, *a))
     monkeypatch.setattr(calcli, "_import_torch_with_cuda", lambda: _FakeTorch())
-    monkeypatch.setattr(calcli, "_start_cpuadam_build", lambda: _Build())
+    monkeypatch.setattr(calcli, "_start_cpuadam_build", lambda report=None: _Build())
     monkeypatch.setattr(calcli, "_run", fake_run)
     assert calcli.main(["--profile", "box1", "--profiles", str(tmp_path), "--quick"]) == 0
     assert events[0] == "run gemm,attention,layer,gpu_cast append=False"
@@ -263,7 +263,7 @@ def test_profile_run_with_nothing_measured_writes_no_profile(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     monkeypatch.setattr(calcli, "_import_torch_with_cuda", lambda: _FakeTorch())
-    monkeypatch.setattr(calcli, "_start_cpuadam_build", lambda: None)
+    monkeypatch.setattr(calcli, "_start_cpuadam_build", lambda report=None: None)
     monkeypatch.setattr(calcli, "_run", lambda *a: 1)
     assert calcli.main(["--profile", "box2", "--profiles", str(tmp_path), "--only", "copy"]) == 1
     assert not (tmp_path / "box2.yaml").exists()
@@ -295,3 +295,23 @@ def test_writer_reproduces_the_hand_made_h200_profile_from_its_own_table(tmp_pat
     for (gf, eff), (_, hand_eff) in zip(mine.gpu.gemm_efficiency, hand.gpu.gemm_efficiency, strict=True):
         assert eff == pytest.approx(hand_eff, rel=0.06), gf
     assert mine.cpu.adam_s_by_gparams["cpu_adam"][-1][1] == pytest.approx(0.0266, rel=0.01)
+
+
+def test_cpu_adam_source_names_how_deepspeed_compiled_it(tmp_path: Path) -> None:
+    """On a Grace host DeepSpeed's op builder picks -mcpu=native and no AVX: the profile quotes what it chose."""
+    from sosim.loader import load_profile
+
+    profiles = tmp_path / "profiles"
+    cal = _calibration(profiles / "g.calibration")
+    (cal / "cpuadam_build.json").write_text('{"arch": "aarch64", "cpu_arch": "-mcpu=native", '
+                                            '"simd_width": "-D__SIMD_WIDTH__=1"}\n')
+    write_profile("g", profiles, cal, ROOT / "hardware_profiles" / "gh200.yaml", "gh200", "c2c")
+    source = load_profile("g", profile_dirs=[profiles]).cpu.sources["adam_s_by_gparams"]
+    assert source.endswith("DeepSpeed CPUAdam compiled here with aarch64, cpu_arch -mcpu=native, "
+                           "simd_width -D__SIMD_WIDTH__=1")
+
+
+def test_every_planned_section_has_a_runner() -> None:
+    for arch, info, gpu in (("x86_64", X86_CPUINFO, "NVIDIA H200"), ("aarch64", GRACE_CPUINFO, "NVIDIA GH200 480GB")):
+        plan = plan_for(detect(arch=arch, cpuinfo_text=info, gpu_name=gpu, cores=8), quick=True, deepspeed=True)
+        assert set(plan.sections) <= set(calcli.ALL_SECTIONS)

@@ -185,7 +185,7 @@ def _calibrate_profile(args: argparse.Namespace) -> int:
         print(f"[calibrate] {note}", file=sys.stderr)
     print(f"[calibrate] platform {plat.arch}, link {plan.link_kind}, template {plan.template_profile}; "
           f"sections {','.join(sections)} -> {cal_dir}", file=sys.stderr)
-    build = _start_cpuadam_build() if has_ds else None
+    build = _start_cpuadam_build(cal_dir / "cpuadam_build.json") if has_ds else None
     gpu_first = [s for s in sections if s in ("gemm", "attention", "layer", "gpu_cast")]
     status = _run(torch, cal_dir, args.quick, gpu_first, False) if gpu_first else 0
     if build is not None:
@@ -210,13 +210,35 @@ def _calibrate_profile(args: argparse.Namespace) -> int:
     return status
 
 
-def _start_cpuadam_build() -> Any:
+# Run in the build child: compile CPUAdam, then report how DeepSpeed's op builder compiled it on this host (on
+# aarch64 its cpu_arch() / simd_width() choose -mcpu=native and no AVX flags; on x86 -march=native and AVX-512 or
+# AVX2), as one JSON line the profile writer quotes in the CPU Adam source.
+_BUILD_CODE = """
+import json, platform
+from deepspeed.ops.op_builder import CPUAdamBuilder
+b = CPUAdamBuilder()
+b.load()
+info = {"arch": platform.machine()}
+for name in ("cpu_arch", "simd_width"):
+    try:
+        info[name] = str(getattr(b, name)())
+    except Exception as error:
+        info[name] = f"unknown ({type(error).__name__})"
+print(json.dumps(info))
+"""
+
+
+def _start_cpuadam_build(report: Path | None = None) -> Any:
     """Compile DeepSpeed's CPUAdam in a child process while the GPU sections run (they barely use the CPU); the
-    host sections wait for it, since a compiler on a few cores skews multi-threaded timings."""
+    host sections wait for it, since a compiler on a few cores skews multi-threaded timings. ``report`` receives
+    the child's JSON line (architecture and the compiler flags DeepSpeed chose)."""
     import subprocess
 
-    code = "from deepspeed.ops.op_builder import CPUAdamBuilder; CPUAdamBuilder().load()"
-    return subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    out: Any = subprocess.DEVNULL
+    if report is not None:
+        report.parent.mkdir(parents=True, exist_ok=True)
+        out = report.open("w")
+    return subprocess.Popen([sys.executable, "-c", _BUILD_CODE], stdout=out, stderr=subprocess.DEVNULL)
 
 
 def _import_torch_with_cuda() -> Any | None:

@@ -195,13 +195,26 @@ def lease_spread_for(template: str) -> dict[str, Any]:
             "sources": {"host_log_sd": f"{note}{source}", "device_log_sd": f"{note}{source}"}}
 
 
+def cpuadam_build_flags(path: Path) -> str:
+    """'aarch64, cpu_arch -mcpu=native, simd_width -D__SIMD_WIDTH__=4' from the build child's JSON line, or ''."""
+    try:
+        lines = [ln for ln in path.read_text().splitlines() if ln.startswith("{")]
+        info = json.loads(lines[-1]) if lines else {}
+    except (OSError, ValueError):
+        return ""
+    if not isinstance(info, dict) or not info:
+        return ""
+    return ", ".join(f"{k} {v}" if k != "arch" else str(v) for k, v in info.items())
+
+
 def _set(section: dict[str, Any], key: str, value: Any, source: str) -> None:
     section[key] = value
     section.setdefault("sources", {})[key] = source
 
 
 def build_profile(name: str, template: Mapping[str, Any], template_name: str, meta: Mapping[str, Any],
-                  rows: list[Row], table_rel: str, link_kind: str) -> tuple[dict[str, Any], list[str]]:
+                  rows: list[Row], table_rel: str, link_kind: str, build_flags: str = "") -> tuple[dict[str, Any],
+                                                                                                 list[str]]:
     """The profile dict (and notes on what was not measured) from one calibration."""
     date = str(meta.get("date", ""))
     device = str(meta.get("device", "GPU"))
@@ -232,8 +245,9 @@ def build_profile(name: str, template: Mapping[str, Any], template_name: str, me
     if meta.get("host_memory_bytes"):
         _set(cpu, "mem_gib", round(float(meta["host_memory_bytes"]) / 2**30), f"/proc/meminfo MemTotal, {date}")
     _set(cpu, "adam_saturation_cores", cores, "assumption: all usable cores (not measured past them)")
+    built = f"; DeepSpeed CPUAdam compiled here with {build_flags}" if build_flags else ""
     for key, (value, how) in cpu_numbers(rows).items():
-        _set(cpu, key, value, f"{where}: {how}")
+        _set(cpu, key, value, f"{where}: {how}{built if key == 'adam_s_by_gparams' else ''}")
     _set(link, "kind", link_kind, "platform detection (sosim/calibrate/platform_detect.py)")
     for key, (value, how) in link_numbers(rows).items():
         _set(link, key, value, f"{where}: {how}")
@@ -269,7 +283,8 @@ def write_profile(name: str, profiles_dir: Path, cal_dir: Path, template_path: P
     rows = read_measurements(table)
     template = yaml.safe_load(template_path.read_text())
     rel = Path(table).resolve().relative_to(profiles_dir.resolve()).as_posix()
-    profile, notes = build_profile(name, template, template_name, meta, rows, rel, link_kind)
+    profile, notes = build_profile(name, template, template_name, meta, rows, rel, link_kind,
+                                   cpuadam_build_flags(cal_dir / "cpuadam_build.json"))
     path = profiles_dir / f"{name}.yaml"
     header = (f"# Written by `sosim calibrate --profile {name}` on {meta.get('date', '')}: every number says where it "
               f"came from\n# (measured here, datasheet, or the nearest shipped kind {template_name}).\n")
