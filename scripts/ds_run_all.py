@@ -5,9 +5,12 @@ groups) do not tear down cleanly enough to measure the next configuration in the
 Why a deadline: a lent GPU machine gives each command a hard limit; jobs are ordered by priority and the
 ones that no longer fit are skipped (and listed), never half-run.
 
-Job syntax: SIZE:SEQ:MICRO_BATCH:CONFIG[:option=value...], e.g. 1.1b:2048:4:superoffload:clip=1.0
+Job syntax: SIZE:SEQ:MICRO_BATCH:CONFIG[:option=value...], e.g. 1.1b:2048:4:superoffload:clip=1.0; SIZE is a
+named size or L<layers>h<hidden>a<heads>kv<kv_heads>f<ffn> (scripts/ds_train_step.py). $SOSIM_LEASE, if set, is
+recorded in every row (column lease).
 Options: clip, ratio, cores (cpuadam_cores_perc), subgroup (sub_group_size), steps, phased, warmup,
-ckpt=0 (activation checkpointing off), gpus=N (N ranks through DeepSpeed's launcher on this host),
+ckpt=0 (activation checkpointing off), param=cpu (zero3 with offload_param cpu: ZeRO-Infinity),
+gpus=N (N ranks through DeepSpeed's launcher on this host),
 timeout=S (this job's limit instead of --job-timeout-s).
 """
 
@@ -41,7 +44,7 @@ def parse_job(job: str) -> tuple[list[str], dict[str, str]]:
     parsed: dict[str, str] = {}
     for option in options:
         key, sep, value = option.partition("=")
-        if not sep or key not in {*FLAGS, "ckpt", "gpus", "timeout"}:
+        if not sep or key not in {*FLAGS, "ckpt", "gpus", "timeout", "param"}:
             raise ValueError(f"job {job!r}: unknown option {option!r}")
         parsed[key] = value
     return [size, seq, micro_batch, config], parsed
@@ -88,6 +91,8 @@ def job_argv(job: str, out: Path) -> list[str]:
             argv += [FLAGS[key], value]
         elif key == "ckpt" and value in ("0", "false", "off"):
             argv.append("--no-ckpt")
+        elif key == "param" and value == "cpu":
+            argv.append("--offload-param")
     return argv
 
 
@@ -104,6 +109,12 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("jobs", nargs="+")
     parser.add_argument("--plan-only", action="store_true", help="print each job's command line and exit")
+    parser.add_argument(
+        "--skip-done",
+        action="store_true",
+        help="skip jobs that an earlier call into the same --out finished (OUT/done_jobs.txt): a second call on "
+        "the same warm machine picks up where the first stopped",
+    )
     args = parser.parse_args(argv)
     try:
         commands = {job: job_argv(job, args.out) for job in args.jobs}
@@ -119,7 +130,12 @@ def main(argv: list[str] | None = None) -> int:
     (args.out / "jobs.json").write_text(json.dumps(commands, indent=1) + "\n")
     end_s = time.monotonic() + args.deadline_s
     failed, skipped = [], []
+    done_file = args.out / "done_jobs.txt"
+    done = set(done_file.read_text().split()) if args.skip_done and done_file.exists() else set()
     for job in args.jobs:
+        if job in done:
+            print(f"[run_all] {job}: done in an earlier call, skipped", flush=True)
+            continue
         left_s = end_s - time.monotonic()
         if left_s < args.min_start_s:
             skipped.append(job)
@@ -142,6 +158,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"[run_all] {job}: exit {code} in {took_s:.0f} s", flush=True)
         for line in tail:
             print("   ", line, flush=True)
+        if code == 0:
+            with done_file.open("a") as handle:
+                handle.write(job + "\n")
         if code != 0:
             failed.append(job)
             lines = log_path.read_text(errors="replace").splitlines()

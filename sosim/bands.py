@@ -342,7 +342,10 @@ def lease_spread_of(sc: Scenario, table: Any) -> tuple[dict[str, float], str]:
         return dict(table.session_log_sd), f"measured: calibration sessions that repeat points ({parts})"
     stated = sc.hardware.lease_spread
     if stated is not None and any(stated.as_mapping().values()):
-        return stated.as_mapping(), "stated in the profile (lease_spread; see its sources)"
+        # Name where the stated spread came from (a `sosim calibrate --profile` profile states its kind's measured
+        # spread, or the nearest kind's with a note), so a band says which leases it stands for.
+        why = "; ".join(f"{k}: {v}" for k, v in sorted(stated.sources.items()))
+        return stated.as_mapping(), f"stated in the profile (lease_spread{': ' + why if why else '; see its sources'})"
     return {}, "none (the tables repeat no point and the profile states no lease_spread)"
 
 

@@ -297,14 +297,22 @@ def read_yaml(path: str | Path) -> Located:
 class ProfileFile:
     name: str
     path: Path
-    origin: str  # "--profiles", "SOSIM_PROFILES" or "shipped"
+    origin: str  # "--profiles", "SOSIM_PROFILES", "user" (the default user folder) or "shipped"
+
+
+def default_user_profiles_dir() -> Path:
+    """Where ``sosim calibrate --profile NAME`` writes by default (no --profiles, no $SOSIM_PROFILES):
+    ``$XDG_CONFIG_HOME/sosim/profiles``, else ``~/.config/sosim/profiles`` (sosim/calibrate/cli.py, same rule)."""
+    base = os.environ.get("XDG_CONFIG_HOME") or str(Path.home() / ".config")
+    return Path(base) / "sosim" / "profiles"
 
 
 def profile_dirs(user_dirs: Sequence[str | Path] = ()) -> list[tuple[Path, str]]:
-    """Folders searched for profiles by name, in order: ``--profiles``, $SOSIM_PROFILES, the shipped ones."""
+    """Folders searched for profiles by name, in order: ``--profiles``, $SOSIM_PROFILES, the default user folder
+    (:func:`default_user_profiles_dir`), the shipped ones."""
     env = [d for var in (PROFILES_ENV, _LEGACY_PROFILES_ENV) for d in os.environ.get(var, "").split(os.pathsep) if d]
     return [*((Path(d), "--profiles") for d in user_dirs), *((Path(d), PROFILES_ENV) for d in env),
-            (shipped_profiles_dir(), "shipped")]
+            (default_user_profiles_dir(), "user"), (shipped_profiles_dir(), "shipped")]
 
 
 def profile_files(user_dirs: Sequence[str | Path] = ()) -> dict[str, list[ProfileFile]]:

@@ -1,5 +1,12 @@
 """``sosim calibrate [--out DIR] [--quick]``: time real kernels, copies and CPU Adam on this machine.
 
+``sosim calibrate --profile NAME [--profiles DIR] [--quick]`` measures everything a profile needs (the sections
+that :mod:`.platform_detect` selects for this platform) into ``DIR/NAME.calibration/`` and writes a ready
+profile ``DIR/NAME.yaml`` (:mod:`.profile_writer`); ``sosim calibrate --check --profile NAME`` then runs a few
+short real DeepSpeed steps on this machine and prints predicted vs measured (:mod:`.check`). DIR defaults to the
+first folder of $SOSIM_PROFILES, else ``$XDG_CONFIG_HOME/sosim/profiles`` (``~/.config/sosim/profiles``), the
+folder ``sosim run --hardware NAME`` searches by default.
+
 Runs as ``sosim calibrate`` (the main CLI calls :func:`main`), as ``python3 -m sosim.calibrate.cli``, or
 standalone as ``python3 sosim/calibrate/cli.py`` without importing the rest of sosim.
 """
@@ -43,6 +50,8 @@ EXTRA_SECTIONS: tuple[str, ...] = (
     "quantize",
     "nccl",
     "host_shared",
+    "c2c_access",
+    "host_warmup",
 )
 ALL_SECTIONS: tuple[str, ...] = SECTIONS + EXTRA_SECTIONS
 
@@ -63,8 +72,35 @@ def build_parser() -> argparse.ArgumentParser:
         help="keep the rows already in DIR/measurements.csv and add to them (a second invocation with --only)",
     )
     parser.add_argument(
+        "--profile",
+        metavar="NAME",
+        default=None,
+        help="measure what a hardware profile needs and write DIR/NAME.yaml (DIR: --profiles)",
+    )
+    parser.add_argument(
+        "--profiles",
+        metavar="DIR",
+        type=Path,
+        default=None,
+        help="user profile folder (default: first of $SOSIM_PROFILES, else ~/.config/sosim/profiles)",
+    )
+    parser.add_argument(
+        "--check",
+        action="store_true",
+        help="with --profile: run a few short DeepSpeed steps here and print predicted vs measured",
+    )
+    parser.add_argument(
+        "--check-jobs",
+        default=None,
+        help="with --check: comma-separated scripts/ds_run_all.py jobs (default: 0.5b ZeRO-2/ZeRO-3/SuperOffload)",
+    )
+    parser.add_argument("--check-deadline-s", type=float, default=None, help="with --check: wall-clock budget")
+    parser.add_argument(
+        "--check-bands", type=int, default=40, help="with --check: band replays per run (0: no bands)"
+    )
+    parser.add_argument(
         "--only",
-        default=",".join(SECTIONS),
+        default=None,
         help=f"comma-separated sections (default: {','.join(SECTIONS)}); also: {','.join(EXTRA_SECTIONS)}",
     )
     return parser
@@ -72,7 +108,17 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    sections = [s.strip() for s in args.only.split(",") if s.strip()]
+    if args.check:
+        if not args.profile:
+            print("sosim calibrate: --check needs --profile NAME (the profile to check)", file=sys.stderr)
+            return 2
+        from .check import run_check
+
+        return run_check(args.profile, profiles_folder(args.profiles), args.check_jobs, args.quick,
+                         deadline_s=args.check_deadline_s, bands=args.check_bands)
+    if args.profile is not None:
+        return _calibrate_profile(args)
+    sections = [s.strip() for s in (args.only or ",".join(SECTIONS)).split(",") if s.strip()]
     unknown = [s for s in sections if s not in ALL_SECTIONS]
     if unknown:
         print(
@@ -84,6 +130,115 @@ def main(argv: list[str] | None = None) -> int:
     if torch is None:
         return 2
     return _run(torch, args.out, args.quick, sections, args.append)
+
+
+PROFILES_ENV = "SOSIM_PROFILES"  # the same variable sosim.loader reads (tests/test_calibrate_profile.py)
+
+
+def default_profiles_folder() -> Path:
+    """``$XDG_CONFIG_HOME/sosim/profiles`` or ``~/.config/sosim/profiles`` (sosim.loader searches it too)."""
+    import os
+
+    base = os.environ.get("XDG_CONFIG_HOME") or str(Path.home() / ".config")
+    return Path(base) / "sosim" / "profiles"
+
+
+def profiles_folder(given: Path | None) -> Path:
+    """Where ``--profile`` writes: ``--profiles DIR``, else the first folder of $SOSIM_PROFILES, else the default."""
+    import os
+
+    if given is not None:
+        return given
+    env = [d for d in os.environ.get(PROFILES_ENV, "").split(os.pathsep) if d]
+    return Path(env[0]) if env else default_profiles_folder()
+
+
+def shipped_profiles_folder() -> Path:
+    """The shipped profiles (the templates): the checkout's hardware_profiles/ or the wheel's sosim/_data copy."""
+    here = Path(__file__).resolve().parent
+    for candidate in (here.parent.parent / "hardware_profiles", here.parent / "_data" / "hardware_profiles"):
+        if candidate.is_dir():
+            return candidate
+    return here.parent.parent / "hardware_profiles"
+
+
+def _calibrate_profile(args: argparse.Namespace) -> int:
+    """Measure this machine and write a profile; the exit status is the harness's (1 if a section failed)."""
+    import importlib.util
+    import re
+
+    from .platform_detect import detect, plan_for
+
+    if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]*", args.profile):
+        print(f"sosim calibrate: --profile {args.profile!r}: use letters, digits, '.', '_' and '-'", file=sys.stderr)
+        return 2
+    torch = _import_torch_with_cuda()
+    if torch is None:
+        return 2
+    folder = profiles_folder(args.profiles)
+    cal_dir = folder / f"{args.profile}.calibration"
+    has_ds = importlib.util.find_spec("deepspeed") is not None
+    plat = detect(gpu_name=torch.cuda.get_device_name(0))
+    plan = plan_for(plat, args.quick, has_ds)
+    sections = [s.strip() for s in args.only.split(",") if s.strip()] if args.only else list(plan.sections)
+    for note in plan.notes:
+        print(f"[calibrate] {note}", file=sys.stderr)
+    print(f"[calibrate] platform {plat.arch}, link {plan.link_kind}, template {plan.template_profile}; "
+          f"sections {','.join(sections)} -> {cal_dir}", file=sys.stderr)
+    build = _start_cpuadam_build(cal_dir / "cpuadam_build.json") if has_ds else None
+    gpu_first = [s for s in sections if s in ("gemm", "attention", "layer", "gpu_cast")]
+    status = _run(torch, cal_dir, args.quick, gpu_first, False) if gpu_first else 0
+    if build is not None:
+        code = build.wait()
+        print(f"[calibrate] DeepSpeed CPUAdam build exit {code}", file=sys.stderr)
+    rest = [s for s in sections if s not in gpu_first]
+    if rest:
+        status = max(status, _run(torch, cal_dir, args.quick, rest, bool(gpu_first)))
+    from .profile_writer import write_profile
+
+    if not (cal_dir / "measurements.csv").is_file() or not (cal_dir / "calibration_meta.json").is_file():
+        print(f"sosim calibrate: nothing was measured into {cal_dir}; no profile written", file=sys.stderr)
+        return 1
+    template = shipped_profiles_folder() / f"{plan.template_profile}.yaml"
+    written = write_profile(args.profile, folder, cal_dir, template, plan.template_profile, plan.link_kind)
+    for note in written.notes:
+        print(f"[calibrate] profile note: {note}", file=sys.stderr)
+    flag = "" if args.profiles is None else f" --profiles {folder}"
+    print(f"[calibrate] wrote profile {written.path}; use it: sosim{flag} run SCENARIO --set hardware={args.profile} "
+          f"(or --ds-config DS.json --hardware {args.profile}); check it: sosim calibrate --check --profile "
+          f"{args.profile}{' --profiles ' + str(folder) if args.profiles is not None else ''}", file=sys.stderr)
+    return status
+
+
+# Run in the build child: compile CPUAdam, then report how DeepSpeed's op builder compiled it on this host (on
+# aarch64 its cpu_arch() / simd_width() choose -mcpu=native and no AVX flags; on x86 -march=native and AVX-512 or
+# AVX2), as one JSON line the profile writer quotes in the CPU Adam source.
+_BUILD_CODE = """
+import json, platform
+from deepspeed.ops.op_builder import CPUAdamBuilder
+b = CPUAdamBuilder()
+b.load()
+info = {"arch": platform.machine()}
+for name in ("cpu_arch", "simd_width"):
+    try:
+        info[name] = str(getattr(b, name)())
+    except Exception as error:
+        info[name] = f"unknown ({type(error).__name__})"
+print(json.dumps(info))
+"""
+
+
+def _start_cpuadam_build(report: Path | None = None) -> Any:
+    """Compile DeepSpeed's CPUAdam in a child process while the GPU sections run (they barely use the CPU); the
+    host sections wait for it, since a compiler on a few cores skews multi-threaded timings. ``report`` receives
+    the child's JSON line (architecture and the compiler flags DeepSpeed chose)."""
+    import subprocess
+
+    out: Any = subprocess.DEVNULL
+    if report is not None:
+        report.parent.mkdir(parents=True, exist_ok=True)
+        out = report.open("w")
+    return subprocess.Popen([sys.executable, "-c", _BUILD_CODE], stdout=out, stderr=subprocess.DEVNULL)
 
 
 def _import_torch_with_cuda() -> Any | None:
@@ -106,7 +261,17 @@ def _import_torch_with_cuda() -> Any | None:
 
 
 def _run(torch: Any, out: Path | None, quick: bool, sections: list[str], append: bool) -> int:
-    from . import copy_bench, cpu_bench, ds_bench, gpu_bench, host_bench, multi_gpu, so_grads_bench
+    from . import (
+        c2c_bench,
+        copy_bench,
+        cpu_bench,
+        ds_bench,
+        gpu_bench,
+        host_bench,
+        host_warmup,
+        multi_gpu,
+        so_grads_bench,
+    )
     from .machine import cpu_model, device_slug, machine_meta, today_utc
     from .records import Context, Table, read_rows
 
@@ -148,6 +313,8 @@ def _run(torch: Any, out: Path | None, quick: bool, sections: list[str], append:
         "quantize": host_bench.bench_quantize,
         "nccl": multi_gpu.bench_nccl,
         "host_shared": multi_gpu.bench_host_shared,
+        "c2c_access": c2c_bench.bench_c2c_access,
+        "host_warmup": host_warmup.bench_host_warmup,
     }
     failed: list[str] = list(previous_meta.get("failed_sections", []))
     timings_s: dict[str, float] = dict(previous_meta.get("section_wall_s", {}))

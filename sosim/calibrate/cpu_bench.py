@@ -8,16 +8,14 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from .platform_detect import host_thread_counts
 from .records import Table
 from .timing import cpu_times_s, repeats_for
 
 
 def thread_counts(quick: bool) -> tuple[int, ...]:
-    """1..16 threads, never more than the cores this process may run on."""
-    available = len(os.sched_getaffinity(0))
-    wanted = (1, 4, 16) if quick else (1, 2, 4, 8, 16)
-    counts = tuple(t for t in wanted if t <= available)
-    return counts if counts else (available,)
+    """1..16 threads and every core this process may run on (platform_detect.host_thread_counts)."""
+    return host_thread_counts(len(os.sched_getaffinity(0)), quick)
 
 
 def adam_sizes(quick: bool) -> tuple[int, ...]:
