@@ -14,9 +14,9 @@ simulator reads no ``host_mem`` row.
 from __future__ import annotations
 
 import time
-from pathlib import Path
 from typing import Any
 
+from .machine import host_memory_bytes
 from .records import Table
 
 GIB = 1 << 30
@@ -31,18 +31,8 @@ def warmup_bytes(mem_total_bytes: int | None, cap_gib: int = 64) -> int:
     return max(CHUNK_BYTES, share // CHUNK_BYTES * CHUNK_BYTES)
 
 
-def _mem_total_bytes() -> int | None:
-    meminfo = Path("/proc/meminfo")
-    if not meminfo.exists():
-        return None
-    for line in meminfo.read_text().splitlines():
-        if line.startswith("MemTotal:"):
-            return int(line.split()[1]) * 1024
-    return None
-
-
 def bench_host_warmup(torch: Any, table: Table, quick: bool) -> None:
-    total = warmup_bytes(_mem_total_bytes(), cap_gib=48 if quick else 64)
+    total = warmup_bytes(host_memory_bytes(), cap_gib=48 if quick else 64)
     chunks: list[Any] = []
     first_s: list[float] = []
     for _ in range(total // CHUNK_BYTES):

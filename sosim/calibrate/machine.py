@@ -59,7 +59,7 @@ def machine_meta(torch: Any, quick: bool) -> dict[str, object]:
         "cpu_model": cpu_model(),
         "cpu_cores_visible": os.cpu_count(),
         "cpu_cores_usable": len(os.sched_getaffinity(0)),
-        "host_memory_bytes": _host_memory_bytes(),
+        "host_memory_bytes": host_memory_bytes(),
         "kernel": platform.release(),
         "python": platform.python_version(),
         "date": today_utc(),
@@ -67,7 +67,8 @@ def machine_meta(torch: Any, quick: bool) -> dict[str, object]:
     }
 
 
-def _host_memory_bytes() -> int | None:
+def host_memory_bytes() -> int | None:
+    """Installed host memory from /proc/meminfo (None where there is none)."""
     meminfo = Path("/proc/meminfo")
     if not meminfo.exists():
         return None
