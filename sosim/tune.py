@@ -302,7 +302,9 @@ def simulate_recorded_batch(scs: Sequence[Scenario | None]) -> list[tuple[dict[s
 
 
 def _ignore_sigint() -> None:
-    """Worker initializer: Ctrl-C is the parent's to handle (it keeps the best so far)."""
+    """Worker initializer: Ctrl-C is the parent's to handle (it keeps the best so far). Kept for callers that
+    build their own pool; the tuner's own pool is :class:`sosim.workers.WorkerPool` (which also ends its
+    workers with this process)."""
     import signal
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)
@@ -715,9 +717,11 @@ class Tuner:
             return self.executor
         if self.options.jobs <= 1:
             return None
-        from concurrent.futures import ProcessPoolExecutor
+        from sosim.workers import WorkerPool
 
-        self.executor = ProcessPoolExecutor(max_workers=self.options.jobs, initializer=_ignore_sigint)
+        # Workers ignore Ctrl-C, die with this process, and an aborting shutdown (wait=False,
+        # cancel_futures=True, as run() does when interrupted) ends them by PID (sosim/workers.py).
+        self.executor = WorkerPool(self.options.jobs)
         self._own_executor = True
         return self.executor
 
@@ -1395,8 +1399,16 @@ def run_tune(args: Any) -> int:
         objective=args.objective, token_budget=args.token_budget, systems=systems,
         implementation=args.implementation, budget=args.budget, max_host_ram_gib=args.max_host_ram,
         max_hbm_gib=args.max_hbm, jobs=jobs, progress=args.progress)
+    from sosim.workers import EXIT_TERMINATED, interrupted_exit, signals_interrupt
+
     start = time.perf_counter()
-    result = Tuner(sc, options).run()
+    with signals_interrupt() as signals:  # SIGTERM stops the search (and ends its workers) as Ctrl-C does
+        try:
+            result = Tuner(sc, options).run()
+        except KeyboardInterrupt as exc:  # before the search had anything to show
+            code, what = interrupted_exit(exc)
+            print(f"sosim tune: {what}; nothing was written", file=sys.stderr)
+            return code
     elapsed = time.perf_counter() - start
     written = {"path": None, "skipped": "--no-write"} if args.no_write else write_ds_config(result, args.out, base_ds)
     if args.format == "json":
@@ -1404,6 +1416,10 @@ def run_tune(args: Any) -> int:
     else:
         print(format_text(result, args.top, sc.name, sc.hardware.name, written, elapsed))
     if result.interrupted:
+        if signals.terminated:
+            print("sosim tune: terminated (SIGTERM): the best configuration found so far is shown"
+                  + (f" and written to {written['path']}" if written.get("path") else ""), file=sys.stderr)
+            return EXIT_TERMINATED
         return EXIT_INTERRUPTED
     return 0 if result.ranked else 1
 
