@@ -10,9 +10,11 @@ mapping (spec sheet, paper, calibration file): a profile without provenance is r
 
 from __future__ import annotations
 
+import functools
 import itertools
+import types
 from collections.abc import Mapping
-from typing import Annotated, ClassVar, Literal
+from typing import Annotated, Any, ClassVar, Literal, Union, get_args, get_origin
 
 from pydantic import (
     BaseModel,
@@ -34,11 +36,131 @@ Curve = list[tuple[float, float]]
 
 AdamImpl = Literal["torch", "cpu_adam", "grace_adam"]
 
+# Input bounds (docs/limits.md). Integers: above 2^53 a float no longer holds every integer, and the cost model
+# computes in floats; no count or size sosim takes comes near it (the work bound in sosim/loader.py refuses far
+# smaller layer counts).
+MAX_INT = 2**53
+# GPUs of one run: the largest training clusters today are ~1e5 GPUs; 1e6 leaves a 10x margin while refusing
+# nonsense such as 1e9 GPUs (which otherwise "fits" and predicts 5e13 tokens/s).
+MAX_GPUS = 1_000_000
+# Link and memory bandwidths, GB/s: 1e-3 (1 MB/s) is below any real link (PCIe 1.0 x1 is 0.25 GB/s, 1 GbE
+# 0.125 GB/s); 1e6 (1 PB/s) is 200x today's fastest HBM (4.8 TB/s, H200). Outside this a value is a typo or a
+# unit mistake, and 1e-300 GB/s turned a step into 1e300 s without a word.
+MIN_GBPS = 1e-3
+MAX_GBPS = 1e6
+BandwidthGBps = Annotated[float, Field(ge=MIN_GBPS, le=MAX_GBPS)]
+GpuCount = Annotated[int, Field(gt=0, le=MAX_GPUS)]
+
+
+def _leaf_types(tp: Any) -> set[Any]:
+    """The types a field annotation admits at its leaves (list[tuple[float, float]] -> {float})."""
+    origin = get_origin(tp)
+    if origin is Literal:
+        return {type(a) for a in get_args(tp)}
+    if origin is Annotated:
+        return _leaf_types(get_args(tp)[0])
+    args = [a for a in get_args(tp) if a is not Ellipsis]
+    if args and (origin in (Union, types.UnionType) or origin is not None):
+        return set().union(*(_leaf_types(a) for a in args))
+    return {tp}
+
+
+@functools.cache
+def _numbers_only(model: type[BaseModel], name: str) -> bool:
+    """Whether field ``name`` of ``model`` holds numbers (at its leaves) and no booleans."""
+    field = model.model_fields.get(name)
+    if field is None:
+        return False
+    leaves = _leaf_types(field.annotation)
+    return bool(leaves & {int, float}) and not leaves & {bool, Any, object}
+
+
+@functools.cache
+def _bool_only(model: type[BaseModel], name: str) -> bool:
+    """Whether field ``name`` of ``model`` is a yes/no (bool, or bool | None)."""
+    field = model.model_fields.get(name)
+    return field is not None and _leaf_types(field.annotation) - {type(None)} == {bool}
+
+
+def _bad_number(value: Any, depth: int = 0) -> str | None:
+    """Why ``value`` (or a value inside it) is not a number sosim takes: a boolean, or an integer beyond MAX_INT."""
+    if isinstance(value, bool):
+        return ("expected a number, got a boolean (YAML reads true/false, yes/no, on/off as booleans; "
+                "write the number)")
+    if isinstance(value, int) and abs(value) > MAX_INT:
+        return (f"an integer of {len(str(abs(value)))} digits is beyond {MAX_INT:,} (2^53), larger than any "
+                "quantity sosim takes (docs/limits.md)")
+    if depth < 4 and isinstance(value, (list, tuple)):
+        return next((bad for v in value if (bad := _bad_number(v, depth + 1))), None)
+    if depth < 4 and isinstance(value, dict):
+        return next((bad for v in value.values() if (bad := _bad_number(v, depth + 1))), None)
+    return None
+
+
+def _field_problem(model: type[BaseModel], name: str, value: Any) -> str | None:
+    """Why ``value`` does not fit field ``name``: a boolean for a number, a number for a yes/no, an integer
+    beyond MAX_INT (None: fine, or left to the field's own validation)."""
+    t = type(value)
+    if t is bool:
+        return _bad_number(value) if _numbers_only(model, name) else None
+    if _bool_only(model, name):
+        return f"expected true or false, got {value!r}"
+    if t is float or t is str or (t is int and -MAX_INT <= value <= MAX_INT):
+        return None
+    return _bad_number(value) if _numbers_only(model, name) else None
+
+
+class FieldProblem(ValueError):
+    """A problem with one field, raised by a model-level check: the loader locates it at ``field`` (a key of
+    the model, or a dotted path below it: the line of that key), not at the section."""
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(f"{field}: {message}")
+        self.field = field
+        self.message = message
+
+    @property
+    def path(self) -> tuple[str, ...]:
+        return tuple(self.field.split("."))
+
 
 class _Strict(BaseModel):
-    """Unknown keys are errors (typos must not be silently ignored); instances are immutable."""
+    """Unknown keys are errors (typos must not be silently ignored); instances are immutable. Numeric fields
+    refuse booleans (``layers: true`` is not 1 layer) and integers beyond MAX_INT."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _numbers_are_numbers(cls, data: Any) -> Any:
+        # A model-level check (a field validator may not touch a tagged union's tag, schedule.system). It runs
+        # for every section of every candidate a search builds: plain values are let through first.
+        if not isinstance(data, dict):
+            return data
+        for name, value in data.items():
+            if value is None or not isinstance(name, str) or isinstance(value, BaseModel):
+                continue
+            bad = _field_problem(cls, name, value)
+            if bad is not None:
+                raise FieldProblem(name, bad)
+        return data
+        for name, value in data.items():
+            t = type(value)
+            if t is bool and not _numbers_only(cls, name):
+                continue
+            if value is None or isinstance(value, BaseModel) or (
+                    t is not bool and (t is float or t is str or (t is int and -MAX_INT <= value <= MAX_INT))
+                    and not _bool_only(cls, name)):
+                continue  # the common cases first: this runs for every section of every candidate a search builds
+            if not isinstance(name, str):
+                continue
+            if _numbers_only(cls, name):
+                bad = _bad_number(value)
+                if bad is not None:
+                    raise FieldProblem(name, bad)
+            elif _bool_only(cls, name) and not isinstance(value, bool):
+                raise FieldProblem(name, f"expected true or false, got {value!r}")
+        return data
 
 
 def _check_curve(name: str, curve: Curve, y_max: float | None = None) -> None:
@@ -89,7 +211,7 @@ class GpuSpec(_Sourced):
     name: str
     peak_bf16_tflops: PosFloat  # dense, no sparsity
     hbm_gib: PosFloat
-    hbm_GBps: PosFloat
+    hbm_GBps: BandwidthGBps
     # Fraction of hbm_GBps that memory-bound kernels (norms, activations, optimizer, casts) reach.
     hbm_efficiency: Fraction
     # Memory the framework cannot use for the model: CUDA context, NCCL/cuBLAS workspaces, fragmentation.
@@ -106,6 +228,9 @@ class GpuSpec(_Sourced):
     elementwise_traffic_factor: PosFloat = 1.0
     # A layer's forward never takes less than this (host-side kernel launch rate); backward: 2x.
     layer_min_fwd_us: NonNegFloat = 0.0
+    # Whether the tensor cores run bf16 (Ampere and later); without it (Volta: V100) peak_bf16_tflops holds the
+    # fp16 rate and only fp16 training is accepted.
+    bf16: bool = True
 
     @model_validator(mode="after")
     def _curves(self) -> GpuSpec:
@@ -117,14 +242,14 @@ class CpuSpec(_Sourced):
     name: str
     cores: PosInt
     mem_gib: PosFloat
-    mem_GBps: PosFloat
+    mem_GBps: BandwidthGBps
     # Whole-step Adam latency by implementation: (billions of params, seconds) using adam_ref_cores cores.
     adam_s_by_gparams: dict[AdamImpl, Curve]
     adam_ref_cores: PosInt
     # Cores past which Adam is memory-bandwidth bound and stops speeding up.
     adam_saturation_cores: PosInt
     # fp32<->bf16 conversion throughput on all cores, in GB/s of fp32 data.
-    cast_GBps: PosFloat
+    cast_GBps: BandwidthGBps
     # Host memory the training process cannot use (OS, page cache, framework).
     reserved_gib: NonNegFloat
 
@@ -139,10 +264,10 @@ class CpuSpec(_Sourced):
 
 class LinkSpec(_Sourced):
     kind: Literal["pcie", "c2c"]
-    h2d_GBps: PosFloat
-    d2h_GBps: PosFloat
+    h2d_GBps: BandwidthGBps
+    d2h_GBps: BandwidthGBps
     # Total of both directions when both are busy; below h2d+d2h means the directions slow each other.
-    bidir_GBps: PosFloat
+    bidir_GBps: BandwidthGBps
     # Pageable (unpinned) copies reach this fraction of the pinned bandwidth.
     pageable_factor: Fraction
     latency_us: NonNegFloat
@@ -151,8 +276,8 @@ class LinkSpec(_Sourced):
 class InterconnectSpec(_Sourced):
     """GPU-GPU fabric for data/sequence parallel collectives."""
 
-    gpu_gpu_GBps: PosFloat
-    node_node_GBps: PosFloat
+    gpu_gpu_GBps: BandwidthGBps
+    node_node_GBps: BandwidthGBps
     gpus_per_node: PosInt
     latency_us: NonNegFloat
 
@@ -176,10 +301,10 @@ class UplinkSpec(_Sourced):
     """A PCIe switch uplink or root port that the host copies of several GPUs share (x86 servers)."""
 
     gpus: list[NonNegInt]  # node-local GPU indices behind this uplink
-    h2d_GBps: PosFloat
-    d2h_GBps: PosFloat
+    h2d_GBps: BandwidthGBps
+    d2h_GBps: BandwidthGBps
     # Total of both directions when both are busy.
-    bidir_GBps: PosFloat
+    bidir_GBps: BandwidthGBps
 
     @model_validator(mode="after")
     def _gpus(self) -> UplinkSpec:
@@ -192,7 +317,7 @@ class SocketLinkSpec(_Sourced):
     """Between the node's CPU sockets (UPI, Infinity Fabric, Grace-Grace): a rank reaching the memory of a
     socket other than its own (CPU Adam on a neighbour Grace, a GPU attached to the other socket)."""
 
-    GBps: PosFloat  # per direction
+    GBps: BandwidthGBps  # per direction
     latency_us: NonNegFloat = 0.0
 
 
@@ -201,7 +326,7 @@ class FabricSpec(_Sourced):
 
     kind: Literal["nvlink", "nvswitch", "pcie", "none"]
     # Per GPU and direction into the fabric (NVLink: the links to one peer for a point-to-point mesh).
-    GBps: PosFloat
+    GBps: BandwidthGBps
     latency_us: NonNegFloat
     # Measured NCCL bus bandwidth (nccl-tests' busbw) of the node's GPUs by message size: (MiB, GB/s) per
     # collective. Measured beats analytic: collectives inside the node read these when present.
@@ -217,7 +342,7 @@ class NicSpec(_Sourced):
     """The node's network interfaces."""
 
     count: PosInt
-    GBps: PosFloat  # per NIC and direction
+    GBps: BandwidthGBps  # per NIC and direction
     # NIC index of each GPU (len = node.gpus); None: GPUs spread evenly, GPU i on NIC i * count // gpus.
     gpu_nic: list[NonNegInt] | None = None
 
@@ -241,8 +366,8 @@ class NvmeSpec(_Sourced):
 
     drives: PosInt
     # Aggregate of the volume for large (~1 GB) direct-I/O transfers to/from pinned CPU buffers.
-    read_GBps: PosFloat
-    write_GBps: PosFloat
+    read_GBps: BandwidthGBps
+    write_GBps: BandwidthGBps
     capacity_gib: PosFloat
     latency_us: NonNegFloat
     # GPUDirect Storage: NVMe <-> HBM without the host bounce buffer.
@@ -256,7 +381,7 @@ class NodeSpec(_Sourced):
     gpu_socket: list[NonNegInt] | None = None
     # STREAM bandwidth of one socket's memory: the pool CPU Adam, casts and every DMA to/from that socket
     # share. None: host memory bandwidth is not contended (legacy profiles).
-    dram_GBps: PosFloat | None = None
+    dram_GBps: BandwidthGBps | None = None
     uplinks: list[UplinkSpec] = Field(default_factory=list)
     socket_link: SocketLinkSpec | None = None
     fabric: FabricSpec | None = None
@@ -432,12 +557,12 @@ class OffloadKnobs(ScheduleKnobs):
 
 
 class ClusterSpec(_Strict):
-    gpus: PosInt = 1
-    data_parallel: PosInt | None = None  # None: all GPUs data parallel
-    sequence_parallel: PosInt = 1
+    gpus: GpuCount = 1
+    data_parallel: GpuCount | None = None  # None: all GPUs data parallel
+    sequence_parallel: GpuCount = 1
     # GPUs used on each node; None: every GPU of the profile's node (a 2-GPU run on a 4-GPU node fills one
     # node). 1 with gpus: 2 = two hosts of one GPU each.
-    gpus_per_node: PosInt | None = None
+    gpus_per_node: GpuCount | None = None
     # How DeepSpeed's launcher starts the ranks of a node. Its default (False) binds nothing and leaves
     # OMP_NUM_THREADS unset: every rank's OpenMP pool has torch's default, all of the node's cores, and the
     # ranks time-share them (measured on the lent 2-GPU machine: calibration/nvidia-h200x2-2026-11-30/
@@ -476,6 +601,14 @@ class Scenario(_Strict):
     # Validated as the knobs model of the named system; serialised with its own fields.
     schedule: Annotated[SerializeAsAny[ScheduleKnobs], WrapValidator(_validate_schedule)]
     cluster: ClusterSpec = ClusterSpec()
+
+    @model_validator(mode="after")
+    def _precision_supported(self) -> Scenario:
+        gpu = self.hardware.gpu
+        if self.training.precision == "bf16" and not gpu.bf16:
+            raise FieldProblem("training.precision", f"bf16, but the {gpu.name} of profile '{self.hardware.name}' "
+                                                     "has no bf16 (its peak is the fp16 rate): use fp16")
+        return self
 
     @model_validator(mode="after")
     def _combinations(self) -> Scenario:

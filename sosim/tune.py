@@ -194,7 +194,9 @@ class TuneResult:
 
 
 def divisors(n: int) -> list[int]:
-    return [d for d in range(1, n + 1) if n % d == 0]
+    """The divisors of ``n`` in increasing order, in O(sqrt n) steps (a scenario's global batch can be large)."""
+    small = [d for d in range(1, math.isqrt(n) + 1) if n % d == 0]
+    return small + [n // d for d in reversed(small) if d * d != n]
 
 
 _SCALARS = (bool, int, float, str, type(None))
@@ -1289,9 +1291,44 @@ def _positive_float(text: str) -> float:
     return value
 
 
+# Sanity bounds of the search options (docs/limits.md). The largest published pretraining batches are ~16k
+# sequences (60M tokens); 10M sequences leaves a wide margin while keeping the batch splits enumerable.
+MAX_GLOBAL_BATCH = 10_000_000
+# Simulations per search: the default is ~10k; 1e7 is a day of CPU time, past any useful search.
+MAX_BUDGET = 10_000_000
+MAX_JOBS_PER_CORE = 4  # as sosim sweep --workers: a simulation is CPU-bound, more processes gain nothing
+
+
+def _bounded_int(limit: int, why: str) -> Callable[[str], int]:
+    """argparse type: a whole number from 1 to ``limit`` (``why``: the reason for the limit, in the message)."""
+    import argparse
+
+    def parse(text: str) -> int:
+        shown = text if len(text) <= 40 else f"{text[:30]}... ({len(text):,} characters)"
+        try:
+            value = int(text) if len(text) <= 40 else 0
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a positive integer, got {shown!r}") from None
+        if value <= 0:
+            raise argparse.ArgumentTypeError(f"expected a positive integer, got {shown!r}")
+        if value > limit:
+            raise argparse.ArgumentTypeError(f"{value:,} is more than {limit:,} ({why}; docs/limits.md)")
+        return value
+
+    return parse
+
+
 def add_tune_parser(subparsers: Any) -> None:
     """Register ``sosim tune`` on the CLI's sub-parsers."""
+    from sosim.config import MAX_GPUS
     from sosim.dsconfig.cli import positive_int as _positive_int
+
+    cores = os.cpu_count() or 1
+    gpus_int = _bounded_int(MAX_GPUS, "ten times the largest training clusters")
+    batch_int = _bounded_int(MAX_GLOBAL_BATCH, "far past any published pretraining batch")
+    budget_int = _bounded_int(MAX_BUDGET, "about a day of simulations")
+    jobs_int = _bounded_int(MAX_JOBS_PER_CORE * cores, f"{MAX_JOBS_PER_CORE} per core, {cores} cores here: a "
+                                                       "simulation is CPU-bound")
 
     p = subparsers.add_parser(
         "tune", help="search the fastest configuration that fits; write it as a DeepSpeed config",
@@ -1309,17 +1346,17 @@ def add_tune_parser(subparsers: Any) -> None:
     g.add_argument("--grad-accum", type=_positive_int, help="gradient accumulation where the config says auto")
     g.add_argument("--precision", choices=["bf16", "fp16"], help="when the config leaves it to the HF Trainer")
     s = p.add_argument_group("search")
-    s.add_argument("--gpus", type=_positive_int, help="GPUs (default: the scenario's / implied by the config)")
-    s.add_argument("--global-batch", type=_positive_int, metavar="B",
+    s.add_argument("--gpus", type=gpus_int, help="GPUs (default: the scenario's / implied by the config)")
+    s.add_argument("--global-batch", type=batch_int, metavar="B",
                    help="sequences per optimizer step, kept fixed (default: the base's micro x accum x dp)")
     s.add_argument("--objective", choices=["tokens_per_s", "time_to_tokens"], default="tokens_per_s")
     s.add_argument("--token-budget", type=_positive_float, metavar="T", help="tokens to train (time_to_tokens)")
     s.add_argument("--systems", metavar="A,B", help="systems to search (default: all)")
     s.add_argument("--implementation", choices=["ideal", "deepspeed"],
                    help="implementation of the offload systems (default: the base's)")
-    s.add_argument("--budget", type=_positive_int, default=TuneOptions.budget, metavar="N",
+    s.add_argument("--budget", type=budget_int, default=TuneOptions.budget, metavar="N",
                    help=f"simulations at most (default {TuneOptions.budget})")
-    s.add_argument("--jobs", type=_positive_int, default=None,
+    s.add_argument("--jobs", type=jobs_int, default=None,
                    help="worker processes for large batches (default: CPU count, at most 8)")
     s.add_argument("--max-host-ram", type=_positive_float, metavar="GIB",
                    help="host memory per GPU the run may use (a cap below the profile's usable memory)")
