@@ -136,9 +136,16 @@ def emit_squares(emit: isolate.Emit, count: int, fail: bool) -> None:
         raise RuntimeError("planted failure")
 
 
-def sleep_forever(emit: isolate.Emit) -> None:
+def sleep_forever(emit: isolate.Emit, marker: str = "") -> None:
     emit(("op", "v", "fp32", [1.0], {}))
-    time.sleep(60)
+    if marker:
+        # emit is the queue's put: close and join its feeder thread, so the row is in the pipe before the
+        # marker tells the test's clock that the child is now hung.
+        results = emit.__self__  # type: ignore[attr-defined]
+        results.close()
+        results.join_thread()
+        Path(marker).write_text("row emitted")
+    time.sleep(600)
 
 
 def test_run_isolated_streams_rows_and_reports_failures() -> None:
@@ -148,11 +155,17 @@ def test_run_isolated_streams_rows_and_reports_failures() -> None:
     assert len(rows) == 2 and "planted failure" in problem
 
 
-def test_run_isolated_kills_a_hung_child_and_keeps_its_rows() -> None:
-    start_s = time.monotonic()
-    rows, problem = isolate.run_isolated(sleep_forever, {}, timeout_s=3)
+def test_run_isolated_kills_a_hung_child_and_keeps_its_rows(tmp_path: Path) -> None:
+    # A deterministic clock: time stands still until the child has emitted its row and hung, then jumps past
+    # the deadline. A slow spawn on a loaded machine can no longer time the child out before its row (the
+    # flake this test had with a 3 s wall-clock timeout).
+    marker = tmp_path / "hung"
+
+    def clock() -> float:
+        return 1e9 if marker.exists() else 0.0
+
+    rows, problem = isolate.run_isolated(sleep_forever, {"marker": str(marker)}, timeout_s=3, clock=clock)
     assert "timed out" in problem and len(rows) == 1
-    assert time.monotonic() - start_s < 40
 
 
 def lockstep_rank(rank: int, ranks: int, barrier: Any, emit: Any, say: Any, fail_rank: int) -> None:

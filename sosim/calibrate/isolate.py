@@ -37,25 +37,27 @@ def run_isolated(
     kwargs: dict[str, Any],
     timeout_s: float,
     log: TextIO = sys.stderr,
+    clock: Callable[[], float] = time.monotonic,
 ) -> tuple[list[Measurement], str]:
     """Rows emitted by ``target(emit, **kwargs)`` in a spawned child, and '' or the reason it stopped early.
 
     ``target`` must be a module-level function (spawn pickles it by name). Rows emitted before a crash or
-    a timeout are kept.
+    a timeout are kept. ``clock`` measures the timeout (a test passes one it controls: no race with a slow
+    start of the child on a loaded machine).
     """
     context = mp.get_context("spawn")
     results = context.Queue()
     # Not daemonic: SuperOffload starts its own worker process from inside the child.
     child = context.Process(target=_child, args=(target, kwargs, results), daemon=False)
     child.start()
-    deadline_s = time.monotonic() + timeout_s
+    deadline_s = clock() + timeout_s
     rows: list[Measurement] = []
     problem = ""
     while True:
         try:
             item = results.get(timeout=1.0)
         except queue.Empty:
-            if time.monotonic() > deadline_s:
+            if clock() > deadline_s:
                 problem = f"timed out after {timeout_s:.0f} s"
                 break
             if not child.is_alive() and results.empty():
@@ -69,7 +71,8 @@ def run_isolated(
             print(f"[calibrate] {getattr(target, '__name__', target)} failed:\n{item[1]}", file=log, flush=True)
             continue
         rows.append(item)
-    child.join(timeout=20)
+    # A child that timed out is hung: no point waiting for it to finish on its own.
+    child.join(timeout=0 if problem.startswith("timed out") else 20)
     if child.is_alive():
         child.kill()
         child.join(timeout=10)
