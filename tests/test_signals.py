@@ -64,13 +64,19 @@ def _wait_for(what: str, check: Callable[[], bool], timeout_s: float, proc: subp
         time.sleep(0.1)
 
 
-def _terminate_and_check(args: list[str], cwd: Path, workers: int) -> tuple[int, str]:
+def _terminate_and_check(args: list[str], cwd: Path, workers: int, signum: int = signal.SIGTERM,
+                         to_group: bool = False) -> tuple[int, str]:
+    """Run ``sosim ARGS``, wait for its workers, send ``signum`` to the parent (or, as a terminal's Ctrl-C
+    does, to the whole group), and check that no process of the group is left."""
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     proc = subprocess.Popen([sys.executable, "-m", "sosim", *args], cwd=cwd, env=env, text=True,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
     try:
         _wait_for(f"{workers} workers", lambda: len(_children(proc.pid)) >= workers, START_TIMEOUT_S, proc)
-        proc.send_signal(signal.SIGTERM)
+        if to_group:
+            os.killpg(proc.pid, signum)
+        else:
+            proc.send_signal(signum)
         _, err = proc.communicate(timeout=END_TIMEOUT_S)
         deadline = time.monotonic() + END_TIMEOUT_S
         while _group(proc.pid) and time.monotonic() < deadline:
@@ -122,6 +128,20 @@ def test_sigterm_to_tune_ends_its_workers(tmp_path: Path) -> None:
         tmp_path, 2)
     assert code == 143, err
     assert "terminated (SIGTERM)" in err and "Traceback" not in err, err
+
+
+def test_ctrl_c_to_the_group_stops_sweep_and_workers(tmp_path: Path) -> None:
+    code, err = _terminate_and_check(["sweep", str(_sweep_file(tmp_path)), "--workers", "2", "--chunk-size", "1000"],
+                                     tmp_path, 2, signal.SIGINT, to_group=True)
+    assert code == 130 and "interrupted" in err and "Traceback" not in err, err
+
+
+def test_a_parent_killed_outright_takes_its_workers_along(tmp_path: Path) -> None:
+    # SIGKILL: no handler runs in the parent; the workers' parent-death signal (PR_SET_PDEATHSIG) ends them.
+    code, _ = _terminate_and_check(
+        ["tune", "gh200_zero_offload_4b", "--jobs", "2", "--budget", "100000", "--no-write", "--no-progress"],
+        tmp_path, 2, signal.SIGKILL)
+    assert code == -signal.SIGKILL
 
 
 def _square(x: int) -> int:
