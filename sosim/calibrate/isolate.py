@@ -23,7 +23,22 @@ Emit = Callable[[Measurement], None]
 _DONE = "__done__"
 
 
+def die_with_parent() -> None:
+    """Linux: have the kernel SIGKILL this process when its parent dies (a killed ``sosim calibrate`` must not
+    leave a child measuring on the GPU). Elsewhere a no-op. Inlined, not sosim.workers: this folder runs
+    standalone on GPU machines without the simulator."""
+    if not sys.platform.startswith("linux"):
+        return
+    import contextlib
+    import ctypes
+    import signal
+
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGKILL), 0, 0, 0)  # 1 = PR_SET_PDEATHSIG
+
+
 def _child(target: Callable[..., None], kwargs: dict[str, Any], results: Any) -> None:
+    die_with_parent()
     try:
         target(results.put, **kwargs)
     except BaseException as error:  # report any failure to the parent, then end the child
