@@ -303,15 +303,6 @@ def simulate_recorded_batch(scs: Sequence[Scenario | None]) -> list[tuple[dict[s
     return out
 
 
-def _ignore_sigint() -> None:
-    """Worker initializer: Ctrl-C is the parent's to handle (it keeps the best so far). Kept for callers that
-    build their own pool; the tuner's own pool is :class:`sosim.workers.WorkerPool` (which also ends its
-    workers with this process)."""
-    import signal
-
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-
-
 # -------------------------------------------------------------------------------------------------- search
 
 
