@@ -24,7 +24,8 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ValidationError
 
-from sosim.config import MAX_GBPS, MAX_GPUS, MIN_GBPS, FieldProblem, HardwareProfile, Scenario
+from sosim.bounds import MAX_GBPS, MAX_GPUS, MIN_GBPS, FieldProblem
+from sosim.config import HardwareProfile, Scenario
 from sosim.errors import ConfigError
 from sosim.resources import find_example, shipped_profiles_dir
 from sosim.schedules.registry import SYSTEM_NAMES

@@ -1311,7 +1311,7 @@ def _bounded_int(limit: int, why: str) -> Callable[[str], int]:
 
 def add_tune_parser(subparsers: Any) -> None:
     """Register ``sosim tune`` on the CLI's sub-parsers."""
-    from sosim.config import MAX_GPUS
+    from sosim.bounds import MAX_GPUS
     from sosim.dsconfig.cli import positive_int as _positive_int
 
     cores = os.cpu_count() or 1
