@@ -20,6 +20,7 @@ from the main thread of the command, whose end is the end of the process.
 from __future__ import annotations
 
 import contextlib
+import multiprocessing
 import os
 import signal
 import sys
@@ -53,18 +54,26 @@ def _parent_death_signal() -> None:
 
 
 def init_worker(parent_pid: int) -> None:
-    """Pool worker initializer (see the module docstring)."""
+    """Pool worker initializer (see the module docstring). ``parent_pid``: the process that forked this worker
+    (0 when the start method is not fork: a forkserver is the parent then, and it ends with this process)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     _parent_death_signal()
     # The parent may have died between fork and prctl: then no death signal would ever come.
-    if os.getppid() != parent_pid:
+    if parent_pid and os.getppid() != parent_pid:
         os._exit(1)
+
+
+def _pool_args(workers: int) -> dict[str, Any]:
+    context = multiprocessing.get_context()
+    parent = os.getpid() if context.get_start_method() == "fork" else 0
+    return {"max_workers": max(1, workers), "mp_context": context, "initializer": init_worker,
+            "initargs": (parent,)}
 
 
 def start_pool(workers: int) -> ProcessPoolExecutor:
     """A process pool of ``workers`` processes whose workers end with this process."""
-    return ProcessPoolExecutor(max_workers=max(1, workers), initializer=init_worker, initargs=(os.getpid(),))
+    return ProcessPoolExecutor(**_pool_args(workers))
 
 
 def _alive(pid: int) -> bool:
@@ -122,7 +131,7 @@ class WorkerPool(ProcessPoolExecutor):
     cancel_futures=True)`` (stop now, drop the queue) also ends the running workers, by PID."""
 
     def __init__(self, workers: int) -> None:
-        super().__init__(max_workers=max(1, workers), initializer=init_worker, initargs=(os.getpid(),))
+        super().__init__(**_pool_args(workers))
 
     def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
         if wait or not cancel_futures:
