@@ -613,8 +613,9 @@ def _load_profile_located(ref: str, relative_to: Path | None, where: str = "",
         path = resolve_profile_path(ref, relative_to, user_dirs, notes)
     except KeyError:
         names = ", ".join(sorted(available_profiles(user_dirs))) or "(none found)"
-        raise ConfigError([f"{where}unknown hardware profile '{ref}'; available: {names} (more folders: "
-                           f"--profiles DIR or ${PROFILES_ENV})"]) from None
+        # The name as typed, control characters escaped: a message is one line.
+        raise ConfigError([f"{where}unknown hardware profile '{shown_override(ref)}'; available: {names} (more "
+                           f"folders: --profiles DIR or ${PROFILES_ENV})"]) from None
     located = read_yaml(path)
     if not isinstance(located.data, dict):
         raise ConfigError([f"{path}:1: (top level): a hardware profile must be a mapping of keys to values"])

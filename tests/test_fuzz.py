@@ -589,13 +589,11 @@ CLI_COMMANDS = sorted(CLI_OPTIONS)
 
 
 @pytest.mark.parametrize("command", CLI_COMMANDS)
-def test_fuzz_command_options(command: str, capsys: pytest.CaptureFixture[str], thread_pools: None) -> None:
-    @_settings(FAST_CLI_EXAMPLES)
-    @given(args=command_lines(command))
-    def case(args: list[str]) -> None:
-        _cli_case(args, capsys)
-
-    case()
+@_settings(FAST_CLI_EXAMPLES)
+@given(data=st.data())
+def test_fuzz_command_options(command: str, data: st.DataObject, capsys: pytest.CaptureFixture[str],
+                              thread_pools: None) -> None:
+    _cli_case(data.draw(command_lines(command), label="args"), capsys)
 
 
 # The full run: >= 10,000 examples over the four kinds (FUZZ_EXAMPLES each) and the command lines (FUZZ_EXAMPLES
@@ -604,13 +602,11 @@ def test_fuzz_command_options(command: str, capsys: pytest.CaptureFixture[str], 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("command", CLI_COMMANDS)
-def test_fuzz_command_options_slow(command: str, capsys: pytest.CaptureFixture[str], thread_pools: None) -> None:
-    @_settings(max(1, SLOW_EXAMPLES // len(CLI_COMMANDS)))
-    @given(args=command_lines(command))
-    def case(args: list[str]) -> None:
-        _cli_case(args, capsys)
-
-    case()
+@_settings(max(1, SLOW_EXAMPLES // len(CLI_COMMANDS)))
+@given(data=st.data())
+def test_fuzz_command_options_slow(command: str, data: st.DataObject, capsys: pytest.CaptureFixture[str],
+                                   thread_pools: None) -> None:
+    _cli_case(data.draw(command_lines(command), label="args"), capsys)
 
 
 @pytest.mark.slow

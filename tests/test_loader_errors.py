@@ -401,3 +401,12 @@ def test_option_bounds_are_usage_errors(args: list[str], message: str, capsys: p
         main(args)
     err = capsys.readouterr().err
     assert exc.value.code == 2 and message in err and "Traceback" not in err, err
+
+
+def test_an_unknown_profile_name_with_control_characters_stays_one_line(tmp_path: Path) -> None:
+    # Found by the slow fuzz run: a raw carriage return in the name split the message in two.
+    with pytest.raises(ConfigError) as exc:
+        load_scenario(_write(tmp_path, "s.yaml", GOOD), ["hardware=\r\x08"])
+    (problem,) = exc.value.problems
+    assert problem.startswith("--set hardware=\\r\\x08: hardware: unknown hardware profile '\\r\\x08'")
+    assert len(problem.splitlines()) == 1
