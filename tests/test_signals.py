@@ -136,6 +136,13 @@ def test_ctrl_c_to_the_group_stops_sweep_and_workers(tmp_path: Path) -> None:
     assert code == 130 and "interrupted" in err and "Traceback" not in err, err
 
 
+def test_ctrl_c_to_the_group_stops_tune_and_workers(tmp_path: Path) -> None:
+    code, err = _terminate_and_check(
+        ["tune", "gh200_zero_offload_4b", "--jobs", "2", "--budget", "100000", "--no-write", "--no-progress"],
+        tmp_path, 2, signal.SIGINT, to_group=True)
+    assert code == 130 and "Traceback" not in err, err
+
+
 def test_a_parent_killed_outright_takes_its_workers_along(tmp_path: Path) -> None:
     # SIGKILL: no handler runs in the parent; the workers' parent-death signal (PR_SET_PDEATHSIG) ends them.
     code, _ = _terminate_and_check(
