@@ -122,9 +122,15 @@ def test_sigterm_to_sweep_ends_its_workers_and_hints_resume_only_when_written(tm
     assert ("--resume" in err) == written, err
 
 
+# A search that keeps two workers busy for several seconds (larger accumulation: more batch splits to try), so
+# that the signal finds them running; the test does not wait for it to finish.
+TUNE = ["tune", "gh200_zero_offload_4b", "--set", "training.grad_accum=32", "--jobs", "2", "--budget", "100000",
+        "--no-write", "--no-progress"]
+
+
 def test_sigterm_to_tune_ends_its_workers(tmp_path: Path) -> None:
     code, err = _terminate_and_check(
-        ["tune", "gh200_zero_offload_4b", "--jobs", "2", "--budget", "100000", "--no-write", "--no-progress"],
+        TUNE,
         tmp_path, 2)
     assert code == 143, err
     assert "terminated (SIGTERM)" in err and "Traceback" not in err, err
@@ -138,7 +144,7 @@ def test_ctrl_c_to_the_group_stops_sweep_and_workers(tmp_path: Path) -> None:
 
 def test_ctrl_c_to_the_group_stops_tune_and_workers(tmp_path: Path) -> None:
     code, err = _terminate_and_check(
-        ["tune", "gh200_zero_offload_4b", "--jobs", "2", "--budget", "100000", "--no-write", "--no-progress"],
+        TUNE,
         tmp_path, 2, signal.SIGINT, to_group=True)
     assert code == 130 and "Traceback" not in err, err
 
@@ -146,7 +152,7 @@ def test_ctrl_c_to_the_group_stops_tune_and_workers(tmp_path: Path) -> None:
 def test_a_parent_killed_outright_takes_its_workers_along(tmp_path: Path) -> None:
     # SIGKILL: no handler runs in the parent; the workers' parent-death signal (PR_SET_PDEATHSIG) ends them.
     code, _ = _terminate_and_check(
-        ["tune", "gh200_zero_offload_4b", "--jobs", "2", "--budget", "100000", "--no-write", "--no-progress"],
+        TUNE,
         tmp_path, 2, signal.SIGKILL)
     assert code == -signal.SIGKILL
 
