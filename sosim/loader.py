@@ -92,23 +92,24 @@ class Located:
         return f"{self.origin}:1"
 
 
-    def blame(self, path: KeyPath, message: str) -> str:
-        """Where a problem found at ``path`` comes from. As :meth:`where`, except that a problem a section (or
-        the whole scenario) reports about a combination of values is put on the ``--set`` below it that the
-        message names ('heads (7) must divide hidden' after --set model.heads=7); when the message names none
-        of them, the file location says which overrides took part."""
+    def blame(self, path: KeyPath, message: str) -> tuple[str, str]:
+        """Where a problem found at ``path`` comes from, and a note to add to its message. As :meth:`where`,
+        except that a problem a section (or the whole scenario) reports about a combination of values is put
+        on the ``--set`` below it that the message names ('heads (7) must divide hidden' after
+        --set model.heads=7); when the message names none of them, the file location stays and the note says
+        which overrides took part."""
         shown = self.where(path)
         if shown.startswith("--set "):
-            return shown
+            return shown, ""
         below = [(p, t) for p, t in self.overridden.items() if len(p) > len(path) and p[: len(path)] == path]
         if not below:
-            return shown
+            return shown, ""
         named = [t for p, t in below if _mentions(message, p)]
         # Else the ones in a section the message names ('cluster.gpus: ...' after --set cluster.gpus_per_node=3).
         named = named or [t for p, t in below if len(p) > 1 and f"{dotted(p[:-1])}." in message]
         if named:
-            return ", ".join(f"--set {t}" for t in named)
-        return f"{shown} (with {', '.join(f'--set {t}' for _, t in below)})"
+            return ", ".join(f"--set {t}" for t in named), ""
+        return shown, f" (with {', '.join(f'--set {t}' for _, t in below)})"
 
 
 def _mentions(message: str, path: KeyPath) -> bool:
@@ -500,7 +501,8 @@ def _format_validation(exc: ValidationError, loc: Located, prefix: KeyPath = (),
             msg = msg[len("Value error, ") :]
         if err["type"] in ("less_than_equal", "greater_than_equal") and path and str(path[-1]) in _BOUNDED:
             msg += f" ({_BOUNDED[str(path[-1])]}; docs/limits.md)"
-        problems.append(f"{loc.blame(path, msg)}: {dotted(path)}: {msg}")
+        where, note = loc.blame(path, msg)
+        problems.append(f"{where}: {dotted(path)}: {msg}{note}")
     return problems
 
 
