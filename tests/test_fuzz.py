@@ -494,8 +494,8 @@ CLI_START: dict[str, list[str]] = {
 }
 # The first words of a command line: the valid start, or another (a missing or extra positional).
 starts = {
-    "tune": st.sampled_from([CLI_START["tune"], ["tune", "--budget", "30"], ["tune", "IN/nosuch", "IN/x"]]),
-    "compare": st.sampled_from([CLI_START["compare"], ["compare", "IN/scenario.yaml"], ["compare"],
+    "tune": st.sampled_from([*[CLI_START["tune"]] * 6, ["tune", "--budget", "30"], ["tune", "IN/nosuch", "IN/x"]]),
+    "compare": st.sampled_from([*[CLI_START["compare"]] * 4, ["compare", "IN/scenario.yaml"], ["compare"],
                                 ["compare", "IN/scenario.yaml", "IN/garbage.yaml", "IN/nosuch"]]),
 }
 
