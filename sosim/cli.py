@@ -43,7 +43,8 @@ SUBCOMMAND_MODULES: tuple[str, ...] = ("sosim.compare", "sosim.sweep", "sosim.ab
 # As sosim.model.model_flops_per_step counts them: causal attention (half the score matrix), no recomputation.
 MFU_DEFINITION = ("model FLOPs per step (6 x parameters x tokens + 6 x layers x hidden x seq_len x tokens: "
                   "parameters without an untied input-embedding table, which is a lookup; causal attention, "
-                  "no recomputation) / step time / (GPUs x peak dense bf16 FLOP/s); papers "
+                  "no recomputation) / step time / (GPUs x the GPU's peak dense FLOP/s in the training precision: "
+                  "bf16, or fp16 on a GPU without bf16); papers "
                   "counting the full attention matrix (12 x ...) report a higher MFU at long sequences")
 
 
@@ -115,8 +116,8 @@ def run_table(sc: Any, metrics: dict[str, Any], provenance: dict[str, Any]) -> s
             ("samples/s", format_value(metrics["samples_per_s"])),
             ("model TFLOPS / GPU", format_value(metrics["model_tflops"])),
             ("hardware TFLOPS / GPU", format_value(metrics["hardware_tflops"]) + "  (with recomputation)"),
-            ("MFU", f"{metrics['mfu']:.1%} of {sc.hardware.gpu.peak_bf16_tflops:g} TFLOPS peak bf16 x "
-                    f"{sc.cluster.gpus} GPU(s) (defined below)"),
+            ("MFU", f"{metrics['mfu']:.1%} of {sc.hardware.gpu.peak_bf16_tflops:g} TFLOPS peak "
+                    f"{sc.training.precision} x {sc.cluster.gpus} GPU(s) (defined below)"),
             ("GPU busy", f"{metrics['gpu_busy_frac']:.1%} of the step"),
         ]),
         ("memory per GPU (used / usable)", [

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Mapping
-from typing import Annotated, ClassVar, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import (
     BaseModel,
@@ -24,6 +24,8 @@ from pydantic import (
     model_validator,
 )
 
+from sosim.bounds import MAX_GBPS, MAX_GPUS, MIN_GBPS, FieldProblem, field_problem
+
 PosFloat = Annotated[float, Field(gt=0)]
 NonNegFloat = Annotated[float, Field(ge=0)]
 PosInt = Annotated[int, Field(gt=0)]
@@ -33,12 +35,30 @@ UnitInterval = Annotated[float, Field(ge=0, le=1)]
 Curve = list[tuple[float, float]]
 
 AdamImpl = Literal["torch", "cpu_adam", "grace_adam"]
-
+# Sanity bounds of the inputs, and the check that numbers are numbers: sosim/bounds.py (docs/limits.md).
+BandwidthGBps = Annotated[float, Field(ge=MIN_GBPS, le=MAX_GBPS)]
+GpuCount = Annotated[int, Field(gt=0, le=MAX_GPUS)]
 
 class _Strict(BaseModel):
-    """Unknown keys are errors (typos must not be silently ignored); instances are immutable."""
+    """Unknown keys are errors (typos must not be silently ignored); instances are immutable. Numeric fields
+    refuse booleans (``layers: true`` is not 1 layer) and integers beyond MAX_INT."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _numbers_are_numbers(cls, data: Any) -> Any:
+        # A model-level check (a field validator may not touch a tagged union's tag, schedule.system). It runs
+        # for every section of every candidate a search builds: plain values are let through first.
+        if not isinstance(data, dict):
+            return data
+        for name, value in data.items():
+            if value is None or not isinstance(name, str) or isinstance(value, BaseModel):
+                continue
+            bad = field_problem(cls, name, value)
+            if bad is not None:
+                raise FieldProblem(name, bad)
+        return data
 
 
 def _check_curve(name: str, curve: Curve, y_max: float | None = None) -> None:
@@ -89,7 +109,7 @@ class GpuSpec(_Sourced):
     name: str
     peak_bf16_tflops: PosFloat  # dense, no sparsity
     hbm_gib: PosFloat
-    hbm_GBps: PosFloat
+    hbm_GBps: BandwidthGBps
     # Fraction of hbm_GBps that memory-bound kernels (norms, activations, optimizer, casts) reach.
     hbm_efficiency: Fraction
     # Memory the framework cannot use for the model: CUDA context, NCCL/cuBLAS workspaces, fragmentation.
@@ -106,6 +126,9 @@ class GpuSpec(_Sourced):
     elementwise_traffic_factor: PosFloat = 1.0
     # A layer's forward never takes less than this (host-side kernel launch rate); backward: 2x.
     layer_min_fwd_us: NonNegFloat = 0.0
+    # Whether the tensor cores run bf16 (Ampere and later); without it (Volta: V100) peak_bf16_tflops holds the
+    # fp16 rate and only fp16 training is accepted.
+    bf16: bool = True
 
     @model_validator(mode="after")
     def _curves(self) -> GpuSpec:
@@ -117,14 +140,14 @@ class CpuSpec(_Sourced):
     name: str
     cores: PosInt
     mem_gib: PosFloat
-    mem_GBps: PosFloat
+    mem_GBps: BandwidthGBps
     # Whole-step Adam latency by implementation: (billions of params, seconds) using adam_ref_cores cores.
     adam_s_by_gparams: dict[AdamImpl, Curve]
     adam_ref_cores: PosInt
     # Cores past which Adam is memory-bandwidth bound and stops speeding up.
     adam_saturation_cores: PosInt
     # fp32<->bf16 conversion throughput on all cores, in GB/s of fp32 data.
-    cast_GBps: PosFloat
+    cast_GBps: BandwidthGBps
     # Host memory the training process cannot use (OS, page cache, framework).
     reserved_gib: NonNegFloat
     # The host thread's speed at DeepSpeed's Python paths (ZeRO-3 hooks, step() bookkeeping, worker queue)
@@ -144,10 +167,10 @@ class CpuSpec(_Sourced):
 
 class LinkSpec(_Sourced):
     kind: Literal["pcie", "c2c"]
-    h2d_GBps: PosFloat
-    d2h_GBps: PosFloat
+    h2d_GBps: BandwidthGBps
+    d2h_GBps: BandwidthGBps
     # Total of both directions when both are busy; below h2d+d2h means the directions slow each other.
-    bidir_GBps: PosFloat
+    bidir_GBps: BandwidthGBps
     # Pageable (unpinned) copies reach this fraction of the pinned bandwidth.
     pageable_factor: Fraction
     latency_us: NonNegFloat
@@ -156,8 +179,8 @@ class LinkSpec(_Sourced):
 class InterconnectSpec(_Sourced):
     """GPU-GPU fabric for data/sequence parallel collectives."""
 
-    gpu_gpu_GBps: PosFloat
-    node_node_GBps: PosFloat
+    gpu_gpu_GBps: BandwidthGBps
+    node_node_GBps: BandwidthGBps
     gpus_per_node: PosInt
     latency_us: NonNegFloat
 
@@ -181,10 +204,10 @@ class UplinkSpec(_Sourced):
     """A PCIe switch uplink or root port that the host copies of several GPUs share (x86 servers)."""
 
     gpus: list[NonNegInt]  # node-local GPU indices behind this uplink
-    h2d_GBps: PosFloat
-    d2h_GBps: PosFloat
+    h2d_GBps: BandwidthGBps
+    d2h_GBps: BandwidthGBps
     # Total of both directions when both are busy.
-    bidir_GBps: PosFloat
+    bidir_GBps: BandwidthGBps
 
     @model_validator(mode="after")
     def _gpus(self) -> UplinkSpec:
@@ -197,7 +220,7 @@ class SocketLinkSpec(_Sourced):
     """Between the node's CPU sockets (UPI, Infinity Fabric, Grace-Grace): a rank reaching the memory of a
     socket other than its own (CPU Adam on a neighbour Grace, a GPU attached to the other socket)."""
 
-    GBps: PosFloat  # per direction
+    GBps: BandwidthGBps  # per direction
     latency_us: NonNegFloat = 0.0
 
 
@@ -206,7 +229,7 @@ class FabricSpec(_Sourced):
 
     kind: Literal["nvlink", "nvswitch", "pcie", "none"]
     # Per GPU and direction into the fabric (NVLink: the links to one peer for a point-to-point mesh).
-    GBps: PosFloat
+    GBps: BandwidthGBps
     latency_us: NonNegFloat
     # Measured NCCL bus bandwidth (nccl-tests' busbw) of the node's GPUs by message size: (MiB, GB/s) per
     # collective. Measured beats analytic: collectives inside the node read these when present.
@@ -222,7 +245,7 @@ class NicSpec(_Sourced):
     """The node's network interfaces."""
 
     count: PosInt
-    GBps: PosFloat  # per NIC and direction
+    GBps: BandwidthGBps  # per NIC and direction
     # NIC index of each GPU (len = node.gpus); None: GPUs spread evenly, GPU i on NIC i * count // gpus.
     gpu_nic: list[NonNegInt] | None = None
 
@@ -246,8 +269,8 @@ class NvmeSpec(_Sourced):
 
     drives: PosInt
     # Aggregate of the volume for large (~1 GB) direct-I/O transfers to/from pinned CPU buffers.
-    read_GBps: PosFloat
-    write_GBps: PosFloat
+    read_GBps: BandwidthGBps
+    write_GBps: BandwidthGBps
     capacity_gib: PosFloat
     latency_us: NonNegFloat
     # GPUDirect Storage: NVMe <-> HBM without the host bounce buffer.
@@ -261,7 +284,7 @@ class NodeSpec(_Sourced):
     gpu_socket: list[NonNegInt] | None = None
     # STREAM bandwidth of one socket's memory: the pool CPU Adam, casts and every DMA to/from that socket
     # share. None: host memory bandwidth is not contended (legacy profiles).
-    dram_GBps: PosFloat | None = None
+    dram_GBps: BandwidthGBps | None = None
     uplinks: list[UplinkSpec] = Field(default_factory=list)
     socket_link: SocketLinkSpec | None = None
     fabric: FabricSpec | None = None
@@ -437,12 +460,12 @@ class OffloadKnobs(ScheduleKnobs):
 
 
 class ClusterSpec(_Strict):
-    gpus: PosInt = 1
-    data_parallel: PosInt | None = None  # None: all GPUs data parallel
-    sequence_parallel: PosInt = 1
+    gpus: GpuCount = 1
+    data_parallel: GpuCount | None = None  # None: all GPUs data parallel
+    sequence_parallel: GpuCount = 1
     # GPUs used on each node; None: every GPU of the profile's node (a 2-GPU run on a 4-GPU node fills one
     # node). 1 with gpus: 2 = two hosts of one GPU each.
-    gpus_per_node: PosInt | None = None
+    gpus_per_node: GpuCount | None = None
     # How DeepSpeed's launcher starts the ranks of a node. Its default (False) binds nothing and leaves
     # OMP_NUM_THREADS unset: every rank's OpenMP pool has torch's default, all of the node's cores, and the
     # ranks time-share them (measured on the lent 2-GPU machine: calibration/nvidia-h200x2-2026-11-30/
@@ -481,6 +504,14 @@ class Scenario(_Strict):
     # Validated as the knobs model of the named system; serialised with its own fields.
     schedule: Annotated[SerializeAsAny[ScheduleKnobs], WrapValidator(_validate_schedule)]
     cluster: ClusterSpec = ClusterSpec()
+
+    @model_validator(mode="after")
+    def _precision_supported(self) -> Scenario:
+        gpu = self.hardware.gpu
+        if self.training.precision == "bf16" and not gpu.bf16:
+            raise FieldProblem("training.precision", f"bf16, but the {gpu.name} of profile '{self.hardware.name}' "
+                                                     "has no bf16 (its peak is the fp16 rate): use fp16")
+        return self
 
     @model_validator(mode="after")
     def _combinations(self) -> Scenario:

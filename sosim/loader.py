@@ -15,6 +15,7 @@ from __future__ import annotations
 import copy
 import math
 import os
+import re
 from collections.abc import Collection, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,6 +24,7 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ValidationError
 
+from sosim.bounds import MAX_GBPS, MAX_GPUS, MIN_GBPS, FieldProblem
 from sosim.config import HardwareProfile, Scenario
 from sosim.errors import ConfigError
 from sosim.resources import find_example, shipped_profiles_dir
@@ -43,6 +45,12 @@ MAX_YAML_NODES = 1_000_000
 # Layers x micro-batches x iterations the event simulation walks. A pass is 10-30 ops and the engine runs
 # ~100,000 ops/s on one core (scripts/bench_sim.py), so this bound is roughly ten seconds of simulation.
 MAX_LAYER_PASSES = 100_000
+# A number written with more characters than this is refused as it is read: the longest exact double
+# (0.1000000000000000055511151231257827021181583404541015625) has 57; past 4,300 digits Python cannot even
+# build the integer. The model's own bounds (sosim/config.py, MAX_INT) then refuse integers past 2^53.
+MAX_NUMBER_CHARS = 100
+MAX_SHOWN_OVERRIDE = 120  # characters of a --set shown in a message
+_NUMBER_LIKE = re.compile(r"[-+]?\.?[0-9][0-9a-fA-FxXoObB_:.eE+-]*")
 # Calibration tables are tens of KB (calibration/*/measurements.csv); a larger file is not one.
 MAX_TABLE_BYTES = 64 * 1024 * 1024
 
@@ -82,6 +90,34 @@ class Located:
             if found is not None:
                 return f"{found[0]}:{found[1]}"
         return f"{self.origin}:1"
+
+
+    def blame(self, path: KeyPath, message: str) -> tuple[str, str]:
+        """Where a problem found at ``path`` comes from, and a note to add to its message. As :meth:`where`,
+        except that a problem a section (or the whole scenario) reports about a combination of values is put
+        on the ``--set`` below it that the message names ('heads (7) must divide hidden' after
+        --set model.heads=7); when the message names none of them, the file location stays and the note says
+        which overrides took part."""
+        shown = self.where(path)
+        if shown.startswith("--set "):
+            return shown, ""
+        below = [(p, t) for p, t in self.overridden.items() if len(p) > len(path) and p[: len(path)] == path]
+        if not below:
+            return shown, ""
+        named = [t for p, t in below if _mentions(message, p)]
+        # Else the ones in a section the message names ('cluster.gpus: ...' after --set cluster.gpus_per_node=3).
+        named = named or [t for p, t in below if len(p) > 1 and f"{dotted(p[:-1])}." in message]
+        if named:
+            return ", ".join(f"--set {t}" for t in named), ""
+        return shown, f" (with {', '.join(f'--set {t}' for _, t in below)})"
+
+
+def _mentions(message: str, path: KeyPath) -> bool:
+    """Whether ``message`` names the key at ``path`` (its dotted path or its last key, as a whole word)."""
+    if dotted(path) in message:
+        return True
+    last = str(path[-1])
+    return bool(last) and re.search(rf"(?<![\w.]){re.escape(last)}(?!\w)", message) is not None
 
 
 def _key_text(key: str | int) -> str:
@@ -173,6 +209,11 @@ def _check_events(text: str, origin: str, prefix: KeyPath = ()) -> None:
                 done(n)
             elif isinstance(ev, yaml.ScalarEvent):
                 expanded += 1
+                if not ev.style and len(ev.value) > MAX_NUMBER_CHARS and _NUMBER_LIKE.fullmatch(ev.value):
+                    # Python refuses to build integers past 4,300 digits (an error inside PyYAML otherwise).
+                    raise ConfigError([f"{_at(origin, line)}: {dotted(path)}: a number of {len(ev.value):,} "
+                                       f"characters; no value sosim takes needs more than {MAX_NUMBER_CHARS} "
+                                       "(docs/limits.md)"])
                 if anchor is not None:
                     sizes[anchor] = 1
                 if is_key and parent is not None:
@@ -390,8 +431,12 @@ def profile_notes(source: str | Path, overrides: Iterable[str] = (),
 
 
 def shown_override(text: str) -> str:
-    """An override as messages show it: control characters escaped, so a message stays one line."""
-    return text if text.isprintable() else text.encode("unicode_escape").decode("ascii")
+    """An override as messages show it: control characters escaped, so a message stays one line; a long one
+    cut (a 5,000-digit value would fill the screen)."""
+    shown = text if text.isprintable() else text.encode("unicode_escape").decode("ascii")
+    if len(shown) <= MAX_SHOWN_OVERRIDE:
+        return shown
+    return f"{shown[:MAX_SHOWN_OVERRIDE - 30]}... ({len(text):,} characters)"
 
 
 def parse_override(text: str) -> tuple[KeyPath, Any]:
@@ -454,12 +499,28 @@ def _format_validation(exc: ValidationError, loc: Located, prefix: KeyPath = (),
         if path in skipped:
             continue
         msg = err["msg"]
+        cause = (err.get("ctx") or {}).get("error")
+        if isinstance(cause, FieldProblem):  # a model-level check about one of its fields: point at that key
+            path = (*path, *cause.path)
+            msg = f"Value error, {cause.message}"
         if err["type"] == "extra_forbidden":
             msg = "unknown key (check the spelling; see docs/scenarios.md)"
         elif msg.startswith("Value error, "):
             msg = msg[len("Value error, ") :]
-        problems.append(f"{loc.where(path)}: {dotted(path)}: {msg}")
+        if err["type"] in ("less_than_equal", "greater_than_equal") and path and str(path[-1]) in _BOUNDED:
+            msg += f" ({_BOUNDED[str(path[-1])]}; docs/limits.md)"
+        where, note = loc.blame(path, msg)
+        problems.append(f"{where}: {dotted(path)}: {msg}{note}")
     return problems
+
+
+# Fields whose bounds are sanity bounds (sosim/config.py says why), named in their messages.
+_BOUNDED = {**dict.fromkeys(("gpus", "data_parallel", "sequence_parallel", "gpus_per_node"),
+                            f"at most {MAX_GPUS:,} GPUs: ten times the largest training clusters"),
+            **dict.fromkeys(("h2d_GBps", "d2h_GBps", "bidir_GBps", "hbm_GBps", "mem_GBps", "cast_GBps",
+                             "gpu_gpu_GBps", "node_node_GBps", "GBps", "read_GBps", "write_GBps", "dram_GBps"),
+                            f"a bandwidth between {MIN_GBPS:g} and {MAX_GBPS:g} GB/s: slower than any real link, or "
+                            "faster than any memory")}
 
 
 def _non_finite(value: Any, path: KeyPath) -> Iterator[tuple[KeyPath, float]]:
@@ -562,8 +623,9 @@ def _load_profile_located(ref: str, relative_to: Path | None, where: str = "",
         path = resolve_profile_path(ref, relative_to, user_dirs, notes)
     except KeyError:
         names = ", ".join(sorted(available_profiles(user_dirs))) or "(none found)"
-        raise ConfigError([f"{where}unknown hardware profile '{ref}'; available: {names} (more folders: "
-                           f"--profiles DIR or ${PROFILES_ENV})"]) from None
+        # The name as typed, control characters escaped: a message is one line.
+        raise ConfigError([f"{where}unknown hardware profile '{shown_override(ref)}'; available: {names} (more "
+                           f"folders: --profiles DIR or ${PROFILES_ENV})"]) from None
     located = read_yaml(path)
     if not isinstance(located.data, dict):
         raise ConfigError([f"{path}:1: (top level): a hardware profile must be a mapping of keys to values"])

@@ -64,10 +64,34 @@ def check_output_path(path: str, option: str, suffixes: Sequence[str] | None = N
         raise SosimError(f"{option} {path}: {parent} is not a folder")
     if not os.access(parent, os.W_OK):
         raise SosimError(f"{option} {path}: cannot write in {parent}")
+    problem = _write_probe(out, parent, folder_ok)
+    if problem:
+        raise SosimError(f"{option} {path}: cannot write: {problem}")
     if suffixes is not None and out.suffix.lower().lstrip(".") not in suffixes:
         raise SosimError(f"{option} {path}: unsupported file type '{out.suffix or '(none)'}'; use one of "
                          + ", ".join(f".{s}" for s in sorted(suffixes)))
     return out
+
+
+def _write_probe(out: Path, parent: Path, folder_ok: bool) -> str:
+    """'' when ``out`` can really be written, else why not. os.access answers yes to root everywhere, and
+    pseudo file systems (/proc, /sys) or a read-only mount only refuse the actual write: try it, leaving
+    nothing behind (an existing file is opened for appending and closed unchanged)."""
+    import tempfile
+
+    try:
+        if out.is_file():
+            with out.open("ab"):
+                pass
+            return ""
+        if out.is_dir() and folder_ok:
+            parent = out
+        fd, probe = tempfile.mkstemp(prefix=".sosim-write-probe-", dir=parent)
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as exc:
+        return str(exc.strerror or exc)
+    return ""
 
 
 def plot_suffixes() -> list[str]:

@@ -30,7 +30,6 @@ import itertools
 import json
 import math
 import os
-import signal
 import sys
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import FIRST_COMPLETED, Executor, Future, wait
@@ -377,6 +376,10 @@ def _executor_workers(executor: Executor | None) -> int:
     return int(getattr(executor, "_max_workers", 0) or os.cpu_count() or 1)
 
 
+class ChunksFailed(SosimError):
+    """Tasks of a run failed as a whole (a worker died, a lost connection); the other chunks were handed on."""
+
+
 def run_items(
     base: Mapping[str, Any] | None,
     items: Sequence[tuple[str, list[str] | Scenario]],
@@ -434,8 +437,7 @@ def run_items(
     finally:
         bar.close()
     if failures:
-        raise SosimError(f"{len(failures)} chunk(s) of the sweep failed (first: {failures[0]}); "
-                         "finished chunks were kept: rerun with --resume to retry the rest")
+        raise ChunksFailed(f"{len(failures)} of {n_chunks} chunk(s) failed (first: {failures[0]})")
 
 
 def _column_dtypes(keys: Sequence[str], points: Sequence[Mapping[str, Any]], metric_keys: Sequence[str],
@@ -583,6 +585,8 @@ class _Output:
         self.errors = 0
         self.infeasible = 0
         self.best: Row | None = None
+        self.best_key: tuple[float, int] = (-math.inf, 0)
+        self.rank = {pid: i for i, pid in enumerate(points)}  # point id -> its place in the sweep
 
     def _parts(self) -> list[Path]:
         return sorted(self.path.glob("part-*.parquet"))
@@ -655,9 +659,14 @@ class _Output:
             self.infeasible += int((frame["feasible"] == False).sum())  # noqa: E712 (nullable boolean)
             ok = frame[(frame["feasible"] == True) & frame[ERROR_COLUMN].isna()]  # noqa: E712
             if len(ok) and "tokens_per_s" in ok:
-                top = ok.iloc[int(ok["tokens_per_s"].to_numpy().argmax())]
-                if self.best is None or top["tokens_per_s"] > self.best["tokens_per_s"]:
-                    self.best = {str(k): v for k, v in top.to_dict().items()}
+                # Ties go to the earlier point of the sweep, so the answer does not depend on which worker
+                # finished first (chunks arrive in completion order).
+                keys = [(float(t), -self.rank.get(str(pid), len(self.rank)))
+                        for t, pid in zip(ok["tokens_per_s"], ok[ID_COLUMN])]
+                i = max(range(len(keys)), key=keys.__getitem__)
+                if self.best is None or keys[i] > self.best_key:
+                    self.best_key = keys[i]
+                    self.best = {str(k): v for k, v in ok.iloc[i].to_dict().items()}
 
     def finish(self, order: Sequence[str]) -> None:
         """Rewrite the rows in point order (rows of points no longer in the sweep last), atomically."""
@@ -723,7 +732,13 @@ def run_sweep(
     output = _Output(Path(out), dtypes, by_id, resume)
     items: list[tuple[str, list[str] | Scenario]] = [
         (pid, spec.overrides(p)) for pid, p in by_id.items() if pid not in output.done]
-    run_items(spec.base, items, output, executor=executor, chunk_size=chunk_size, progress=progress)
+    try:
+        run_items(spec.base, items, output, executor=executor, chunk_size=chunk_size, progress=progress)
+    except ChunksFailed as exc:
+        # A resume hint only when there is something to resume from.
+        kept = output.rows_written or output.done
+        raise SosimError(f"sweep: {exc}; " + (f"the finished chunks are in {out}: rerun with --resume to retry "
+                                              "the rest" if kept else "nothing was written")) from None
     output.finish(list(by_id))
     return {
         "out": str(out), "points": len(by_id), "skipped": len(by_id) - len(items), "ran": output.rows_written,
@@ -734,12 +749,6 @@ def run_sweep(
 
 
 # ------------------------------------------------------------------------------------------------ CLI
-
-
-def _ignore_sigint() -> None:
-    """Pool worker initializer: Ctrl-C reaches the whole process group; only the parent handles it (it stops
-    the workers), so the workers do not each print a KeyboardInterrupt traceback."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
 def _check_scheduler(address: str) -> None:
@@ -786,34 +795,18 @@ def _make_executor(args: argparse.Namespace, n_points: int) -> tuple[Executor, C
             client.close()
 
         return executor, close
-    from concurrent.futures import ProcessPoolExecutor
+    from sosim.workers import start_pool, stop_pool
 
     # No more processes than points: each would only start, import and wait.
     workers = max(1, min(args.workers or os.cpu_count() or 1, n_points))
-    pool = ProcessPoolExecutor(max_workers=workers, initializer=_ignore_sigint)
+    pool = start_pool(workers)  # workers ignore Ctrl-C and die with this process (sosim/workers.py)
 
     def shutdown(abort: bool) -> None:
-        if not abort:
-            pool.shutdown(wait=True, cancel_futures=True)
-            return
-        # Stop the workers themselves: a plain shutdown would wait for their running chunks, and a killed
-        # parent would leave them running as orphans. _processes is the pool's own table of its workers.
-        processes = list(getattr(pool, "_processes", {}).values())
-        pool.shutdown(wait=False, cancel_futures=True)
-        for proc in processes:
-            proc.terminate()
-        for proc in processes:
-            proc.join(timeout=5)
+        # abort: stop the workers themselves (by PID): a plain shutdown would wait for their running chunks,
+        # and an exiting parent would leave them running as orphans.
+        stop_pool(pool, abort)
 
     return pool, shutdown
-
-
-class _Terminated(KeyboardInterrupt):
-    """SIGTERM, turned into an exception so that the sweep stops the way Ctrl-C stops it."""
-
-
-def _raise_terminated(signum: int, frame: object) -> None:
-    raise _Terminated()
 
 
 def _provenance_line(frame: pd.DataFrame) -> str:
@@ -843,7 +836,23 @@ def _print_summary(summary: dict[str, Any], fmt: str, frame: pd.DataFrame | None
         print("fastest feasible point: " + ", ".join(f"{k}={v}" for k, v in summary["best"].items()))
 
 
+def _written(out: str | None) -> bool:
+    """Whether ``out`` holds any finished row (a resume hint only then)."""
+    if not out:
+        return False
+    path = Path(out)
+    if path.is_dir():
+        return any(path.glob("part-*.parquet"))
+    try:
+        with path.open("rb") as fh:
+            return fh.read(1 << 16).count(b"\n") > 1  # a header line and at least one row
+    except OSError:
+        return False
+
+
 def cmd_sweep(args: argparse.Namespace) -> int:
+    from sosim.workers import interrupted_exit, signals_interrupt
+
     # Every input problem is reported here, before any pool starts.
     _check_workers(args.workers)
     if args.chunk_size is not None and args.chunk_size < 1:
@@ -851,41 +860,50 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     if args.out:
         check_out_path(args.out)
     spec = load_sweep(args.sweep)
-    previous = signal.signal(signal.SIGTERM, _raise_terminated)
-    executor, close = _make_executor(args, len(spec.points))
-    aborted = True
-    try:
-        if args.out:
-            summary = run_sweep(spec, args.out, executor=executor, chunk_size=args.chunk_size,
-                                resume=args.resume, progress=None)
-            _print_summary(summary, args.format, None)
-        else:
-            frame = sweep(spec, executor=executor, chunk_size=args.chunk_size, progress=sys.stderr.isatty())
-            summary = {"out": None, "points": len(frame), "skipped": 0, "ran": len(frame),
-                       "errors": int(frame[ERROR_COLUMN].notna().sum()) if ERROR_COLUMN in frame else 0,
-                       "infeasible": int((frame["feasible"] == False).sum()) if "feasible" in frame else 0}  # noqa: E712
-            shown = frame
-            if args.format == "table":
-                print(_provenance_line(frame))
-                # Provenance columns only where they vary (a swept hardware or implementation).
-                varying = [c for c in PROVENANCE_COLUMNS if c in frame and frame[c].nunique() > 1]
-                cols = [*spec.keys, *varying, "tokens_per_s", "step_time_s", "mfu", "feasible", ERROR_COLUMN]
-                shown = frame[[c for c in dict.fromkeys(cols) if c in frame]]
-            _print_summary(summary, args.format, shown)
-        aborted = False
-    except KeyboardInterrupt as exc:
-        # Finished chunks are already in --out; say how to continue instead of printing a traceback.
-        what = "terminated (SIGTERM)" if isinstance(exc, _Terminated) else "interrupted"
-        hint = (f"; the finished chunks are in {args.out}: rerun the same command with --resume to continue"
-                if args.out else "; nothing was written (use --out to keep finished chunks)")
-        print(f"sosim sweep: {what}{hint}", file=sys.stderr)
-        return 143 if isinstance(exc, _Terminated) else 130
-    finally:
-        signal.signal(signal.SIGTERM, previous)
-        # A second signal while the workers are being stopped must not leave them behind either.
-        with contextlib.suppress(KeyboardInterrupt):
-            close(aborted)
+    with signals_interrupt():  # SIGTERM stops the sweep (and its workers) as Ctrl-C does
+        try:
+            executor, close = _make_executor(args, len(spec.points))
+        except KeyboardInterrupt as exc:
+            code, what = interrupted_exit(exc)
+            print(f"sosim sweep: {what}; nothing was written", file=sys.stderr)
+            return code
+        aborted = True
+        try:
+            _run_and_print(args, spec, executor)
+            aborted = False
+        except KeyboardInterrupt as exc:
+            # Finished chunks are already in --out; say how to continue instead of printing a traceback.
+            code, what = interrupted_exit(exc)
+            hint = (f"; the finished chunks are in {args.out}: rerun the same command with --resume to continue"
+                    if _written(args.out) else "; nothing was written"
+                    + ("" if args.out else " (use --out to keep finished chunks)"))
+            print(f"sosim sweep: {what}{hint}", file=sys.stderr)
+            return code
+        finally:
+            # A second signal while the workers are being stopped must not leave them behind either.
+            with contextlib.suppress(KeyboardInterrupt):
+                close(aborted)
     return 0
+
+
+def _run_and_print(args: argparse.Namespace, spec: SweepSpec, executor: Executor) -> None:
+    if args.out:
+        summary = run_sweep(spec, args.out, executor=executor, chunk_size=args.chunk_size,
+                            resume=args.resume, progress=None)
+        _print_summary(summary, args.format, None)
+        return
+    frame = sweep(spec, executor=executor, chunk_size=args.chunk_size, progress=sys.stderr.isatty())
+    summary = {"out": None, "points": len(frame), "skipped": 0, "ran": len(frame),
+               "errors": int(frame[ERROR_COLUMN].notna().sum()) if ERROR_COLUMN in frame else 0,
+               "infeasible": int((frame["feasible"] == False).sum()) if "feasible" in frame else 0}  # noqa: E712
+    shown = frame
+    if args.format == "table":
+        print(_provenance_line(frame))
+        # Provenance columns only where they vary (a swept hardware or implementation).
+        varying = [c for c in PROVENANCE_COLUMNS if c in frame and frame[c].nunique() > 1]
+        cols = [*spec.keys, *varying, "tokens_per_s", "step_time_s", "mfu", "feasible", ERROR_COLUMN]
+        shown = frame[[c for c in dict.fromkeys(cols) if c in frame]]
+    _print_summary(summary, args.format, shown)
 
 
 def register_cli(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]

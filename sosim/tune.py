@@ -85,11 +85,6 @@ MEMO_CHUNK = 8
 RESCUE_CHECKS = 80
 
 
-def _ignore_sigint() -> None:
-    """Worker initializer: Ctrl-C is the parent's to handle (it keeps the best so far)."""
-    import signal
-
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
 # -------------------------------------------------------------------------------------------------- search
@@ -496,9 +491,11 @@ class Tuner:
             return self.executor
         if self.options.jobs <= 1:
             return None
-        from concurrent.futures import ProcessPoolExecutor
+        from sosim.workers import WorkerPool
 
-        self.executor = ProcessPoolExecutor(max_workers=self.options.jobs, initializer=_ignore_sigint)
+        # Workers ignore Ctrl-C, die with this process, and an aborting shutdown (wait=False,
+        # cancel_futures=True, as run() does when interrupted) ends them by PID (sosim/workers.py).
+        self.executor = WorkerPool(self.options.jobs)
         self._own_executor = True
         return self.executor
 
@@ -1071,9 +1068,44 @@ def _positive_float(text: str) -> float:
     return value
 
 
+# Sanity bounds of the search options (docs/limits.md). The largest published pretraining batches are ~16k
+# sequences (60M tokens); 10M sequences leaves a wide margin while keeping the batch splits enumerable.
+MAX_GLOBAL_BATCH = 10_000_000
+# Simulations per search: the default is ~10k; 1e7 is a day of CPU time, past any useful search.
+MAX_BUDGET = 10_000_000
+MAX_JOBS_PER_CORE = 4  # as sosim sweep --workers: a simulation is CPU-bound, more processes gain nothing
+
+
+def _bounded_int(limit: int, why: str) -> Callable[[str], int]:
+    """argparse type: a whole number from 1 to ``limit`` (``why``: the reason for the limit, in the message)."""
+    import argparse
+
+    def parse(text: str) -> int:
+        shown = text if len(text) <= 40 else f"{text[:30]}... ({len(text):,} characters)"
+        try:
+            value = int(text) if len(text) <= 40 else 0
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a positive integer, got {shown!r}") from None
+        if value <= 0:
+            raise argparse.ArgumentTypeError(f"expected a positive integer, got {shown!r}")
+        if value > limit:
+            raise argparse.ArgumentTypeError(f"{value:,} is more than {limit:,} ({why}; docs/limits.md)")
+        return value
+
+    return parse
+
+
 def add_tune_parser(subparsers: Any) -> None:
     """Register ``sosim tune`` on the CLI's sub-parsers."""
+    from sosim.bounds import MAX_GPUS
     from sosim.dsconfig.cli import positive_int as _positive_int
+
+    cores = os.cpu_count() or 1
+    gpus_int = _bounded_int(MAX_GPUS, "ten times the largest training clusters")
+    batch_int = _bounded_int(MAX_GLOBAL_BATCH, "far past any published pretraining batch")
+    budget_int = _bounded_int(MAX_BUDGET, "about a day of simulations")
+    jobs_int = _bounded_int(MAX_JOBS_PER_CORE * cores, f"{MAX_JOBS_PER_CORE} per core, {cores} cores here: a "
+                                                       "simulation is CPU-bound")
 
     p = subparsers.add_parser(
         "tune", help="search the fastest configuration that fits; write it as a DeepSpeed config",
@@ -1091,17 +1123,17 @@ def add_tune_parser(subparsers: Any) -> None:
     g.add_argument("--grad-accum", type=_positive_int, help="gradient accumulation where the config says auto")
     g.add_argument("--precision", choices=["bf16", "fp16"], help="when the config leaves it to the HF Trainer")
     s = p.add_argument_group("search")
-    s.add_argument("--gpus", type=_positive_int, help="GPUs (default: the scenario's / implied by the config)")
-    s.add_argument("--global-batch", type=_positive_int, metavar="B",
+    s.add_argument("--gpus", type=gpus_int, help="GPUs (default: the scenario's / implied by the config)")
+    s.add_argument("--global-batch", type=batch_int, metavar="B",
                    help="sequences per optimizer step, kept fixed (default: the base's micro x accum x dp)")
     s.add_argument("--objective", choices=["tokens_per_s", "time_to_tokens"], default="tokens_per_s")
     s.add_argument("--token-budget", type=_positive_float, metavar="T", help="tokens to train (time_to_tokens)")
     s.add_argument("--systems", metavar="A,B", help="systems to search (default: all)")
     s.add_argument("--implementation", choices=["ideal", "deepspeed"],
                    help="implementation of the offload systems (default: the base's)")
-    s.add_argument("--budget", type=_positive_int, default=TuneOptions.budget, metavar="N",
+    s.add_argument("--budget", type=budget_int, default=TuneOptions.budget, metavar="N",
                    help=f"simulations at most (default {TuneOptions.budget})")
-    s.add_argument("--jobs", type=_positive_int, default=None,
+    s.add_argument("--jobs", type=jobs_int, default=None,
                    help="worker processes for large batches (default: CPU count, at most 8)")
     s.add_argument("--max-host-ram", type=_positive_float, metavar="GIB",
                    help="host memory per GPU the run may use (a cap below the profile's usable memory)")
@@ -1181,8 +1213,16 @@ def run_tune(args: Any) -> int:
         objective=args.objective, token_budget=args.token_budget, systems=systems,
         implementation=args.implementation, budget=args.budget, max_host_ram_gib=args.max_host_ram,
         max_hbm_gib=args.max_hbm, jobs=jobs, progress=args.progress)
+    from sosim.workers import EXIT_TERMINATED, interrupted_exit, signals_interrupt
+
     start = time.perf_counter()
-    result = Tuner(sc, options).run()
+    with signals_interrupt() as signals:  # SIGTERM stops the search (and ends its workers) as Ctrl-C does
+        try:
+            result = Tuner(sc, options).run()
+        except KeyboardInterrupt as exc:  # before the search had anything to show
+            code, what = interrupted_exit(exc)
+            print(f"sosim tune: {what}; nothing was written", file=sys.stderr)
+            return code
     elapsed = time.perf_counter() - start
     written = ({"path": None, "skipped": "--no-write"} if args.no_write
                else write_ds_config(result, args.out, base_ds, args.model))
@@ -1191,6 +1231,10 @@ def run_tune(args: Any) -> int:
     else:
         print(format_text(result, args.top, sc.name, sc.hardware.name, written, elapsed))
     if result.interrupted:
+        if signals.terminated:
+            print("sosim tune: terminated (SIGTERM): the best configuration found so far is shown"
+                  + (f" and written to {written['path']}" if written.get("path") else ""), file=sys.stderr)
+            return EXIT_TERMINATED
         return EXIT_INTERRUPTED
     return 0 if result.ranked else 1
 

@@ -918,5 +918,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-measured", action="store_true", help="skip the measured DeepSpeed runs")
     p.add_argument("--measured", action="append", metavar="DIR", default=None,
                    help="calibration folder(s) with deepspeed_steps.csv (default: every one under calibration/)")
-    p.add_argument("--band-replays", type=int, default=64, metavar="N",
+    from sosim.bands import replays_or_zero
+
+    p.add_argument("--band-replays", type=replays_or_zero, default=64, metavar="N",
                    help="replays per measured run for its error band (0: no bands; default 64)")

@@ -10,8 +10,12 @@ bytes that are not UTF-8, truncation. The contract, for every input:
 - every problem line names the file and line (``file:line: key: message``) or the override (``--set ...``);
   the one exception is a result that came out non-finite, which names the file (no single key is to blame).
 
+Command lines of tune, validate, compare, calibrate, run and sweep are fuzzed too (their options and values:
+bounds, unwritable outputs, hostile numbers); each example must also end within ``FUZZ_SECONDS``.
+
 The fast run (``python -m pytest tests/test_fuzz.py``) tries a few dozen inputs of each kind; the full run
-(``--slow``, ``FUZZ_EXAMPLES`` per kind, 2,500 by default: 10,000 in all) is run by hand.
+(``--slow``, ``FUZZ_EXAMPLES`` per kind, 2,500 by default: 10,000 files and overrides plus 2,500 command lines)
+is run by hand.
 """
 
 from __future__ import annotations
@@ -422,7 +426,187 @@ def test_fuzz_sweep_files(data: dict[str, Any], damage: tuple[str, int, bytes]) 
     _sweep_case(data, damage)
 
 
-# The full run: >= 10,000 examples over the four kinds (FUZZ_EXAMPLES each). Run with --slow.
+# ------------------------------------------------------------------- command-line options of every command
+#
+# Each example is one command line of tune, validate, compare, calibrate, run or sweep: a valid start plus
+# 0-4 options drawn from that command's own, with values a user might type (and hostile ones: 5,000 digits,
+# negatives, inf, unwritable paths such as /proc/x). Contract: exit 0, 1 (tune: nothing fits; validate: rows
+# out of budget) or 2 (an input problem; argparse's usage errors too), never a traceback or an internal error,
+# and every example ends within CLI_SECONDS (an unbounded run fails the test). Local worker pools are thread
+# pools here: the fuzz probes input handling; the real pools are tested in tests/test_signals.py.
+
+CLI_SECONDS = float(os.environ.get("FUZZ_SECONDS", "60"))  # per example: generous, it only catches runaways
+FAST_CLI_EXAMPLES = 8
+
+# Mostly values a user would type (so that most command lines run), the rest hostile.
+usual_int = st.integers(1, 8).map(str)
+int_text = st.one_of(
+    usual_int, usual_int, usual_int,
+    st.sampled_from(["0", "1", "2", "3", "1000000000", "9" * 5000, "-1", "1.5", "1e3", "0x10", "", " 4", "nan",
+                     "inf", "2000", "2001", "100000", "1_000"]),
+    st.integers(-(10**20), 10**20).map(str),
+)
+float_text = st.one_of(st.floats(0.5, 1e4).map(repr), st.floats(0.5, 1e4).map(repr), int_text,
+                       st.floats(allow_nan=True, allow_infinity=True).map(repr),
+                       st.sampled_from(["1e-300", "1e300", "0.5", "-0.0", "1e999"]))
+word_text = st.one_of(st.sampled_from(WORDS), st.text(max_size=8))
+# OUT/ is a fresh folder, IN/ holds the inputs (_cli_inputs).
+out_path = st.sampled_from(["OUT/x.json", "OUT/x.csv", "OUT/x.parquet", "OUT/sub/deeper/x.json", "OUT/x.png",
+                            "OUT/x.svg", "OUT/x.txt", "OUT", "", "/proc/sosim-fuzz.json", "/sys/sosim-fuzz.csv",
+                            "/dev/null", "IN/scenario.yaml/x.json", "OUT/\udce9.json"])
+in_path = st.sampled_from(["IN/scenario.yaml", "IN/profile.yaml", "IN/refs.yaml", "IN/ds.json", "IN/model.json",
+                           "IN/measured", "IN/empty", "IN/nosuch", "IN", "", "/proc/self/status", "/dev/zero",
+                           "IN/garbage.yaml"])
+flag = None  # an option without a value
+override_text = st.one_of(overrides.map(lambda o: f"{o[0][0]}={o[0][1]}"), st.text(max_size=12))
+
+COMMON: list[tuple[str, st.SearchStrategy[Any] | None]] = [
+    ("--format", st.sampled_from(["json", "table", "json", "table", "csv", ""]))]
+CLI_OPTIONS: dict[str, list[tuple[str, st.SearchStrategy[Any] | None]]] = {
+    "tune": [("--jobs", int_text), ("--budget", int_text), ("--gpus", int_text), ("--global-batch", int_text),
+             ("--top", int_text), ("--objective", st.one_of(st.sampled_from(["tokens_per_s", "time_to_tokens"]),
+                                                            word_text)),
+             ("--token-budget", float_text), ("--systems", st.one_of(st.sampled_from(
+                 ["gpu_only,zero_offload", "superoffload", "zero3_offload,nosuch", ",", ""]), word_text)),
+             ("--implementation", st.sampled_from(["ideal", "deepspeed", "x"])), ("--max-host-ram", float_text),
+             ("--max-hbm", float_text), ("--out", out_path), ("--no-write", flag), ("--set", override_text),
+             ("--ds-config", in_path), ("--model", in_path), ("--hardware", st.one_of(in_path, word_text)),
+             ("--seq", int_text), ("--micro-batch", int_text), ("--grad-accum", int_text),
+             ("--precision", st.sampled_from(["bf16", "fp16", "fp8"])), *COMMON],
+    "validate": [("--references", in_path), ("--measured", in_path), ("--no-measured", flag),
+                 ("--band-replays", int_text), *COMMON],
+    "compare": [("--set", override_text), ("--plot", out_path), *COMMON],
+    "calibrate": [("--out", out_path), ("--quick", flag), ("--append", flag),
+                  ("--only", st.one_of(st.sampled_from(["gemm", "copy,cpu_adam", "nosuch", "", ",", "nccl"]),
+                                       word_text))],
+    "run": [("--band-replays", int_text), ("--band-seed", int_text), ("--bands", flag), ("--no-bands", flag),
+            ("--trace", out_path), ("--plot", out_path), ("--set", override_text), *COMMON],
+    "sweep": [("--workers", int_text), ("--chunk-size", int_text), ("--out", out_path), ("--resume", flag),
+              *COMMON],
+}
+CLI_START: dict[str, list[str]] = {
+    "tune": ["tune", "IN/scenario.yaml", "--budget", "30", "--no-progress"],
+    "validate": ["validate", "--references", "IN/refs.yaml"],
+    "compare": ["compare", "IN/scenario.yaml", "IN/scenario.yaml"],
+    "calibrate": ["calibrate"],
+    "run": ["run", "IN/scenario.yaml"],
+    "sweep": ["sweep", "IN/sweep.yaml"],
+}
+# The first words of a command line: the valid start, or another (a missing or extra positional).
+starts = {
+    "tune": st.sampled_from([*[CLI_START["tune"]] * 6, ["tune", "--budget", "30"], ["tune", "IN/nosuch", "IN/x"]]),
+    "compare": st.sampled_from([*[CLI_START["compare"]] * 4, ["compare", "IN/scenario.yaml"], ["compare"],
+                                ["compare", "IN/scenario.yaml", "IN/garbage.yaml", "IN/nosuch"]]),
+}
+
+
+@st.composite
+def command_lines(draw: st.DrawFn, command: str) -> list[str]:
+    args = list(draw(starts[command]) if command in starts else CLI_START[command])
+    for name, value in draw(st.lists(st.sampled_from(CLI_OPTIONS[command]), max_size=4)):
+        if draw(st.integers(0, 39)) == 0:
+            name = draw(st.sampled_from(["--nosuch", "-x", "--", "--set=", "--jobs=2"]))
+        args.append(name)
+        if value is not None:
+            args.append(draw(value))
+    if command == "validate" and "--measured" not in args and "--no-measured" not in args:
+        args.append("--no-measured")  # every shipped measured run takes seconds: one example is not the place
+    return args
+
+
+REFS = {"rows": [{"id": "tiny", "source": "fuzz", "kind": "metric", "scenario": "SCEN", "metric": "tokens_per_s",
+                  "published": 1000.0, "budget_rel": 0.5}]}
+SWEEP_TINY = {"base": "scenario.yaml", "grid": {"training.micro_batch": [1, 2], "schedule.bucket_mb": [8, 16]}}
+
+
+def _cli_inputs(folder: Path) -> None:
+    folder.mkdir(parents=True, exist_ok=True)
+    scen, _ = _write_inputs(folder, yaml.safe_dump(SCENARIO).encode())
+    refs = copy.deepcopy(REFS)
+    refs["rows"][0]["scenario"] = str(scen)
+    (folder / "refs.yaml").write_text(yaml.safe_dump(refs))
+    (folder / "sweep.yaml").write_text(yaml.safe_dump(SWEEP_TINY))
+    (folder / "ds.json").write_text(json.dumps({"train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 1,
+                                                "bf16": {"enabled": True}, "zero_optimization": {"stage": 2}}))
+    (folder / "model.json").write_text(json.dumps({"model_type": "llama", "hidden_size": 256, "num_hidden_layers": 2,
+                                                   "num_attention_heads": 4, "intermediate_size": 512,
+                                                   "vocab_size": 1024}))
+    (folder / "garbage.yaml").write_bytes(b"\xff\xfe{[: :")
+    (folder / "empty").mkdir(exist_ok=True)
+    (folder / "measured").mkdir(exist_ok=True)
+    (folder / "measured" / "deepspeed_steps.csv").write_text("run,step_s\nx,notanumber\n")
+
+
+class _Unbounded(BaseException):
+    """An example ran past CLI_SECONDS (a BaseException: the CLI's own handlers must not swallow it)."""
+
+
+def _alarm(signum: int, frame: object) -> None:
+    raise _Unbounded(f"an example ran past {CLI_SECONDS:.0f} s")
+
+
+@pytest.fixture
+def thread_pools(monkeypatch: pytest.MonkeyPatch) -> None:
+    from concurrent.futures import ThreadPoolExecutor
+
+    import sosim.workers
+
+    class ThreadPool(ThreadPoolExecutor):
+        def __init__(self, workers: int) -> None:
+            super().__init__(max_workers=min(2, max(1, workers)))
+
+    monkeypatch.setattr(sosim.workers, "WorkerPool", ThreadPool)
+    monkeypatch.setattr(sosim.workers, "start_pool", ThreadPool)
+
+
+def _cli_case(args: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+    import signal
+
+    with tempfile.TemporaryDirectory() as tmp:
+        root = Path(tmp)
+        _cli_inputs(root / "IN")
+        (root / "OUT").mkdir()
+        args = [a.replace("IN/", f"{root}/IN/").replace("OUT", f"{root}/OUT") if a.startswith(("IN", "OUT"))
+                else a for a in args]
+        cwd = os.getcwd()
+        os.chdir(root)  # tune's default --out is ./ds_config.tuned.json
+        previous = signal.signal(signal.SIGALRM, _alarm)
+        signal.setitimer(signal.ITIMER_REAL, CLI_SECONDS)
+        try:
+            code, _, err = run_cli(args, capsys)
+        finally:
+            signal.setitimer(signal.ITIMER_REAL, 0)
+            signal.signal(signal.SIGALRM, previous)
+            os.chdir(cwd)
+    event(f"{args[0]}: " + ("argparse usage error" if code == -2 else f"exit {code}"))
+    assert code in (0, 1, 2, -2), (code, args, err[-2000:])
+    assert "Traceback" not in err and "internal error" not in err, (args, err[-2000:])
+    if code == 2:
+        assert err.strip(), args  # a refused input says why
+
+
+CLI_COMMANDS = sorted(CLI_OPTIONS)
+
+
+@pytest.mark.parametrize("command", CLI_COMMANDS)
+@_settings(FAST_CLI_EXAMPLES)
+@given(data=st.data())
+def test_fuzz_command_options(command: str, data: st.DataObject, capsys: pytest.CaptureFixture[str],
+                              thread_pools: None) -> None:
+    _cli_case(data.draw(command_lines(command), label="args"), capsys)
+
+
+# The full run: >= 10,000 examples over the four kinds (FUZZ_EXAMPLES each) and the command lines (FUZZ_EXAMPLES
+# over all commands). Run with --slow.
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("command", CLI_COMMANDS)
+@_settings(max(1, SLOW_EXAMPLES // len(CLI_COMMANDS)))
+@given(data=st.data())
+def test_fuzz_command_options_slow(command: str, data: st.DataObject, capsys: pytest.CaptureFixture[str],
+                                   thread_pools: None) -> None:
+    _cli_case(data.draw(command_lines(command), label="args"), capsys)
 
 
 @pytest.mark.slow

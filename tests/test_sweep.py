@@ -354,7 +354,9 @@ def test_sigterm_stops_the_workers_and_prints_the_resume_hint(tmp_path: Path) ->
     _, err = proc.communicate(timeout=30)
     assert proc.returncode == 143 and "Traceback" not in err
     assert "terminated (SIGTERM)" in err and "rerun the same command with --resume to continue" in err
-    time.sleep(0.5)
+    deadline = time.monotonic() + 30  # polled: a loaded machine may take a moment to reap them
+    while [pid for pid in children if _alive(pid)] and time.monotonic() < deadline:
+        time.sleep(0.1)
     assert not [pid for pid in children if _alive(pid)], "pool workers left running"
     # The hint works: --resume finishes the sweep and the file ends up complete and in point order.
     done = subprocess.run([*cmd, "--resume"], capture_output=True, text=True, check=False)
@@ -382,6 +384,38 @@ def _alive(pid: int) -> bool:
     except OSError:
         return False
     return state != "Z"
+
+
+def test_fastest_point_of_a_tie_is_the_earlier_point_whatever_the_completion_order(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import importlib
+
+    sweep_module = importlib.import_module("sosim.sweep")  # the package's 'sweep' attribute is the function
+    # Three points that differ only in their description: the same result, a three-way tie.
+    spec = load_sweep(_write(tmp_path, f"base: {BASE}\nset:\n  model.layers: 2\ngrid:\n  description: [a, b, c]\n"))
+    real = sweep_module.run_items
+    best = []
+    for reverse in (False, True):
+        def completion_order(base, items, sink, reverse=reverse, **kwargs):  # type: ignore[no-untyped-def]
+            chunks: list[list[dict[str, object]]] = []
+            real(base, items, chunks.append, executor=None, chunk_size=1)
+            for rows in (reversed(chunks) if reverse else chunks):  # as workers finishing in another order
+                sink(rows)
+
+        monkeypatch.setattr(sweep_module, "run_items", completion_order)
+        summary = run_sweep(spec, tmp_path / f"r{reverse}.csv")
+        best.append(summary["best"])
+    assert best[0] == best[1] and best[0]["description"] == "a"
+
+
+def test_out_on_a_pseudo_file_system_is_refused_before_any_work(tmp_path: Path,
+                                                                capsys: pytest.CaptureFixture[str]) -> None:
+    if not Path("/proc/self").exists():
+        pytest.skip("no /proc")
+    assert main(["sweep", str(_small(tmp_path)), "--out", "/proc/sosim-x.csv", "--workers", "2"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("sosim: --out /proc/sosim-x.csv: cannot write") and "--resume" not in err, err
+    assert len(err.strip().splitlines()) == 1
 
 
 def test_shipped_sweep_by_name() -> None:

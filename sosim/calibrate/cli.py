@@ -126,6 +126,10 @@ def main(argv: list[str] | None = None) -> int:
             file=sys.stderr,
         )
         return 2
+    problem = _unwritable(args.out) if args.out is not None else ""
+    if problem:  # before torch is imported and anything is measured
+        print(f"sosim calibrate: --out {args.out}: {problem}", file=sys.stderr)
+        return 2
     torch = _import_torch_with_cuda()
     if torch is None:
         return 2
@@ -239,6 +243,30 @@ def _start_cpuadam_build(report: Path | None = None) -> Any:
         report.parent.mkdir(parents=True, exist_ok=True)
         out = report.open("w")
     return subprocess.Popen([sys.executable, "-c", _BUILD_CODE], stdout=out, stderr=subprocess.DEVNULL)
+
+
+def _unwritable(out: Path) -> str:
+    """'' when the folder ``out`` can be created and written, else why not (checked by writing: os.access says
+    yes to root on read-only and pseudo file systems). Standalone: this script does not import the simulator."""
+    import os
+    import tempfile
+
+    if not str(out).strip():
+        return "empty folder name"
+    if out.exists() and not out.is_dir():
+        return "exists and is not a folder"
+    parent = out
+    while not parent.exists() and parent != parent.parent:
+        parent = parent.parent
+    if not parent.is_dir():
+        return f"{parent} is not a folder"
+    try:
+        fd, probe = tempfile.mkstemp(prefix=".sosim-write-probe-", dir=parent)
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as exc:
+        return f"cannot write in {parent}: {exc.strerror or exc}"
+    return ""
 
 
 def _import_torch_with_cuda() -> Any | None:

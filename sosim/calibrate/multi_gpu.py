@@ -104,6 +104,9 @@ def _rank_main(
 ) -> None:
     import traceback
 
+    from .isolate import die_with_parent
+
+    die_with_parent()
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(ranks))
     try:
         target(
