@@ -155,6 +155,8 @@ def _json_of(proc: subprocess.Popen[str]) -> dict[str, object]:
     return data
 
 
+# Slow (builds and installs a wheel, ~15 s): .ci/run's wheel step checks the same row counts on every run.
+@pytest.mark.slow
 def test_installed_wheel_validates_what_the_checkout_does(tmp_path: Path) -> None:
     """Issue 15: from an installed wheel, run outside the checkout, ``sosim validate`` checks as many published
     rows and measured runs as the checkout does (it once checked 0 measured runs, silently)."""

@@ -330,6 +330,9 @@ def test_rows_are_in_point_order_whatever_the_workers(tmp_path: Path) -> None:
     assert ids == [point_id(spec.full_point(p)) for p in spec.points]
 
 
+# Slow (runs a 1,200-point sweep to the end): tests/test_signals.py covers SIGTERM in the fast suite; this one
+# also checks that --resume then completes the file in point order.
+@pytest.mark.slow
 def test_sigterm_stops_the_workers_and_prints_the_resume_hint(tmp_path: Path) -> None:
     # A sweep that takes a while: 1,200 points of a 32-layer scenario in chunks of 5, two workers (400 points
     # once finished before the signal on a fast run: the test then raced the sweep, not the signal handling).
