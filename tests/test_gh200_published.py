@@ -119,3 +119,38 @@ def test_every_published_row_says_published_or_transferred() -> None:
     rows = list(csv.DictReader(path.open()))
     assert rows and all(r["device"].startswith(("published:", "transferred:")) for r in rows)
     assert (path.parent / "SOURCES.md").read_text().startswith("# published")
+
+
+def test_alps_scenario_is_the_model_the_study_ran() -> None:
+    # The LSAIE study's logs print 8,053,329,920 parameters for its "6.7B" (src/train.py: 32 x 4096, GQA 8,
+    # SwiGLU 14336, vocab 131072, untied) and train.py has no activation checkpointing.
+    from sosim.model import total_params
+
+    sc = load_scenario(ALPS)
+    assert total_params(sc.model) == 8_053_329_920
+    assert not sc.training.activation_checkpointing and sc.training.micro_batch == 1
+
+
+def test_without_stv_the_next_forward_waits_for_the_whole_step() -> None:
+    # The paper's SuperOffload without STV is ZeRO-3's synchronous step(): every CPU sub-group's Adam (and its
+    # refresh) is on the critical path. With STV it overlaps backward.
+    from sosim.model import total_params
+
+    base = ["schedule.cpu_adam=grace_adam", "schedule.cast=gpu", "schedule.bucket_mb=1000",
+            "schedule.gpu_optimizer_fraction=0", "schedule.weight_placement=stationary"]
+    paper8b = "scenarios/gh200_superoffload_8b.yaml"
+    sc = load_scenario(paper8b, base)
+    params = total_params(sc.model)
+    adam_s = make_cost_model(sc).cpu_adam_s(params, "grace_adam", 72, params)
+    off = simulate(load_scenario(paper8b, [*base, "schedule.speculation=false"])).metrics
+    on = simulate(load_scenario(paper8b, [*base, "schedule.speculation=true"])).metrics
+    assert off["exposed_cpu_optimizer_s"] >= 0.95 * adam_s
+    assert on["exposed_cpu_optimizer_s"] < 0.2 * adam_s
+    assert off["step_time_s"] > on["step_time_s"] + 0.8 * adam_s
+
+
+def test_grace_host_note_names_an_unchanged_transfer() -> None:
+    x86 = load_profile("h200-pcie-gen5-x86").cpu
+    assert grace_host.transferred_note(x86) == ""
+    grace = x86.model_copy(update={"page_kib": 64.0})  # host_thread_speed stays 1.0: carried unchanged
+    assert "host_thread_speed 1" in grace_host.transferred_note(grace)
