@@ -95,10 +95,10 @@ ESTIMATE_SPREADS: Mapping[str, EstimateSpread] = {
 # VM's host costs); drawn from a separate seeded stream, so bands of other profiles keep their exact draws.
 TRANSFERRED_SPREADS: Mapping[str, EstimateSpread] = {
     "stage3_hook": EstimateSpread(
-        0.3, "ZeRO-3 hook time on Grace = the x86 VM's / cpu.host_thread_speed, a speed bound derived from one "
-        "published pair of Alps steps (ZeRO-3 vs ZeRO-2): the bound, not a measurement"),
-    "ds_step_fixed": EstimateSpread(0.3, "step() bookkeeping moved by the same host_thread_speed bound"),
-    "so_worker": EstimateSpread(0.3, "the worker's queue messages moved by the same host_thread_speed bound"),
+        0.3, "ZeRO-3 hook time on Grace = the x86 VM's / cpu.host_thread_speed, an assumed speed ratio (1.0: no "
+        "published comparison); the VM figure itself spans 0.6-1.0 ms per tensor over two leases"),
+    "ds_step_fixed": EstimateSpread(0.3, "step() bookkeeping moved by the same assumed host_thread_speed"),
+    "so_worker": EstimateSpread(0.3, "the worker's queue messages moved by the same assumed host_thread_speed"),
     "ds_refresh": EstimateSpread(
         0.2, "the refresh's CPU cast rate is the x86 cast/DRAM ratio at Grace's STREAM, its first touch a "
         "page-size model: both transferred"),

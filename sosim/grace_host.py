@@ -7,8 +7,8 @@ pages at x86's page size. Instead each cost moves with what governs it:
 
 * **Python on the training process's host thread** (ZeRO-3 module hooks per parameter tensor, ``step()``'s
   per-sub-group bookkeeping, SuperOffload's worker queue messages): divided by ``cpu.host_thread_speed``, the
-  host thread's speed on these paths relative to the VM's core (1.0 there). Where it comes from for Grace is
-  written in the profile's ``sources`` (docs/gh200.md "Host thread").
+  host thread's speed on these paths relative to the VM's core (1.0 there). For Grace it is 1.0 too, an
+  assumption written in the profile's ``sources`` (no published comparison; docs/gh200.md "Host thread").
 * **First touch of a freshly allocated host buffer** (the temporary DeepSpeed's stage-3 refresh ``copy_``
   casts into): one page fault per page, a fixed fault cost plus zeroing the page, so ``cpu.page_kib`` sets the
   rate: 4 KiB pages on the x86 VM, 64 KiB on the kernels NVIDIA recommends for Grace.
@@ -47,11 +47,16 @@ def host_thread_s(reference_s: float, cpu: CpuSpec) -> float:
 
 
 def transferred_note(cpu: CpuSpec) -> str:
-    """What this module moved for ``cpu`` (empty when it is the reference host: nothing is transferred)."""
-    parts = []
-    if cpu.host_thread_speed != 1.0:
-        parts.append(f"stage3_hook, ds_step_fixed bookkeeping, so_worker queue: x86 VM value / host_thread_speed "
-                     f"{cpu.host_thread_speed:g}")
+    """What this module moved for ``cpu`` (empty when it is the reference host: nothing is transferred).
+
+    A host other than the reference one (another page size, or another host-thread speed) carries the VM's
+    host-thread costs even at ``host_thread_speed`` 1.0: they are then the VM's values taken unchanged, which is
+    still a transfer, and the note says so."""
+    other_host = cpu.host_thread_speed != 1.0 or cpu.page_kib != REFERENCE_PAGE_KIB
+    if not other_host:
+        return ""
+    parts = [f"stage3_hook, ds_step_fixed bookkeeping, so_worker queue: x86 VM value / host_thread_speed "
+             f"{cpu.host_thread_speed:g}"]
     if cpu.page_kib != REFERENCE_PAGE_KIB:
         parts.append(f"ds_refresh first touch: {cpu.page_kib:g} KiB pages = "
                      f"{first_touch_GBps_per_core(cpu):.1f} GB/s per core (x86 VM: "

@@ -31,12 +31,12 @@ def test_first_touch_follows_page_size() -> None:
 def test_host_thread_costs_divide_by_speed() -> None:
     gh = load_scenario(GPT8B)
     costs = make_cost_model(gh)
-    speed = gh.hardware.cpu.host_thread_speed
-    assert speed == 3.0
-    # GPT layer: 12 parameter tensors, x86 VM 1.0 ms each per pass, on a 3x faster host thread.
-    assert costs.stage3_hook_s(16384, backward=False) == pytest.approx(12 * c.STAGE3_HOOK_S_PER_TENSOR / speed)
-    x86_like = load_scenario(GPT8B, ["hardware.cpu.host_thread_speed=1.0"])
-    assert make_cost_model(x86_like).stage3_hook_s(16384, False) == pytest.approx(12e-3)
+    # Grace's host thread is assumed as fast as the x86 VM's (no published comparison): the VM's figure.
+    assert gh.hardware.cpu.host_thread_speed == 1.0
+    # GPT layer: 12 parameter tensors, x86 VM 1.0 ms each per pass.
+    assert costs.stage3_hook_s(16384, backward=False) == pytest.approx(12 * c.STAGE3_HOOK_S_PER_TENSOR)
+    faster = load_scenario(GPT8B, ["hardware.cpu.host_thread_speed=2.0"])
+    assert make_cost_model(faster).stage3_hook_s(16384, False) == pytest.approx(6e-3)
 
 
 def test_step_fixed_has_no_host_pass_over_the_gradients() -> None:
@@ -63,7 +63,7 @@ def test_provenance_says_published_and_transferred() -> None:
     prov = simulate(load_scenario(GPT8B)).provenance
     assert "published" in prov["calibration_origin"]
     assert "copy_h2d_pinned" in prov["costs_published"] and prov["costs_measured"].startswith("none")
-    assert "host_thread_speed 3" in prov["costs_transferred"]
+    assert "host_thread_speed 1" in prov["costs_transferred"]  # carried unchanged: still a transfer
     assert "64 KiB pages" in prov["costs_transferred"]
     x86 = simulate(load_scenario("scenarios/h200_x86_llama2.0b_zero2_measured.yaml")).provenance
     assert "costs_transferred" not in x86 and "calibration_origin" not in x86
@@ -71,7 +71,7 @@ def test_provenance_says_published_and_transferred() -> None:
 
 def test_stage3_hook_time_has_its_own_bucket() -> None:
     # Hooks made slow (the x86 VM's speed) on a GPU-resident ZeRO-3 step: the GPU waits on the host thread.
-    r = simulate(load_scenario(ALPS, ["schedule={system: zero3}", "hardware.cpu.host_thread_speed=1.0"]))
+    r = simulate(load_scenario(ALPS, ["schedule={system: zero3}"]))
     m = r.metrics
     assert "exposed_stage3_hooks_s" in BREAKDOWN_KEYS
     assert m["exposed_stage3_hooks_s"] > 0.5 * m["step_time_s"]
@@ -84,8 +84,10 @@ def test_deepspeed_superoffload_beats_zero_offload_on_gh200_for_the_breakdowns_r
     so = simulate(load_scenario(GPT8B)).metrics
     zo = simulate(load_scenario(GPT8B, ["schedule={system: zero_offload, implementation: deepspeed}"])).metrics
     assert so["tokens_per_s"] > zo["tokens_per_s"]
-    assert so["exposed_cpu_optimizer_s"] < 0.6 * zo["exposed_cpu_optimizer_s"]
-    assert so["exposed_stage3_hooks_s"] < 0.02 * so["step_time_s"]  # Grace's host thread keeps up
+    assert so["exposed_cpu_optimizer_s"] < 0.7 * zo["exposed_cpu_optimizer_s"]
+    # With Grace's host thread taken as fast as the x86 VM's, a GPT layer's forward hooks (12 tensors x 1 ms)
+    # outrun its ~9 ms of GPU forward: a few percent of the step waits on them, backward (3x the GPU work) none.
+    assert 0.0 < so["exposed_stage3_hooks_s"] < 0.1 * so["step_time_s"]
 
 
 def test_transferred_costs_widen_the_band() -> None:
@@ -117,3 +119,38 @@ def test_every_published_row_says_published_or_transferred() -> None:
     rows = list(csv.DictReader(path.open()))
     assert rows and all(r["device"].startswith(("published:", "transferred:")) for r in rows)
     assert (path.parent / "SOURCES.md").read_text().startswith("# published")
+
+
+def test_alps_scenario_is_the_model_the_study_ran() -> None:
+    # The LSAIE study's logs print 8,053,329,920 parameters for its "6.7B" (src/train.py: 32 x 4096, GQA 8,
+    # SwiGLU 14336, vocab 131072, untied) and train.py has no activation checkpointing.
+    from sosim.model import total_params
+
+    sc = load_scenario(ALPS)
+    assert total_params(sc.model) == 8_053_329_920
+    assert not sc.training.activation_checkpointing and sc.training.micro_batch == 1
+
+
+def test_without_stv_the_next_forward_waits_for_the_whole_step() -> None:
+    # The paper's SuperOffload without STV is ZeRO-3's synchronous step(): every CPU sub-group's Adam (and its
+    # refresh) is on the critical path. With STV it overlaps backward.
+    from sosim.model import total_params
+
+    base = ["schedule.cpu_adam=grace_adam", "schedule.cast=gpu", "schedule.bucket_mb=1000",
+            "schedule.gpu_optimizer_fraction=0", "schedule.weight_placement=stationary"]
+    paper8b = "scenarios/gh200_superoffload_8b.yaml"
+    sc = load_scenario(paper8b, base)
+    params = total_params(sc.model)
+    adam_s = make_cost_model(sc).cpu_adam_s(params, "grace_adam", 72, params)
+    off = simulate(load_scenario(paper8b, [*base, "schedule.speculation=false"])).metrics
+    on = simulate(load_scenario(paper8b, [*base, "schedule.speculation=true"])).metrics
+    assert off["exposed_cpu_optimizer_s"] >= 0.95 * adam_s
+    assert on["exposed_cpu_optimizer_s"] < 0.2 * adam_s
+    assert off["step_time_s"] > on["step_time_s"] + 0.8 * adam_s
+
+
+def test_grace_host_note_names_an_unchanged_transfer() -> None:
+    x86 = load_profile("h200-pcie-gen5-x86").cpu
+    assert grace_host.transferred_note(x86) == ""
+    grace = x86.model_copy(update={"page_kib": 64.0})  # host_thread_speed stays 1.0: carried unchanged
+    assert "host_thread_speed 1" in grace_host.transferred_note(grace)

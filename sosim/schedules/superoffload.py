@@ -158,8 +158,11 @@ def ideal(sc: Scenario, costs: CostModel, s: SuperOffloadKnobs) -> Recipe:
     refresh = HostCopyOnly(cast=not gpu_cast) if flow else CastAndCopy(cast_on_gpu=gpu_cast, pinned=s.pin_memory)
     refresh_bytes = FP32_BYTES if gpu_cast else BF16_BYTES
     t = sc.training
+    # Without STV the paper's SuperOffload is DeepSpeed ZeRO-3's synchronous step (it is built on it): engine.step()
+    # updates and refreshes every sub-group after backward and returns only then (stage3.py step), so the next
+    # forward waits for all of it: the GPU idle time STV removes (paper section on STV; its ablation x1.45).
     step = (Speculative(refresh, refresh_bytes) if s.speculation
-            else AfterBackward(refresh, norm=t.gradient_clipping > 0 or t.precision == "fp16"))
+            else AfterBackward(refresh, norm=t.gradient_clipping > 0 or t.precision == "fp16", wait_for_all=True))
     return Recipe(
         layout=layout.make_layout(units, tensors, flushes, groups),
         cpu=cpu.split_cores(rank_threads(sc), s.cpu_adam_core_fraction, True, s.cpu_adam),
