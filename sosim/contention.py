@@ -25,7 +25,7 @@ from __future__ import annotations
 import dataclasses
 
 from sosim.config import Scenario
-from sosim.engine import Contention
+from sosim.fluid import Contention
 from sosim.machine import Machine, SharedResource
 from sosim.plan import Category, Plan, Resource, ResourceKind
 
@@ -121,7 +121,7 @@ def _only_links_that_cannot_contend(shared: list[SharedResource]) -> bool:
     Then nothing can ever be oversubscribed: a link's direction is drawn on by that rank's one queue of
     copies in that direction, one copy at a time, whose demand the scaling in :func:`contention_for` caps at
     the direction's rate; the worst case of both directions together fits the total. So
-    :func:`sosim.engine.effective_contention` would drop every resource, and the per-op demands need not be
+    :func:`sosim.fluid.effective_contention` would drop every resource, and the per-op demands need not be
     built (a search simulates such plans thousands of times)."""
     caps: dict[str, dict[str, float]] = {}
     for r in shared:

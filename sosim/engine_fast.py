@@ -1,21 +1,21 @@
-"""The engine's run of a plan without SimPy: the same start and end of every op, bit for bit.
+"""The fast exact engine: the SimPy engine's run of a plan without SimPy, the same floats bit for bit.
 
-SimPy (:mod:`sosim.engine`) is the engine of record; a search spends most of its time there, in SimPy's
-generic machinery (an event object per op and per wait, a generator per resource). :func:`engine_run` gives the
-engine's :class:`~sosim.engine.EngineRun` by one of two exact paths:
+SimPy (:mod:`sosim.engine`) is the reference engine; a search would spend most of its time in SimPy's
+generic machinery (an event object per op and per wait, a generator per resource). :func:`run_plan_detailed`
+gives the same :class:`~sosim.fluid.EngineRun` in one of two ways, chosen by the plan's contention:
 
-* **no contention** (``effective_contention`` is None: no shared resource can ever be oversubscribed, e.g.
-  every single-GPU GH200 plan): the engine only waits for dependencies and timeouts, so an op starts at
-  ``max(end of its resource's previous op, ends of its dependencies)`` and ends at ``start + duration``,
-  floats SimPy's clock computes identically. :func:`list_times` does that in one pass in id order (a
-  topological order);
-* **contention** (shared link totals, uplinks, DRAM, cores that ops can oversubscribe): :func:`replay_engine`
-  replays the engine's workers as state machines on a queue ordered exactly like SimPy's (time, priority,
-  order of scheduling), with the engine's own fluid model running unchanged on it, so every rate is
-  computed by the same code from the same events in the same order.
+* **no contention** (:func:`~sosim.fluid.effective_contention` is None: no shared resource can ever be
+  oversubscribed, e.g. every single-GPU GH200 plan): the reference only waits for dependencies and
+  timeouts, so an op starts at ``max(end of its resource's previous op, ends of its dependencies)`` and ends
+  at ``start + duration``, floats SimPy's clock computes identically. :func:`list_times` does that in one
+  pass in id order (a topological order);
+* **contention** (link totals, uplinks, DRAM, cores that ops can oversubscribe): the reference's workers
+  run as state machines on :class:`_Loop`, a queue ordered exactly like SimPy's (time, priority, order of
+  scheduling), with the shared fluid model (:class:`sosim.fluid.Fluid`) running unchanged on it, so every
+  rate is computed by the same code from the same events in the same order.
 
-``tests/test_fastpath.py`` checks the identity against SimPy on every shipped scenario and a hypothesis
-sample of scenarios; ``tests/test_fastpath_fluid.py`` on random contended plans.
+``tests/test_engines.py`` holds it equal to SimPy (one property over random plans, and every shipped
+scenario). This is the engine ``simulate()`` runs by default (``engine="fast"``).
 """
 
 from __future__ import annotations
@@ -23,11 +23,10 @@ from __future__ import annotations
 import functools
 import heapq
 from collections.abc import Callable
-from typing import Any
 
 import numpy as np
 
-from sosim.engine import Contention, EngineRun, _Fluid, effective_contention, stretch_by_name
+from sosim.fluid import Contention, EngineRun, Fluid, effective_contention, stretch_by_name
 from sosim.plan import Plan, Resource
 
 
@@ -67,13 +66,14 @@ def list_times(plan: Plan) -> tuple[list[float], list[float]]:
     return start, end
 
 
-def engine_run(plan: Plan, contention: Contention | None = None) -> EngineRun:
-    """What :func:`sosim.engine.run_plan_detailed` returns for ``plan`` under ``contention``, without SimPy."""
+def run_plan_detailed(plan: Plan, contention: Contention | None = None) -> EngineRun:
+    """What the SimPy engine (:func:`sosim.engine.run_plan_detailed`) returns for ``plan`` under
+    ``contention``, without SimPy."""
     active = effective_contention(plan, contention)
     if active is None:
         start, end = list_times(plan)
         return EngineRun(np.array(start), np.array(end), {})
-    start, end, by_index = replay_engine(plan, active, _Fluid)
+    start, end, by_index = _event_loop_run(plan, active)
     return EngineRun(np.array(start), np.array(end), stretch_by_name(by_index, active.names))
 
 
@@ -117,20 +117,19 @@ class _Loop:
         return _Event(self)
 
 
-def replay_engine(plan: Plan, active: Any, fluid_factory: Callable[[Any, Any], Any]) -> tuple[
-        list[float], list[float], dict[int, float]]:
+def _event_loop_run(plan: Plan, active: Contention) -> tuple[list[float], list[float], dict[int, float]]:
     """The SimPy engine's run of ``plan`` under the (effective) contention ``active``, event for event.
 
     The engine's workers (one per serial resource: wait for each dependency that is not yet processed, start,
     wait for a timeout or for the fluid model, end, trigger the op's event) are replayed as state machines on
     :class:`_Loop`, which orders events exactly as SimPy does (time, then priority, then the order in which
-    they were scheduled); the engine's own fluid model (``fluid_factory(loop, active)``, the engine's
-    ``_Fluid``) runs unchanged on it, so every rate and every float is computed by the same code in the same
-    order. The only SimPy event left out is a process's termination, which nothing waits for. Returns start
-    and end of every op and the fluid model's stretch by shared resource index.
+    they were scheduled); the shared fluid model (:class:`sosim.fluid.Fluid`) runs unchanged on it, so
+    every rate and every float is computed by the same code in the same order. The only SimPy event left
+    out is a process's termination, which nothing waits for. Returns start and end of every op and the fluid
+    model's stretch by shared resource index.
     """
     loop = _Loop()
-    fluid = fluid_factory(loop, active)
+    fluid = Fluid(loop, active)
     uses = active.uses
     ops = plan.ops
     n = len(ops)
@@ -164,8 +163,9 @@ def replay_engine(plan: Plan, active: Any, fluid_factory: Callable[[Any, Any], A
                 duration = ops[i].duration_s
                 if i in uses:
                     busy[w] = True
-                    ev = fluid.run(i, duration, uses[i])
-                    ev.callbacks.append(resumers[w])
+                    callbacks = fluid.run(i, duration, uses[i]).callbacks
+                    assert callbacks is not None  # a fresh event has not been processed yet
+                    callbacks.append(resumers[w])
                     return
                 if duration > 0.0:
                     busy[w] = True
