@@ -74,7 +74,7 @@ def expand_ranks(plan: Plan, ranks: int) -> Plan:
     """
     if ranks <= 1:
         return plan
-    out = Plan(duplex_factors=dict(plan.duplex_factors))
+    out = Plan()
     ops = out.ops
     for op in plan.ops:
         shifted = [tuple(d * ranks + r for d in op.deps) for r in range(ranks)]

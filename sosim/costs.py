@@ -115,8 +115,6 @@ class CostModel(Protocol):
     def so_worker_roundtrip_s(self, elements: float, with_copies: bool = False) -> float: ...
     def so_flush_s(self, elements: float) -> float | None: ...
     @property
-    def duplex_factors(self) -> dict[str, float]: ...
-    @property
     def provenance(self) -> dict[str, str]: ...
 
 
@@ -249,16 +247,6 @@ class AnalyticCostModel:
             bw *= link.pageable_factor
         return us_to_s(link.latency_us) + n_bytes / bw
 
-    @property
-    def duplex_factors(self) -> dict[str, float]:
-        """Speed factor of each direction while the other is busy: it runs at min(own, bidir / 2).
-
-        An even split of the bidirectional total; monotone in every bandwidth (more bandwidth never slows
-        a copy), at the price of under-using a very asymmetric link.
-        """
-        link = self.hw.link
-        half = link.bidir_GBps / 2.0
-        return {"h2d": min(1.0, half / link.h2d_GBps), "d2h": min(1.0, half / link.d2h_GBps)}
 
     # --- CPU -------------------------------------------------------------------------------------------
     def _core_factor(self, cores: float) -> float:

@@ -130,8 +130,13 @@ class Plan:
     ops: list[Op] = field(default_factory=list)
     # op id of the first forward op of each iteration: the steady-state step is measured between them.
     iteration_starts: list[int] = field(default_factory=list)
-    # Speed factor of each link direction while the other is busy (1.0 = full duplex).
-    duplex_factors: dict[ResourceKind, float] = field(default_factory=dict)
+
+    @staticmethod
+    def repeat(template: Template, n: int) -> Plan:
+        """The run: ``n`` copies of one iteration's ``template``, each copy's carries filled from the copies
+        before it (see :class:`Template`); ops of copy ``k`` have ids ``k * len(template.ops) + i`` and
+        iteration ``k``."""
+        return _repeat(template, n)
 
     def add(
         self,
@@ -178,6 +183,54 @@ class Plan:
     def measured_iteration(self) -> int:
         """The iteration whose first forward opens the steady-state window (the second-to-last start)."""
         return self.ops[self.iteration_starts[-2]].iteration
+
+
+@dataclass
+class Template:
+    """One iteration of a run, with typed carries: what flows into it from earlier iterations.
+
+    ``ops`` are the iteration's ops with ids ``0 .. len(ops) - 1``; a dependency ``d >= 0`` is an op of the
+    same iteration, ``d < 0`` a *carry slot*: a stand-in for ops of an earlier iteration. Slot ``s`` of copy
+    ``k`` holds what ``carry_out[s]`` names in copy ``k - lag[s]`` (op ids of that copy, or its own slots,
+    passed on); before the first copies (``k < lag[s]``) it holds nothing, and a dependency on it is dropped.
+    The driver's slots are the host thread's last blocking call and the compute stream's pending work (lag 1)
+    and each optimizer group's gate (lag = the plan's staleness); :data:`sosim.schedules.driver.HOST_SLOT`.
+    """
+
+    ops: list[Op] = field(default_factory=list)
+    iteration_starts: list[int] = field(default_factory=list)
+    lag: dict[int, int] = field(default_factory=dict)  # slot -> iterations between filling and use
+    carry_out: dict[int, tuple[int, ...]] = field(default_factory=dict)  # slot -> refs it is filled with
+
+
+def _repeat(t: Template, n: int) -> Plan:
+    """:meth:`Plan.repeat`. Every dependency on a slot is replaced by the ops the slot holds in that copy, and
+    such an op's dependencies sorted again without duplicates: the ops a block would have made, had it been
+    handed the earlier iteration's real op ids instead of slots (tests/test_plan_template.py)."""
+    plan = Plan()
+    ops = plan.ops
+    m = len(t.ops)
+    filled: list[dict[int, tuple[int, ...]]] = []  # per copy: slot -> the op ids it carries out
+    for k in range(n):
+        base = k * m
+        held = {s: filled[k - lag][s] if k >= lag else () for s, lag in t.lag.items()}
+
+        def resolve(refs: tuple[int, ...], base: int = base, held: dict[int, tuple[int, ...]] = held) -> list[int]:
+            return [x for r in refs for x in ((r + base,) if r >= 0 else held.get(r, ()))]
+
+        filled.append({s: tuple(resolve(refs)) for s, refs in t.carry_out.items()})
+        for op in t.ops:
+            deps = op.deps
+            if not deps:
+                new: tuple[int, ...] = deps
+            elif deps[0] >= 0:  # no slot (deps are sorted: a slot, negative, would come first)
+                new = (deps[0] + base,) if len(deps) == 1 else tuple([d + base for d in deps])
+            else:
+                new = tuple(sorted(set(resolve(deps))))
+            ops.append(Op(op.id + base, op.resource, op.name, op.duration_s, new, op.layer, k, op.category,
+                          op.phase, op.n_bytes, op.flops, op.group))
+        plan.iteration_starts.extend(s + base for s in t.iteration_starts)
+    return plan
 
 
 def list_schedule(plan: Plan) -> tuple[list[float], list[float]]:

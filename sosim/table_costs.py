@@ -3,7 +3,7 @@
 A profile names its table with ``calibration: <csv>``. :class:`TableCostModel` *is* an
 :class:`~sosim.costs.AnalyticCostModel` (same layer composition, launch-bound floor included) that overrides
 only the components the table measured: a whole layer at its exact shape, else its GEMMs and attention, the
-GPU cast, host copies and their duplex slowdown, CPU Adam and casts, collectives, disk, DeepSpeed's stage-3
+GPU cast, host copies, CPU Adam and casts, collectives, disk, DeepSpeed's stage-3
 costs. Anything the table does not cover falls back to the analytic formula.
 
 **What-if on a calibrated machine.** The table was measured on the hardware numbers of the profile file
@@ -57,7 +57,7 @@ _HW_SECTIONS: tuple[str, ...] = ("gpu", "cpu", "link", "interconnect")
 # Which sections each cost kind depends on in the analytic model (to say *why* a cost was rescaled).
 _KIND_SECTIONS: dict[str, tuple[str, ...]] = {
     "gemm": ("gpu",), "attention": ("gpu",), "layer": ("gpu",), "gpu_cast": ("gpu",),
-    "copy": ("link",), "duplex": ("link",), "cpu_adam": ("cpu",), "cpu_cast": ("cpu",),
+    "copy": ("link",), "cpu_adam": ("cpu",), "cpu_cast": ("cpu",),
     "nccl": ("interconnect",), "disk": (), "ds_refresh": ("cpu", "link"), "stage3_hook": (),
     "ds_step_fixed": ("cpu",), "ds_step_unscale_clip": ("cpu",), "so_worker": ("cpu",),
     "so_flush": ("gpu", "link"),
@@ -369,19 +369,6 @@ class TableCostModel(AnalyticCostModel):
         kind = f"copy_{direction}_{'pinned' if pinned else 'pageable'}"
         return self._use(kind, measured, lambda a: a.copy_s(n_bytes, direction, pinned))
 
-    @functools.cached_property
-    def duplex_factors(self) -> dict[str, float]:
-        """Measured: each direction's time alone / its time while both copy, at 256 MiB; rescaled by the
-        analytic ratio of the duplex factor, never above 1 (a direction is never faster than alone)."""
-        size = 256 * 2**20
-        out = dict(self._now.duplex_factors)
-        for direction in ("h2d", "d2h"):
-            alone = self.table.copy_time_s(size, direction, True, False)  # type: ignore[arg-type]
-            both = self.table.copy_time_s(size, direction, True, True)  # type: ignore[arg-type]
-            measured = alone / both if alone is not None and both is not None and both > 0 else None
-            value = self._use(f"duplex_{direction}", measured, functools.partial(_duplex_factor, direction))
-            out[direction] = min(1.0, value)
-        return out
 
     # --- CPU -------------------------------------------------------------------------------------------------
     def cpu_adam_s(self, params: float, impl: AdamImpl, cores: float, total_params: float) -> float:
@@ -538,8 +525,6 @@ def table_names(table: CalibrationTable) -> str:
     return str(Path(table.path).name)
 
 
-def _duplex_factor(direction: str, a: AnalyticCostModel) -> float:
-    return a.duplex_factors[direction]
 
 
 def _counts(counts: dict[str, int]) -> str:

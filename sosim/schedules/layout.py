@@ -23,7 +23,6 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Literal, NamedTuple
 
 from sosim import model as tm
-from sosim.plan import ResourceKind
 from sosim.units import BF16_BYTES, MB
 
 if TYPE_CHECKING:
@@ -110,9 +109,6 @@ class Layout:
         return [g for g in self.groups if not g.on_gpu]
 
 
-def duplex(costs: CostModel) -> dict[ResourceKind, float]:
-    """The cost model's per-direction duplex factors keyed by resource kind (what the plan carries)."""
-    return {ResourceKind(k): f for k, f in costs.duplex_factors.items()}
 
 
 # --- units --------------------------------------------------------------------------------------------------
