@@ -207,6 +207,15 @@ def _repeat(t: Template, n: int) -> Plan:
     """:meth:`Plan.repeat`. Every dependency on a slot is replaced by the ops the slot holds in that copy, and
     such an op's dependencies sorted again without duplicates: the ops a block would have made, had it been
     handed the earlier iteration's real op ids instead of slots (tests/test_plan_template.py)."""
+    empty = _never_filled(t)
+    # Each template op's dependencies split once: those inside the iteration, and the live slots.
+    split: list[tuple[tuple[int, ...], tuple[int, ...]]] = []
+    for op in t.ops:
+        deps = op.deps
+        if deps and deps[0] < 0:  # deps are sorted: slots (negative) come first
+            split.append((tuple([d for d in deps if d >= 0]), tuple([d for d in deps if d < 0 and d not in empty])))
+        else:
+            split.append((deps, ()))
     plan = Plan()
     ops = plan.ops
     m = len(t.ops)
@@ -214,23 +223,41 @@ def _repeat(t: Template, n: int) -> Plan:
     for k in range(n):
         base = k * m
         held = {s: filled[k - lag][s] if k >= lag else () for s, lag in t.lag.items()}
-
-        def resolve(refs: tuple[int, ...], base: int = base, held: dict[int, tuple[int, ...]] = held) -> list[int]:
-            return [x for r in refs for x in ((r + base,) if r >= 0 else held.get(r, ()))]
-
-        filled.append({s: tuple(resolve(refs)) for s, refs in t.carry_out.items()})
-        for op in t.ops:
-            deps = op.deps
-            if not deps:
-                new: tuple[int, ...] = deps
-            elif deps[0] >= 0:  # no slot (deps are sorted: a slot, negative, would come first)
-                new = (deps[0] + base,) if len(deps) == 1 else tuple([d + base for d in deps])
+        filled.append({s: tuple([x for r in refs for x in ((r + base,) if r >= 0 else held[r])])
+                       for s, refs in t.carry_out.items()})
+        if k == 0:
+            # The first copy is the template itself wherever an op waits for no slot (its ids and iteration
+            # are the template's; ops are never changed in place), new ops only where slots are dropped.
+            ops.extend([op if own is op.deps else Op(op.id, op.resource, op.name, op.duration_s, own, op.layer, 0,
+                                                     op.category, op.phase, op.n_bytes, op.flops, op.group)
+                        for op, (own, _slots) in zip(t.ops, split)])
+            plan.iteration_starts.extend(t.iteration_starts)
+            continue
+        for op, (own, slots) in zip(t.ops, split):
+            if slots:
+                new = tuple(sorted({*[d + base for d in own], *[x for s in slots for x in held[s]]}))
+            elif not own:
+                new = own
             else:
-                new = tuple(sorted(set(resolve(deps))))
+                new = (own[0] + base,) if len(own) == 1 else tuple([d + base for d in own])
             ops.append(Op(op.id + base, op.resource, op.name, op.duration_s, new, op.layer, k, op.category,
                           op.phase, op.n_bytes, op.flops, op.group))
         plan.iteration_starts.extend(s + base for s in t.iteration_starts)
     return plan
+
+
+def _never_filled(t: Template) -> set[int]:
+    """Slots that hold nothing in every copy: carried out with only such slots (an iteration that never makes
+    a host call passes the host slot on, and so on back to the first, which holds nothing)."""
+    empty = set(t.lag)
+    changed = True
+    while changed:
+        changed = False
+        for s in list(empty):
+            if any(r >= 0 or r not in empty for r in t.carry_out.get(s, ())):
+                empty.discard(s)
+                changed = True
+    return empty
 
 
 def list_schedule(plan: Plan) -> tuple[list[float], list[float]]:
