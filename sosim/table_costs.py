@@ -26,7 +26,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import os
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -95,56 +95,6 @@ def load_table(path: str) -> CalibrationTable:
 
 
 # ---- the baseline: the hardware numbers the table was measured on ----------------------------------------
-
-
-@functools.lru_cache(maxsize=32)
-def _profile_file(path: str, mtime_ns: int, size: int) -> HardwareProfile | None:
-    """A profile file as loaded (no overrides); None if it does not load. Memo keyed by the file version."""
-    del mtime_ns, size
-    from sosim.loader import load_profile  # the loader imports this module lazily; no import cycle
-
-    try:
-        return load_profile(path)
-    except ConfigError:
-        return None
-
-
-def _candidate_files(name: str) -> Iterator[Path]:
-    from sosim.loader import available_profiles
-
-    found = available_profiles()
-    if name in found:
-        yield found[name]
-    yield from (p for n, p in found.items() if n != name)
-
-
-def find_baseline(hw: HardwareProfile) -> tuple[HardwareProfile | None, str]:
-    """The profile file that names ``hw``'s calibration table, as loaded from disk, and its path.
-
-    The profile of the same name first (the scenario's profile before any ``--set``), then any available
-    profile naming the same table (e.g. another machine's profile pointed at this table). (None, "") when
-    no profile file names it (an inline profile): its own numbers are then the baseline.
-    """
-    if hw.calibration is None:
-        return None, ""
-    target = [Path(p).resolve() for p in hw.calibration_paths]
-    # A profile naming exactly these tables first; else one whose tables include all of them (a profile
-    # pointed at one of the tables of a calibrated machine is rescaled from that machine's numbers).
-    containing: tuple[HardwareProfile, str] | None = None
-    for path in _candidate_files(hw.name):
-        try:
-            st = path.stat()
-        except OSError:
-            continue
-        prof = _profile_file(str(path), st.st_mtime_ns, st.st_size)
-        if prof is None:
-            continue
-        theirs = [Path(p).resolve() for p in prof.calibration_paths]
-        if theirs == target:
-            return prof, str(path)
-        if containing is None and theirs and all(t in theirs for t in target):
-            containing = (prof, str(path))
-    return containing if containing is not None else (None, "")
 
 
 def hardware_changes(base: HardwareProfile, now: HardwareProfile) -> dict[str, tuple[Any, Any]]:
@@ -220,11 +170,12 @@ class TableCostModel(AnalyticCostModel):
 
     @classmethod
     def from_profile(cls, analytic: AnalyticCostModel) -> TableCostModel:
-        """The profile's table, with the profile file that names it as the baseline (see find_baseline)."""
+        """The profile's table, with the profile file that names it as the baseline (the loader found it:
+        :attr:`~sosim.config.HardwareProfile.calibration_baseline`; this model never searches folders)."""
         paths = analytic.hw.calibration_paths
         if not paths:
             raise ValueError(f"profile '{analytic.hw.name}' names no calibration table")
-        baseline, source = find_baseline(analytic.hw)
+        baseline, source = analytic.hw.calibration_baseline
         return cls.from_analytic(analytic, load_tables(paths), baseline, source)
 
     # --- spread (issue 11): the same model over other timings of the same table ------------------------------
