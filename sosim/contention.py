@@ -26,7 +26,7 @@ import dataclasses
 
 from sosim.config import Scenario
 from sosim.fluid import Contention
-from sosim.machine import Machine, SharedResource
+from sosim.machine import Machine, SharedId, SharedResource, cores_id, dram_id, nvme_id
 from sosim.plan import Category, Plan, Resource, ResourceKind
 
 _COPY = {ResourceKind.H2D: "h2d", ResourceKind.D2H: "d2h"}
@@ -36,7 +36,7 @@ _HOST_THREAD = frozenset({Category.FRAMEWORK, Category.SYNC})
 _COLLECTIVE = frozenset({ResourceKind.NET})
 # A copy moving its bytes at less than this fraction of the link's pinned rate is staged by the CPU.
 STAGED_FRACTION = 0.5
-_NVME = {ResourceKind.NVME_READ: "nvme.read", ResourceKind.NVME_WRITE: "nvme.write"}
+_NVME = {ResourceKind.NVME_READ: nvme_id(write=False), ResourceKind.NVME_WRITE: nvme_id(write=True)}
 
 
 def rank_resource(resource: Resource, rank: int) -> Resource:
@@ -123,12 +123,11 @@ def _only_links_that_cannot_contend(shared: list[SharedResource]) -> bool:
     the direction's rate; the worst case of both directions together fits the total. So
     :func:`sosim.fluid.effective_contention` would drop every resource, and the per-op demands need not be
     built (a search simulates such plans thousands of times)."""
-    caps: dict[str, dict[str, float]] = {}
+    caps: dict[int, dict[str, float]] = {}
     for r in shared:
         if r.kind != "link":
             return False
-        link, _, part = r.name.partition(".")
-        caps.setdefault(link, {})[part] = r.capacity
+        caps.setdefault(r.id.index, {})[r.id.part] = r.capacity
     return all(c["h2d"] + c["d2h"] <= c["bidir"] for c in caps.values())
 
 
@@ -136,7 +135,7 @@ def contention_for(sc: Scenario, m: Machine, plan: Plan, simulated_ranks: int) -
     shared = m.shared_resources()
     if _only_links_that_cannot_contend(shared):
         return Contention(tuple(r.name for r in shared), tuple(r.capacity for r in shared), {})
-    index = {s.name: k for k, s in enumerate(shared)}
+    index = {s.id: k for k, s in enumerate(shared)}
     hw = m.profile
     link = hw.link
     rate = {"h2d": link.h2d_GBps * 1e9, "d2h": link.d2h_GBps * 1e9}
@@ -152,9 +151,9 @@ def contention_for(sc: Scenario, m: Machine, plan: Plan, simulated_ranks: int) -
     saturation = float(hw.cpu.adam_saturation_cores)
     borrow = m.borrows_sockets
 
-    def cores_of(socket: int) -> str:
+    def cores_of(socket: int) -> SharedId:
         # One node-wide pool unless a neighbour's cores are borrowed (then one pool per socket).
-        return f"cores{socket}" if borrow else "cores"
+        return cores_id(socket if borrow else None)
     uses: dict[int, tuple[tuple[int, float], ...]] = {}
     # What an op draws on depends on its kind, rank and (for CPU work) category, and only its rate on the op
     # itself: the routes and resource indices are worked out once per (kind, rank) below, not per op (this
@@ -179,7 +178,7 @@ def contention_for(sc: Scenario, m: Machine, plan: Plan, simulated_ranks: int) -
             if branch == _BRANCH_CPU and not borrow:
                 # CPU work draws on its socket's cores and DRAM: when the machine shares neither, nothing.
                 own = m.rank_socket[resource.instance] if not m.legacy else resource.instance
-                if cores_of(own) not in index and not (dram_Bps > 0 and f"dram{own}" in index):
+                if cores_of(own) not in index and not (dram_Bps > 0 and dram_id(own) in index):
                     branch = _SKIP
             branch_of[id(resource)] = branch
         if branch == _SKIP:
@@ -196,8 +195,8 @@ def contention_for(sc: Scenario, m: Machine, plan: Plan, simulated_ranks: int) -
                                                                                                  host)
                 own = m.rank_socket[rank] if not m.legacy else rank
                 staged_socket = m.opt_socket(rank) if borrow else own
-                cs = ([index[name] for name in route if name in index], index.get(cores_of(own)),
-                      index.get(f"dram{staged_socket}"), rate[direction], STAGED_FRACTION * rate[direction])
+                cs = ([index[r] for r in route if r in index], index.get(cores_of(own)),
+                      index.get(dram_id(staged_socket)), rate[direction], STAGED_FRACTION * rate[direction])
                 copy_static[id(resource)] = cs
             route_ks, cores_k, dram_k, full_Bps, staged_below_Bps = cs
             # Its average rate over its whole duration (latency included): the rate the engine scales, so
@@ -225,7 +224,7 @@ def contention_for(sc: Scenario, m: Machine, plan: Plan, simulated_ranks: int) -
                 nvme_ks = nvme_static.get((kind, rank))
                 if nvme_ks is None:
                     socket = m.rank_socket[rank] if not m.legacy else rank
-                    nvme_ks = [index[n] for n in (_NVME[kind], f"dram{socket}") if n in index]
+                    nvme_ks = [index[r] for r in (_NVME[kind], dram_id(socket)) if r in index]
                     nvme_static[(kind, rank)] = nvme_ks
                 uses[op.id] = tuple((k, bps) for k in nvme_ks)
         elif op.category in _HOST_THREAD:  # CPU work
@@ -245,7 +244,7 @@ def contention_for(sc: Scenario, m: Machine, plan: Plan, simulated_ranks: int) -
                 # CPU Adam on a borrowed socket: its cores and the DRAM holding the optimizer state.
                 socket = m.opt_socket(rank) if borrowed else (m.rank_socket[rank] if not m.legacy else rank)
                 cores = (index[cores_of(socket)], t) if cores_of(socket) in index else None
-                dram = index[f"dram{socket}"] if dram_Bps > 0 and f"dram{socket}" in index else None
+                dram = index[dram_id(socket)] if dram_Bps > 0 and dram_id(socket) in index else None
                 cpu = (t, cores, dram)
                 cpu_static[(kind, rank, borrowed)] = cpu
             t, cores, dram = cpu
