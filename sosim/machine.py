@@ -41,7 +41,7 @@ class SharedId(NamedTuple):
     ``in``, the NVMe volume's ``read`` / ``write``). A named tuple: hashed in C where contention looks it up."""
 
     kind: SharedKind
-    index: int = 0
+    index: int = 0  # type: ignore[assignment]  # shadows tuple.index, a method nothing calls on an id
     part: str = ""
 
     @property
