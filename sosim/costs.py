@@ -103,8 +103,6 @@ class CostModel(Protocol):
     def cpu_adam_s(self, params: float, impl: AdamImpl, cores: float, total_params: float) -> float: ...
     def cpu_cast_s(self, elements: float, cores: float) -> float: ...
     def cpu_norm_s(self, params: float) -> float: ...
-    def allreduce_s(self, n_bytes: float, ranks: int) -> float: ...
-    def reduce_scatter_s(self, n_bytes: float, ranks: int) -> float: ...
     def collective_s(self, kind: CollectiveKind, n_bytes: float, ranks: int) -> float: ...
     def disk_s(self, n_bytes: float, write: bool) -> float: ...
     # DeepSpeed stage-3 paths (docs/model.md "Costs: measured baseline and what-if").
@@ -278,14 +276,6 @@ class AnalyticCostModel:
             return math.inf
         bw = ic.gpu_gpu_GBps if ranks <= ic.gpus_per_node else ic.node_node_GBps
         return bw * GB
-
-    def allreduce_s(self, n_bytes: float, ranks: int) -> float:
-        """Ring all-reduce: 2(n-1)/n of the bytes cross each GPU's link."""
-        return self.collective_s("all_reduce", n_bytes, ranks)
-
-    def reduce_scatter_s(self, n_bytes: float, ranks: int) -> float:
-        """Ring reduce-scatter (or all-gather): (n-1)/n of the bytes."""
-        return self.collective_s("reduce_scatter", n_bytes, ranks)
 
     def collective_s(self, kind: CollectiveKind, n_bytes: float, ranks: int) -> float:
         """Ring collective over a buffer of ``n_bytes`` (the whole buffer, not one rank's shard)."""
