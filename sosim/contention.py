@@ -22,12 +22,10 @@ node is simulated and its collectives wait for all of them (a collective starts 
 
 from __future__ import annotations
 
-import dataclasses
-
 from sosim.config import Scenario
 from sosim.fluid import Contention
 from sosim.machine import Machine, SharedId, SharedResource, cores_id, dram_id, nvme_id
-from sosim.plan import Category, Plan, Resource, ResourceKind
+from sosim.plan import Category, Op, Plan, Resource, ResourceKind
 
 _COPY = {ResourceKind.H2D: "h2d", ResourceKind.D2H: "d2h"}
 _CPU = frozenset({ResourceKind.CPU_OPT, ResourceKind.CPU_MAIN})
@@ -76,13 +74,18 @@ def expand_ranks(plan: Plan, ranks: int) -> Plan:
         return plan
     out = Plan()
     ops = out.ops
+    # Each resource's copy on every rank, made once (not once per op).
+    on_rank: dict[Resource, list[Resource]] = {}
     for op in plan.ops:
-        shifted = [tuple(d * ranks + r for d in op.deps) for r in range(ranks)]
+        shifted = [tuple([d * ranks + r for d in op.deps]) for r in range(ranks)]
         synced = tuple(sorted({d for deps in shifted for d in deps})) if op.resource.kind in _COLLECTIVE else None
+        copies = on_rank.get(op.resource)
+        if copies is None:
+            copies = on_rank[op.resource] = [rank_resource(op.resource, r) for r in range(ranks)]
         for r in range(ranks):
-            deps = synced if synced is not None else shifted[r]
-            ops.append(dataclasses.replace(op, id=op.id * ranks + r, resource=rank_resource(op.resource, r),
-                                           deps=deps))
+            ops.append(Op(op.id * ranks + r, copies[r], op.name, op.duration_s,
+                          synced if synced is not None else shifted[r], op.layer, op.iteration, op.category,
+                          op.phase, op.n_bytes, op.flops, op.group))
     out.iteration_starts = [i * ranks for i in plan.iteration_starts]
     return out
 

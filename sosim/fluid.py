@@ -172,6 +172,9 @@ class Fluid:
         self.jobs: dict[int, Job] = {}
         self.generation = 0  # a wake-up scheduled before the last reallocation is stale
         self.stretch: dict[int, float] = {}
+        # Rates and limits of every set of running jobs met in this run, by their demands in start order: the
+        # same sets recur (every layer, every iteration, every rank's copy), and the filling is a pure function.
+        self._filled: dict[tuple[tuple[tuple[int, float], ...], ...], tuple[list[float], list[int]]] = {}
 
     def run(self, op_id: int, duration_s: float, uses: tuple[tuple[int, float], ...]) -> ClockEvent:
         now = self.env.now
@@ -186,15 +189,18 @@ class Fluid:
         job.since = now
 
     def _reallocate(self, now: float) -> None:
-        rates, limits = progressive_filling(self.jobs, self.capacity)
-        for op_id, job in self.jobs.items():
-            rate = rates[op_id]
+        key = tuple([job.uses for job in self.jobs.values()])
+        filled = self._filled.get(key)
+        if filled is None:
+            filled = self._filled[key] = progressive_filling(key, self.capacity)
+        rates, limits = filled
+        for job, rate, limit in zip(self.jobs.values(), rates, limits):
             if rate != job.rate:
                 self._close_interval(job, now)
                 remaining = (job.finish - now) * job.rate  # full-speed seconds of work left
                 job.finish = now + remaining / rate
                 job.rate = rate
-            job.limit = limits[op_id]
+            job.limit = limit
         self.generation += 1
         if self.jobs:
             first = min(job.finish for job in self.jobs.values())
@@ -218,9 +224,10 @@ class Fluid:
 
 
 def progressive_filling(
-    jobs: Mapping[int, Job], capacity: Sequence[float]
-) -> tuple[dict[int, float], dict[int, int]]:
-    """Rates (fraction of full speed) and limiting resource of each job: max-min fair in each op's own unit.
+    uses: Sequence[tuple[tuple[int, float], ...]], capacity: Sequence[float]
+) -> tuple[list[float], list[int]]:
+    """Rates (fraction of full speed) and limiting resource of each job (by its position in ``uses``, its
+    demands): max-min fair in each op's own unit. A pure function of ``uses`` (:class:`Fluid` remembers it).
 
     Each op's throughput is measured in the unit of its first listed resource (bytes/s for a copy or a
     memory-bound CPU kernel, threads for a kernel that only needs cores). All unfrozen ops' throughputs
@@ -229,39 +236,46 @@ def progressive_filling(
     throughput (a fair share in bytes/s, not in fraction of speed): an op that asks for more than its share
     is held to it and does not take a slower neighbour's bytes.
     """
-    rates: dict[int, float] = {}
-    limits: dict[int, int] = {}
-    left: dict[int, float] = {}
+    n = len(uses)
+    unit = [ks[0][1] for ks in uses]
+    # Per shared resource: its users (position, demand per unit of the user's throughput) and what is left.
     users: dict[int, list[tuple[int, float]]] = {}
-    unit: dict[int, float] = {}
-    for op_id, job in jobs.items():
-        unit[op_id] = job.uses[0][1]
-        for k, demand in job.uses:
-            users.setdefault(k, []).append((op_id, demand))
+    left: dict[int, float] = {}
+    for p, ks in enumerate(uses):
+        per = unit[p]
+        for k, demand in ks:
+            users.setdefault(k, []).append((p, demand / per))
             left[k] = capacity[k]
-    unfrozen = set(jobs)
+    rates = [1.0] * n
+    limits = [-1] * n
+    unfrozen = [True] * n
+    remaining = n
 
-    def freeze(j: int, rate: float, limit: int) -> None:
-        rates[j] = rate
-        limits[j] = limit
-        unfrozen.discard(j)
-        for k, demand in jobs[j].uses:
+    def freeze(p: int, rate: float, limit: int) -> None:
+        rates[p] = rate
+        limits[p] = limit
+        unfrozen[p] = False
+        for k, demand in uses[p]:
             left[k] -= rate * demand
 
-    while unfrozen:
+    while remaining:
         # Throughput at which each resource fills if every unfrozen op runs at that throughput.
         fill, fill_k = math.inf, -1
         for k, us in users.items():
-            slope = sum(d / unit[j] for j, d in us if j in unfrozen)
+            slope = sum([s for p, s in us if unfrozen[p]])
             if slope > 0:
                 level = max(left[k], 0.0) / slope
                 if level < fill:
                     fill, fill_k = level, k
-        full = min(unit[j] for j in unfrozen)
+        full = min([unit[p] for p in range(n) if unfrozen[p]])
         if full <= fill:
-            for j in [j for j in unfrozen if unit[j] <= full]:
-                freeze(j, 1.0, -1)
+            for p in range(n):
+                if unfrozen[p] and unit[p] <= full:
+                    freeze(p, 1.0, -1)
+                    remaining -= 1
             continue
-        for j in [j for j, _ in users[fill_k] if j in unfrozen]:
-            freeze(j, max(fill / unit[j], 1e-12), fill_k)
+        for p, _ in users[fill_k]:
+            if unfrozen[p]:
+                freeze(p, max(fill / unit[p], 1e-12), fill_k)
+                remaining -= 1
     return rates, limits
