@@ -63,6 +63,52 @@ def ranks_share_host(m: Machine, uses_nvme: bool = False) -> bool:
     return m.threads_per_rank * m.local_ranks > m.cores_per_socket * m.sockets  # oversubscribed cores
 
 
+def symmetric_shares(m: Machine) -> dict[SharedId, int] | None:
+    """How many ranks draw on each shared resource, when the node's ranks are interchangeable; else None.
+
+    Interchangeable: every rank runs the same plan, and each kind of shared resource (a link part, an
+    uplink part, a socket's DRAM, the NVMe volume, the core pool) splits the ranks into blocks of one size
+    (the ranks that reach one instance), of one capacity, and the blocks of all kinds nest (an uplink's
+    ranks inside one socket's, a socket's inside the node's). Then some permutation of the ranks that keeps
+    every resource maps any rank to any other, so all ranks start and end every op together, and on a
+    resource that ``n`` ranks reach each gets the same share of every fill: rank 0 alone with ``1 / n`` of
+    the capacity runs the same timeline (progressive filling scales exactly: the fill level of ``n`` equal
+    users of ``C`` is that of one user of ``C / n``), up to the rounding of the summed shares
+    (tests/test_multigpu.py compares it with every rank simulated)."""
+    if m.legacy or m.borrows_sockets or m.local_ranks <= 1:
+        return None
+    capacity = {r.id: r.capacity for r in m.shared_resources()}
+    reach: dict[SharedId, set[int]] = {}
+    for rank in range(m.local_ranks):
+        for rid in _reachable(m, rank):
+            reach.setdefault(rid, set()).add(rank)
+    by_kind: dict[tuple[str, str], list[SharedId]] = {}
+    for rid in reach:
+        by_kind.setdefault((rid.kind, rid.part), []).append(rid)
+    blocks: list[frozenset[int]] = []
+    for ids in by_kind.values():
+        kind_blocks = [frozenset(reach[i]) for i in ids]
+        covered = sorted(r for b in kind_blocks for r in b)
+        if covered != list(range(m.local_ranks)) or len({len(b) for b in kind_blocks}) != 1 \
+                or len({capacity[i] for i in ids}) != 1:
+            return None  # not a partition into equal blocks of equal capacity
+        blocks += kind_blocks
+    if any(a & b and not (a <= b or b <= a) for a in blocks for b in blocks):
+        return None  # blocks that overlap without nesting
+    return {rid: len(ranks) for rid, ranks in reach.items()}
+
+
+def _reachable(m: Machine, rank: int) -> set[SharedId]:
+    """The shared resources that ``rank``'s ops can draw on in :func:`contention_for` (sockets not borrowed)."""
+    out = {*m.route(rank, "host", "hbm"), *m.route(rank, "hbm", "host"), cores_id(None)}
+    node = m.profile.node
+    if node is not None and node.nvme is not None:
+        out |= {*m.route(rank, "host", "nvme"), *m.route(rank, "nvme", "host")}
+    if node is not None and node.dram_GBps is not None:
+        out.add(dram_id(m.rank_socket[rank]))
+    return {r for r in out if r in {s.id for s in m.shared_resources()}}
+
+
 def expand_ranks(plan: Plan, ranks: int) -> Plan:
     """The node's plan: ``ranks`` copies of one rank's plan, each on its own resources.
 
@@ -97,8 +143,19 @@ def node_plan(sc: Scenario, m: Machine, plan: Plan) -> tuple[Plan, Contention, i
     several = not m.legacy and m.local_ranks > 1
     simulated = m.local_ranks if several and ranks_share_host(
         m, any(op.resource.kind in _NVME for op in plan.ops)) else 1
-    node = expand_ranks(plan, simulated)
-    return node, contention_for(sc, m, node, simulated), simulated
+    shares = symmetric_shares(m) if simulated > 1 else None
+    if shares is None:
+        node = expand_ranks(plan, simulated)
+        return node, contention_for(sc, m, node, simulated), simulated
+    # Interchangeable ranks: rank 0 alone, with its share of every resource (demands fitted to the whole
+    # capacity first: an op alone on the machine may use all of it, it never is alone here).
+    own = contention_for(sc, m, plan, 1)
+    ids = [r.id for r in m.shared_resources()]
+    capacity = tuple(c / shares.get(rid, 1) for c, rid in zip(own.capacity, ids, strict=True))
+    # Time lost on rank 0's resource is lost alike on every instance of its kind (the other ranks' copies).
+    same_kind = {k: tuple(j for j, other in enumerate(ids) if (other.kind, other.part) == (rid.kind, rid.part)
+                          and other in shares) for k, rid in enumerate(ids) if rid in shares}
+    return plan, Contention(own.names, capacity, own.uses, m.local_ranks, same_kind), 1
 
 
 _SKIP, _BRANCH_COPY, _BRANCH_NVME, _BRANCH_CPU = range(4)

@@ -62,7 +62,7 @@ def run_plan_detailed(plan: Plan, contention: Contention | None = None) -> Engin
     if unfinished:
         # A plan bug (a dependency cycle through resource order), never a user error.
         raise RuntimeError(f"deadlock: {len(unfinished)} ops never ran, first: {unfinished[0]}")
-    stretch = stretch_by_name(fluid.stretch, active.names) if fluid is not None and active is not None else {}
+    stretch = stretch_by_name(fluid.stretch, active) if fluid is not None and active is not None else {}
     return EngineRun(start, end, stretch)
 
 

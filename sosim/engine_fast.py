@@ -74,7 +74,7 @@ def run_plan_detailed(plan: Plan, contention: Contention | None = None) -> Engin
         start, end = list_times(plan)
         return EngineRun(np.array(start), np.array(end), {})
     start, end, by_index = _event_loop_run(plan, active)
-    return EngineRun(np.array(start), np.array(end), stretch_by_name(by_index, active.names))
+    return EngineRun(np.array(start), np.array(end), stretch_by_name(by_index, active))
 
 
 # --- the engine's run under shared-resource contention, without SimPy -------------------------------------------

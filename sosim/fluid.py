@@ -71,6 +71,11 @@ class Contention:
     names: tuple[str, ...]
     capacity: tuple[float, ...]
     uses: Mapping[int, tuple[tuple[int, float], ...]] = field(default_factory=dict)
+    # Ranks each op stands for (interchangeable ranks simulated as one, sosim.contention.symmetric_shares):
+    # the time lost to contention is that of all of them, reported on every instance of the resource that
+    # limited it (``report_as[k]``: the other sockets' DRAM for rank 0's, ...), in equal parts.
+    stands_for: int = 1
+    report_as: Mapping[int, tuple[int, ...]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if len(self.names) != len(self.capacity):
@@ -133,19 +138,24 @@ def effective_contention(plan: Plan, contention: Contention | None) -> Contentio
             uses[op_id] = kept
     if not uses:
         return None
-    return Contention(contention.names, contention.capacity, uses)
+    return Contention(contention.names, contention.capacity, uses, contention.stands_for, contention.report_as)
 
 
 # Stretch below this is float noise of repeated rate changes, not time lost to contention.
 STRETCH_NOISE_S = 1e-12
 
 
-def stretch_by_name(by_index: dict[int, float], names: Sequence[str]) -> dict[str, float]:
-    """Time lost to each shared resource, by its name (the one rule every engine path reports with)."""
+def stretch_by_name(by_index: dict[int, float], active: Contention) -> dict[str, float]:
+    """Time lost to each shared resource, by its name, over every rank the ops stand for (the one rule
+    both engines report with)."""
     out: dict[str, float] = {}
+    names = active.names
     for k, s in by_index.items():
         if s > STRETCH_NOISE_S:
-            out[names[k]] = out.get(names[k], 0.0) + s
+            targets = active.report_as.get(k, (k,))
+            part = s * active.stands_for / len(targets)
+            for t in targets:
+                out[names[t]] = out.get(names[t], 0.0) + part
     return out
 
 
