@@ -34,8 +34,11 @@ def list_times(plan: Plan) -> tuple[list[float], list[float]]:
     """Start and end of every op by list scheduling, ops in id order (a topological order).
 
     The same arithmetic as :func:`sosim.plan.list_schedule` (which stays the readable oracle), with the
-    per-op work cut to a few list reads: this is the hot loop of a search.
+    per-op work cut to a few list reads: this is the hot loop of a search. A repeated template is read as
+    arrays of its one iteration (:func:`_repeated_times`), without making the run's ops.
     """
+    if plan.repeated:
+        return _repeated_times(plan)
     ops = plan.ops
     n = len(ops)
     start = [0.0] * n
@@ -63,6 +66,45 @@ def list_times(plan: Plan) -> tuple[list[float], list[float]]:
         t += op.duration_s
         end[i] = t
         free[k] = t
+    return start, end
+
+
+def _repeated_times(plan: Plan) -> tuple[list[float], list[float]]:
+    """:func:`list_times` of ``plan.copies`` copies of ``plan.template``: per template op its resource slot,
+    duration and dependencies inside the iteration (shifted by each copy's first id), and for the ops that
+    wait for a carry slot the dependencies of that copy (:attr:`Plan.copy_deps`). The same floats in the
+    same order as over the made ops."""
+    t = plan.template
+    assert t is not None
+    m = len(t.ops)
+    slot_of: dict[Resource, int] = {}
+    res = [slot_of.setdefault(op.resource, len(slot_of)) for op in t.ops]
+    dur = [op.duration_s for op in t.ops]
+    own = [op.deps for op in t.ops]
+    n = m * plan.copies
+    start = [0.0] * n
+    end = [0.0] * n
+    free = [0.0] * len(slot_of)
+    for k, special in enumerate(plan.copy_deps):
+        base = k * m
+        for i in range(m):
+            r = res[i]
+            time = free[r]
+            deps = special.get(i)
+            if deps is None:
+                for d in own[i]:
+                    e = end[d + base]
+                    if e > time:
+                        time = e
+            else:
+                for d in deps:
+                    e = end[d]
+                    if e > time:
+                        time = e
+            start[base + i] = time
+            time += dur[i]
+            end[base + i] = time
+            free[r] = time
     return start, end
 
 

@@ -110,3 +110,17 @@ def test_a_slot_passed_on_reaches_the_iteration_that_filled_it() -> None:
     assert [op.deps for op in Plan.repeat(t, 3).ops] == [(), (), ()]
     t = Template([_op(0, (-1,)), _op(1, (-1,))], [0], {-1: 1}, {-1: (-1,)})
     assert [op.deps for op in Plan.repeat(t, 2).ops] == [(), (), (), ()]
+
+
+def test_simulate_reads_the_template_without_making_the_ops() -> None:
+    """A single-GPU GH200 run: the fast engine and the metrics read the repeated template as arrays; the
+    run's ops are made only when asked for (the spans), and are then the same timeline's."""
+    from sosim import simulate
+    from sosim.engine_fast import list_times
+
+    result = simulate(load_scenario("gh200_superoffload_8b", ["model.layers=4"]))
+    assert result.plan.repeated
+    start, end = list_times(result.plan)
+    made = Plan(list(result.plan.ops), list(result.plan.iteration_starts))
+    assert not result.plan.repeated and not made.repeated
+    assert list_times(made) == (start, end) == (result.start_s.tolist(), result.end_s.tolist())
