@@ -77,8 +77,15 @@ def _repeated_times(plan: Plan) -> tuple[list[float], list[float]]:
     t = plan.template
     assert t is not None
     m = len(t.ops)
+    # Resource slots by object identity first, as list_times does (hashing a Resource runs Python code).
+    by_id: dict[int, int] = {}
     slot_of: dict[Resource, int] = {}
-    res = [slot_of.setdefault(op.resource, len(slot_of)) for op in t.ops]
+    res = []
+    for op in t.ops:
+        k = by_id.get(id(op.resource))
+        if k is None:
+            k = by_id[id(op.resource)] = slot_of.setdefault(op.resource, len(slot_of))
+        res.append(k)
     dur = [op.duration_s for op in t.ops]
     own = [op.deps for op in t.ops]
     n = m * plan.copies

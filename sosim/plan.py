@@ -293,13 +293,23 @@ def _copy_deps(t: Template, n: int) -> list[dict[int, tuple[int, ...]]]:
             split.append((op.id, tuple([d for d in deps if d >= 0]),
                           tuple([d for d in deps if d < 0 and d not in empty])))
     m = len(t.ops)
+    # Only the slots some op waits for, and those they are passed on from, are followed copy by copy.
+    needed = {s for _i, _own, slots in split for s in slots}
+    todo = list(needed)
+    while todo:
+        for r in t.carry_out.get(todo.pop(), ()):
+            if r < 0 and r not in needed:
+                needed.add(r)
+                todo.append(r)
+    lags = [(s, t.lag[s]) for s in sorted(needed)]
+    carry = [(s, t.carry_out.get(s, ())) for s in sorted(needed)]
     out: list[dict[int, tuple[int, ...]]] = []
     filled: list[dict[int, tuple[int, ...]]] = []  # per copy: slot -> the op ids it carries out
     for k in range(n):
         base = k * m
-        held = {s: filled[k - lag][s] if k >= lag else () for s, lag in t.lag.items()}
+        held = {s: filled[k - lag][s] if k >= lag else () for s, lag in lags}
         filled.append({s: tuple([x for r in refs for x in ((r + base,) if r >= 0 else held[r])])
-                       for s, refs in t.carry_out.items()})
+                       for s, refs in carry})
         out.append({i: tuple(sorted({*[d + base for d in own], *[x for s in slots for x in held[s]]}))
                     if slots else tuple([d + base for d in own]) for i, own, slots in split})
     return out
