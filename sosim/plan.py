@@ -310,8 +310,15 @@ def _copy_deps(t: Template, n: int) -> list[dict[int, tuple[int, ...]]]:
         held = {s: filled[k - lag][s] if k >= lag else () for s, lag in lags}
         filled.append({s: tuple([x for r in refs for x in ((r + base,) if r >= 0 else held[r])])
                        for s, refs in carry})
-        out.append({i: tuple(sorted({*[d + base for d in own], *[x for s in slots for x in held[s]]}))
-                    if slots else tuple([d + base for d in own]) for i, own, slots in split})
+        # What a slot holds comes from earlier copies (lag >= 1): every such id is below ``base``, so the
+        # sorted dependencies are those ids sorted, then the op's own ones shifted (already sorted).
+        copy: dict[int, tuple[int, ...]] = {}
+        for i, own, slots in split:
+            earlier = [x for s in slots for x in held[s]]
+            if len(earlier) > 1:
+                earlier = sorted(set(earlier))
+            copy[i] = (*earlier, *[d + base for d in own])
+        out.append(copy)
     return out
 
 
