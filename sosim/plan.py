@@ -284,14 +284,12 @@ def _copy_deps(t: Template, n: int) -> list[dict[int, tuple[int, ...]]]:
     """:attr:`Plan.copy_deps`. Every dependency on a slot is replaced by the ops the slot holds in that copy,
     and such an op's dependencies sorted again without duplicates: the ops a block would have made, had it
     been handed the earlier iteration's real op ids instead of slots (tests/test_plan_template.py)."""
-    empty = _never_filled(t)
-    # The template ops waiting for a slot: their dependencies inside the iteration, and their live slots.
+    # The template ops waiting for a slot: their dependencies inside the iteration, and their slots.
     split: list[tuple[int, tuple[int, ...], tuple[int, ...]]] = []
     for op in t.ops:
         deps = op.deps
         if deps and deps[0] < 0:  # deps are sorted: slots (negative) come first
-            split.append((op.id, tuple([d for d in deps if d >= 0]),
-                          tuple([d for d in deps if d < 0 and d not in empty])))
+            split.append((op.id, tuple([d for d in deps if d >= 0]), tuple([d for d in deps if d < 0])))
     m = len(t.ops)
     # Only the slots some op waits for, and those they are passed on from, are followed copy by copy.
     needed = {s for _i, _own, slots in split for s in slots}
@@ -342,20 +340,6 @@ def _materialize(t: Template, n: int, copy_deps: list[dict[int, tuple[int, ...]]
             ops.append(Op(op.id + base, op.resource, op.name, op.duration_s, new, op.layer, k, op.category,
                           op.phase, op.n_bytes, op.flops, op.group))
     return ops
-
-
-def _never_filled(t: Template) -> set[int]:
-    """Slots that hold nothing in every copy: carried out with only such slots (an iteration that never makes
-    a host call passes the host slot on, and so on back to the first, which holds nothing)."""
-    empty = set(t.lag)
-    changed = True
-    while changed:
-        changed = False
-        for s in list(empty):
-            if any(r >= 0 or r not in empty for r in t.carry_out.get(s, ())):
-                empty.discard(s)
-                changed = True
-    return empty
 
 
 def list_schedule(plan: Plan) -> tuple[list[float], list[float]]:

@@ -12,9 +12,12 @@ A system is a :class:`Recipe`: a layout (what is moved and updated as one piece)
   parameters return (the parameter refresh is a block the step is built with);
 * ``activations``: activation checkpoints kept in host memory (weight-flow), or on the GPU.
 
-The driver walks iterations and micro-batches: forward over the units, backward in reverse (calling the
-gradient path after each unit), then the step. The next iteration's forward of a unit waits for the groups
-holding its parameters (``staleness`` iterations back: 1, or 2 with delayed parameter update).
+The driver builds one iteration (its micro-batches: forward over the units, backward in reverse calling the
+gradient path after each unit, then the step) as a :class:`~sosim.plan.Template` whose ties to earlier
+iterations are typed carry slots, and repeats it (:meth:`~sosim.plan.Plan.repeat`): a unit's first forward
+waits for the groups holding its parameters (``staleness`` iterations back: 1, or 2 with delayed parameter
+update), GPU work for the host thread's last blocking call and the compute stream's queue. Blocks keep no
+other state from one iteration to the next (docs/engines.md).
 """
 
 from __future__ import annotations
