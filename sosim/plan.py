@@ -248,9 +248,16 @@ class Plan:
         return list(seen)
 
     def ops_by_resource(self) -> dict[Resource, list[int]]:
+        """Each resource's ops in id order, resources in order of first use (the engines' worker order)."""
         out: dict[Resource, list[int]] = {}
+        # By the resource object's identity first (ops share resource objects; hashing a Resource runs
+        # Python code); equal but distinct objects still meet in one list through the dict.
+        by_id: dict[int, list[int]] = {}
         for op in self.ops:
-            out.setdefault(op.resource, []).append(op.id)
+            queue = by_id.get(id(op.resource))
+            if queue is None:
+                queue = by_id[id(op.resource)] = out.setdefault(op.resource, [])
+            queue.append(op.id)
         return out
 
     @property
