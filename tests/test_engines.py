@@ -104,3 +104,33 @@ def test_every_result_names_its_engine() -> None:
     assert simulate(sc, engine="simpy").provenance["engine"] == "simpy"
     with pytest.raises(ValueError, match="engine must be one of simpy, fast"):
         simulate(sc, engine="replay")
+
+
+def test_cli_runs_either_engine(capsys: pytest.CaptureFixture[str]) -> None:
+    """``sosim run --engine simpy`` runs the reference; the JSON says which engine made the numbers, and both
+    give the same step time."""
+    import json
+
+    from sosim.cli import main
+
+    steps = {}
+    for name in ("simpy", "fast"):
+        assert main(["run", "gh200_zero_offload_4b", "--set", "model.layers=2", "--engine", name,
+                     "--format", "json"]) == 0
+        out = json.loads(capsys.readouterr().out)
+        assert out["provenance"]["engine"] == name
+        steps[name] = out["step_time_s"]
+    assert steps["simpy"] == steps["fast"]
+    with pytest.raises(SystemExit) as exit_:
+        main(["run", "gh200_zero_offload_4b", "--engine", "replay"])
+    assert exit_.value.code == 2 and "invalid choice: 'replay'" in capsys.readouterr().err
+
+
+def test_results_pickle_with_their_plan() -> None:
+    """A result (its plan a repeated template) crosses a process pool: the plan arrives with its ops."""
+    import pickle
+
+    r = simulate(load_scenario("gh200_superoffload_8b", ["model.layers=2"]))
+    back = pickle.loads(pickle.dumps(r))
+    assert back.plan == r.plan and back.plan.iteration_starts == r.plan.iteration_starts
+    assert np.array_equal(back.start_s, r.start_s)
