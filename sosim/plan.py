@@ -291,15 +291,13 @@ def _copy_deps(t: Template, n: int) -> list[dict[int, tuple[int, ...]]]:
     """:attr:`Plan.copy_deps`. Every dependency on a slot is replaced by the ops the slot holds in that copy,
     and such an op's dependencies sorted again without duplicates: the ops a block would have made, had it
     been handed the earlier iteration's real op ids instead of slots (tests/test_plan_template.py)."""
-    # The template ops waiting for a slot: their dependencies inside the iteration, and their slots.
-    split: list[tuple[int, tuple[int, ...], tuple[int, ...]]] = []
-    for op in t.ops:
-        deps = op.deps
-        if deps and deps[0] < 0:  # deps are sorted: slots (negative) come first
-            split.append((op.id, tuple([d for d in deps if d >= 0]), tuple([d for d in deps if d < 0])))
+    # The template ops waiting for a slot (deps are sorted: a slot, negative, comes first): their slots, and
+    # their dependencies inside the iteration.
+    split = [(op.id, [d for d in op.deps if d < 0], [d for d in op.deps if d >= 0])
+             for op in t.ops if op.deps and op.deps[0] < 0]
     m = len(t.ops)
     # Only the slots some op waits for, and those they are passed on from, are followed copy by copy.
-    needed = {s for _i, _own, slots in split for s in slots}
+    needed = {s for _i, slots, _own in split for s in slots}
     todo = list(needed)
     while todo:
         for r in t.carry_out.get(todo.pop(), ()):
@@ -309,20 +307,19 @@ def _copy_deps(t: Template, n: int) -> list[dict[int, tuple[int, ...]]]:
     lags = [(s, t.lag[s]) for s in sorted(needed)]
     carry = [(s, t.carry_out.get(s, ())) for s in sorted(needed)]
     out: list[dict[int, tuple[int, ...]]] = []
-    filled: list[dict[int, tuple[int, ...]]] = []  # per copy: slot -> the op ids it carries out
+    # Per copy: slot -> the op ids it carries out, sorted, without duplicates.
+    filled: list[dict[int, tuple[int, ...]]] = []
     for k in range(n):
         base = k * m
         held = {s: filled[k - lag][s] if k >= lag else () for s, lag in lags}
-        filled.append({s: tuple([x for r in refs for x in ((r + base,) if r >= 0 else held[r])])
+        filled.append({s: tuple(sorted({x for r in refs for x in ((r + base,) if r >= 0 else held[r])}))
                        for s, refs in carry})
         # What a slot holds comes from earlier copies (lag >= 1): every such id is below ``base``, so the
         # sorted dependencies are those ids sorted, then the op's own ones shifted (already sorted).
         copy: dict[int, tuple[int, ...]] = {}
-        for i, own, slots in split:
-            earlier = [x for s in slots for x in held[s]]
-            if len(earlier) > 1:
-                earlier = sorted(set(earlier))
-            copy[i] = (*earlier, *[d + base for d in own])
+        for i, slots, own in split:
+            earlier = held[slots[0]] if len(slots) == 1 else sorted({x for s in slots for x in held[s]})
+            copy[i] = (*earlier, *[d + base for d in own]) if own else tuple(earlier)
         out.append(copy)
     return out
 
