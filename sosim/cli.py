@@ -179,7 +179,8 @@ def cmd_run(args: argparse.Namespace) -> int:
                      else plot_result(result, p))
     if args.format == "json":
         gpu_usable, cpu_usable = usable_memory_gib(sc)
-        print_json({"scenario": sc.name, "system": sc.schedule.system, **provenance_fields(sc), **result.metrics,
+        print_json({"scenario": sc.name, "system": sc.schedule.system, **provenance_fields(sc, args.engine),
+                    **result.metrics,
                     "gpu_mem_usable_gib": gpu_usable, "cpu_mem_usable_gib": cpu_usable,
                     **band_json(band, no_band), "provenance": result.provenance, **ds_extra})
     else:
