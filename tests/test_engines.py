@@ -104,6 +104,11 @@ def test_every_result_names_its_engine() -> None:
     assert simulate(sc, engine="simpy").provenance["engine"] == "simpy"
     with pytest.raises(ValueError, match="engine must be one of simpy, fast"):
         simulate(sc, engine="replay")
+    # The columns every output carries (sweep rows, compare, sosim run --format json) name it too.
+    from sosim.output import provenance_fields
+
+    assert provenance_fields(sc)["engine"] == DEFAULT_ENGINE
+    assert provenance_fields(sc, "simpy")["engine"] == "simpy"
 
 
 def test_cli_runs_either_engine(capsys: pytest.CaptureFixture[str]) -> None:
