@@ -88,30 +88,34 @@ def _repeated_times(plan: Plan) -> tuple[list[float], list[float]]:
         res.append(k)
     dur = [op.duration_s for op in t.ops]
     own = [op.deps for op in t.ops]
-    n = m * plan.copies
-    start = [0.0] * n
-    end = [0.0] * n
+    # One copy at a time on its own lists (a dependency inside the copy is its template index, no shift);
+    # the ops waiting for a carry slot read the ends of earlier copies through ``end`` (global ids).
+    start: list[float] = []
+    end: list[float] = []
     free = [0.0] * len(slot_of)
+    rows = list(zip(range(m), res, dur, own))
     for k, special in enumerate(plan.copy_deps):
         base = k * m
-        for i in range(m):
-            r = res[i]
+        s_k = [0.0] * m
+        e_k = [0.0] * m
+        for i, r, du, deps in rows:
             time = free[r]
-            deps = special.get(i)
-            if deps is None:
-                for d in own[i]:
-                    e = end[d + base]
+            if i in special:
+                for d in special[i]:
+                    e = end[d] if d < base else e_k[d - base]
                     if e > time:
                         time = e
             else:
                 for d in deps:
-                    e = end[d]
+                    e = e_k[d]
                     if e > time:
                         time = e
-            start[base + i] = time
-            time += dur[i]
-            end[base + i] = time
+            s_k[i] = time
+            time += du
+            e_k[i] = time
             free[r] = time
+        start += s_k
+        end += e_k
     return start, end
 
 
