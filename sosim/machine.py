@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from typing import Literal, NamedTuple
 
 from sosim.config import Curve, HardwareProfile, Scenario
-from sosim.units import GB, GIB, us_to_s
+from sosim.units import GB, us_to_s
 
 TierKind = Literal["hbm", "host", "nvme"]
 Direction = Literal["h2d", "d2h"]
@@ -153,10 +153,6 @@ class Machine:
 
     def ranks_on_socket(self, socket: int) -> int:
         return sum(1 for s in self.rank_socket if s == socket)
-
-    @property
-    def host_mem_bytes_per_socket(self) -> float:
-        return self.profile.cpu.mem_gib * GIB
 
     # ---- routes between memory tiers --------------------------------------------------------------------------
     def route(self, rank: int, src: TierKind, dst: TierKind, socket: int | None = None) -> tuple[SharedId, ...]:
