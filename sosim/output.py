@@ -99,10 +99,10 @@ def check_finite_result(name: str, metrics: dict[str, Any]) -> None:
 def provenance_fields(sc: Any, engine: str | None = None) -> dict[str, Any]:
     """What produced a result, for every output: implementation (None where a system has one), the hardware
     profile's name, the calibration table's path, several joined by ", " (None: the analytic cost model),
-    and the engine that ran the plan (``simulate()``'s default unless given; docs/engines.md)."""
-    from sosim.simulate import DEFAULT_ENGINE  # simulate imports far more than the output helpers need
-
+    and, when given, the engine that ran the plan (docs/engines.md; every Result's provenance names it)."""
     paths = sc.hardware.calibration_paths
-    return {"implementation": getattr(sc.schedule, "implementation", None), "profile": sc.hardware.name,
-            "calibration": ", ".join(paths) if paths else None,
-            "engine": DEFAULT_ENGINE if engine is None else engine}
+    out = {"implementation": getattr(sc.schedule, "implementation", None), "profile": sc.hardware.name,
+           "calibration": ", ".join(paths) if paths else None}
+    if engine is not None:
+        out["engine"] = engine
+    return out
