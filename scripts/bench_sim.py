@@ -8,8 +8,8 @@ Cases (32 layers, 3 iterations, each scenario validated once): ZeRO-Offload as D
 (``gh200_zero_offload_4b``, the issue's case) and as the paper describes it, SuperOffload as the paper
 describes it (``gh200_superoffload_8b``) and as DeepSpeed runs it (``gh200_superoffload_deepspeed_8b``), and
 the latter on a PCIe host whose link directions contend (``x86_h100_superoffload_deepspeed_4b``).
-For each: ``simulate()`` (the fast path where it is exact), and the engine of record: the same plan built
-the same way, run by SimPy, with the same metrics. Rates are per CPU-second of this process
+For each: ``simulate()`` with its default engine (named in the output), and ``simulate(sc, engine="simpy")``,
+the reference engine: the same plan, run by SimPy, with the same metrics. Rates are per CPU-second of this process
 (``time.process_time``), because the machine may be shared: wall-clock rates are given too, with the load
 average. Each rate is measured ``--repeats`` times: the output gives [min, max].
 
@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import gc
 import itertools
 import json
 import os
@@ -49,9 +48,8 @@ import sosim
 from sosim import load_scenario, simulate
 from sosim.config import Scenario
 from sosim.contention import node_plan
-from sosim.engine import effective_contention, run_plan_detailed
+from sosim.fluid import effective_contention
 from sosim.machine import Machine
-from sosim.simulate import simulate_with
 
 ROOT = Path(__file__).resolve().parent.parent
 CASES = {
@@ -59,7 +57,7 @@ CASES = {
     "zero_offload_paper": ("gh200_zero_offload_4b", ["schedule.implementation=ideal"]),
     "superoffload_paper": ("gh200_superoffload_8b", []),
     "superoffload_deepspeed": ("gh200_superoffload_deepspeed_8b", []),
-    # A PCIe host whose link directions contend (bidirectional total below the sum): the replay path.
+    # A PCIe host whose link directions contend (bidirectional total below the sum): the fast engine's event loop.
     "superoffload_deepspeed_pcie": ("x86_h100_superoffload_deepspeed_4b", []),
 }
 # Issue 11 §4: Calculon's configurations per CPU-second on this project's machine (quoted, when not measured).
@@ -103,14 +101,8 @@ def _paired(fast: Callable[[], object], ref: Callable[[], object], seconds: floa
 
 
 def simpy_simulate(sc: Scenario) -> object:
-    """simulate() with the engine of record (SimPy) in place of the fast path: same plan, same metrics."""
-    paused = gc.isenabled()
-    gc.disable()
-    try:
-        return simulate_with(sc, None, run_plan_detailed)
-    finally:
-        if paused:
-            gc.enable()
+    """simulate() with the reference engine (SimPy) in place of the default: same plan, same metrics."""
+    return simulate(sc, engine="simpy")
 
 
 def bench_case(name: str, seconds: float, repeats: int, layers: int) -> dict[str, Any]:
@@ -122,11 +114,11 @@ def bench_case(name: str, seconds: float, repeats: int, layers: int) -> dict[str
     plan = result.plan
     machine = Machine.from_scenario(sc)
     node, contention, _ranks = node_plan(sc, machine, plan)
-    path_taken = "list scheduler" if effective_contention(node, contention) is None else "replay"
+    path_taken = "list" if effective_contention(node, contention) is None else "event_loop"
     return {
         "case": name, "scenario": stem, "overrides": overrides, "system": sc.schedule.system,
         "implementation": str(getattr(sc.schedule, "implementation", "n/a")), "ops": len(plan.ops),
-        "timeline_from": path_taken,
+        "timeline_from": path_taken, "default_engine": result.provenance["engine"],
         "simulate_vs_simpy": _paired(lambda: simulate(sc), lambda: simpy_simulate(sc), seconds, repeats),
         "load_and_simulate_vs_simulate": _paired(lambda: simulate(load_scenario(path, overrides)),
                                                  lambda: simulate(sc), seconds, repeats),

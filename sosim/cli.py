@@ -164,7 +164,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         from sosim.loader import profile_notes
 
         _print_notes(profile_notes(args.scenario, args.overrides, getattr(args, "profiles", [])))
-    result = simulate(sc)
+    result = simulate(sc, engine=args.engine)
     check_finite_result(args.scenario or args.ds_config or sc.name, result.metrics)
     band, no_band = band_for_run(args, sc, result)  # p10/p50/p90 from component spread (sosim.bands)
     ds_extra = dsconfig.finish_run(args, sc, ds_mapping)  # mapping report, --emit-ds-config
@@ -181,7 +181,8 @@ def cmd_run(args: argparse.Namespace) -> int:
                      else plot_result(result, p))
     if args.format == "json":
         gpu_usable, cpu_usable = usable_memory_gib(sc)
-        print_json({"scenario": sc.name, "system": sc.schedule.system, **provenance_fields(sc), **result.metrics,
+        print_json({"scenario": sc.name, "system": sc.schedule.system, **provenance_fields(sc, args.engine),
+                    **result.metrics,
                     "gpu_mem_usable_gib": gpu_usable, "cpu_mem_usable_gib": cpu_usable,
                     **band_json(band, no_band), "provenance": result.provenance, **ds_extra})
     else:
@@ -293,6 +294,11 @@ def _register_builtin(sub: Any) -> None:
     add_ds_arguments(p)
     p.add_argument("--trace", metavar="OUT.json", help="write a Chrome/Perfetto trace")
     p.add_argument("--plot", metavar="OUT.png", help="write a timeline + breakdown figure (.png, .svg, .pdf...)")
+    from sosim.simulate import DEFAULT_ENGINE, ENGINES
+
+    p.add_argument("--engine", choices=list(ENGINES), default=DEFAULT_ENGINE,
+                   help="simpy: the reference SimPy engine; fast: the same timeline without SimPy "
+                        f"(default {DEFAULT_ENGINE}; docs/engines.md)")
     from sosim.bands import add_arguments as add_band_arguments
 
     add_band_arguments(p)

@@ -145,13 +145,6 @@ class TopologyCosts:
             return 0.0
         return collective_s(self._machine, kind, n_bytes, ranks, self._per_node(ranks))
 
-    def allreduce_s(self, n_bytes: float, ranks: int) -> float:
-        return self.collective_s("all_reduce", n_bytes, ranks)
-
-    def reduce_scatter_s(self, n_bytes: float, ranks: int) -> float:
-        # Also what the schedules use for all-gathers (the same bytes cross each link).
-        return self.collective_s("reduce_scatter", n_bytes, ranks)
-
     def disk_s(self, n_bytes: float, write: bool) -> float:
         """The node's NVMe volume, at DeepSpeed's default aio settings (sosim/machine.py nvme_s)."""
         node = self._machine.profile.node

@@ -18,7 +18,9 @@ from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
+    PrivateAttr,
     SerializeAsAny,
+    ValidationInfo,
     ValidatorFunctionWrapHandler,
     WrapValidator,
     model_validator,
@@ -343,6 +345,16 @@ class HardwareProfile(_Strict):
     calibration: str | list[str] | None = None
     # The lease-to-lease spread for the error bands when the tables do not repeat a section themselves.
     lease_spread: LeaseSpread | None = None
+    # The profile file that names the calibration table, as loaded from disk, and its path: what-if rescaling
+    # starts from its numbers (sosim/table_costs.py). Found in the profile folders by the loader
+    # (sosim.loader.find_baseline) when it loads a scenario, never while simulating; None: not looked up.
+    _calibration_baseline: tuple[HardwareProfile | None, str] | None = PrivateAttr(default=None)
+
+    @property
+    def calibration_baseline(self) -> tuple[HardwareProfile | None, str]:
+        """(baseline profile, its file) as the loader found them; (None, "") when none was found or looked up
+        (the profile's own numbers are then the baseline)."""
+        return self._calibration_baseline if self._calibration_baseline is not None else (None, "")
 
     @property
     def calibration_paths(self) -> list[str]:
@@ -416,16 +428,24 @@ class TrainingSpec(_Strict):
 Implementation = Literal["ideal", "deepspeed"]
 
 
-def _validate_schedule(value: object, handler: ValidatorFunctionWrapHandler) -> object:
-    """Validate ``schedule:`` as the knobs model of the system it names (see sosim/schedules/registry.py).
+# The validation-context key under which the loader hands ``schedule:`` its validator (the system registry's
+# ``validate_knobs``): knob validation belongs to loading, and this module knows no system.
+KNOBS_CONTEXT = "validate_knobs"
 
-    The registry is imported here, at validation time, so that system modules (knobs beside their recipes)
-    can import this module without a cycle.
-    """
+
+def _validate_schedule(value: object, handler: ValidatorFunctionWrapHandler, info: ValidationInfo) -> object:
+    """Validate ``schedule:`` as the knobs model of the system it names, with the validator the loader passes
+    in the validation context (:data:`KNOBS_CONTEXT`; sosim/schedules/registry.py). Without one, only a
+    system's knobs instance is accepted (a scenario derived from a loaded one keeps its knobs)."""
     del handler
-    from sosim.schedules.registry import validate_knobs
-
-    return validate_knobs(value)
+    context = info.context
+    validate = context.get(KNOBS_CONTEXT) if isinstance(context, Mapping) else None
+    if validate is not None:
+        return validate(value)
+    if isinstance(value, ScheduleKnobs) and type(value) is not ScheduleKnobs:
+        return value
+    raise ValueError("a system's knobs are validated where a scenario is loaded: use sosim.loader.load_scenario "
+                     "or sosim.loader.scenario_from_data")
 
 
 class ScheduleKnobs(_Strict):

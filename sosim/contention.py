@@ -22,12 +22,10 @@ node is simulated and its collectives wait for all of them (a collective starts 
 
 from __future__ import annotations
 
-import dataclasses
-
 from sosim.config import Scenario
-from sosim.engine import Contention
-from sosim.machine import Machine, SharedResource
-from sosim.plan import Category, Plan, Resource, ResourceKind
+from sosim.fluid import Contention
+from sosim.machine import Machine, SharedId, SharedResource, cores_id, dram_id, nvme_id
+from sosim.plan import Category, Op, Plan, Resource, ResourceKind
 
 _COPY = {ResourceKind.H2D: "h2d", ResourceKind.D2H: "d2h"}
 _CPU = frozenset({ResourceKind.CPU_OPT, ResourceKind.CPU_MAIN})
@@ -36,7 +34,7 @@ _HOST_THREAD = frozenset({Category.FRAMEWORK, Category.HOOK, Category.SYNC})
 _COLLECTIVE = frozenset({ResourceKind.NET})
 # A copy moving its bytes at less than this fraction of the link's pinned rate is staged by the CPU.
 STAGED_FRACTION = 0.5
-_NVME = {ResourceKind.NVME_READ: "nvme.read", ResourceKind.NVME_WRITE: "nvme.write"}
+_NVME = {ResourceKind.NVME_READ: nvme_id(write=False), ResourceKind.NVME_WRITE: nvme_id(write=True)}
 
 
 def rank_resource(resource: Resource, rank: int) -> Resource:
@@ -65,6 +63,52 @@ def ranks_share_host(m: Machine, uses_nvme: bool = False) -> bool:
     return m.threads_per_rank * m.local_ranks > m.cores_per_socket * m.sockets  # oversubscribed cores
 
 
+def symmetric_shares(m: Machine) -> dict[SharedId, int] | None:
+    """How many ranks draw on each shared resource, when the node's ranks are interchangeable; else None.
+
+    Interchangeable: every rank runs the same plan, and each kind of shared resource (a link part, an
+    uplink part, a socket's DRAM, the NVMe volume, the core pool) splits the ranks into blocks of one size
+    (the ranks that reach one instance), of one capacity, and the blocks of all kinds nest (an uplink's
+    ranks inside one socket's, a socket's inside the node's). Then some permutation of the ranks that keeps
+    every resource maps any rank to any other, so all ranks start and end every op together, and on a
+    resource that ``n`` ranks reach each gets the same share of every fill: rank 0 alone with ``1 / n`` of
+    the capacity runs the same timeline (progressive filling scales exactly: the fill level of ``n`` equal
+    users of ``C`` is that of one user of ``C / n``), up to the rounding of the summed shares
+    (tests/test_multigpu.py compares it with every rank simulated)."""
+    if m.legacy or m.borrows_sockets or m.local_ranks <= 1:
+        return None
+    capacity = {r.id: r.capacity for r in m.shared_resources()}
+    reach: dict[SharedId, set[int]] = {}
+    for rank in range(m.local_ranks):
+        for rid in _reachable(m, rank):
+            reach.setdefault(rid, set()).add(rank)
+    by_kind: dict[tuple[str, str], list[SharedId]] = {}
+    for rid in reach:
+        by_kind.setdefault((rid.kind, rid.part), []).append(rid)
+    blocks: list[frozenset[int]] = []
+    for ids in by_kind.values():
+        kind_blocks = [frozenset(reach[i]) for i in ids]
+        covered = sorted(r for b in kind_blocks for r in b)
+        if covered != list(range(m.local_ranks)) or len({len(b) for b in kind_blocks}) != 1 \
+                or len({capacity[i] for i in ids}) != 1:
+            return None  # not a partition into equal blocks of equal capacity
+        blocks += kind_blocks
+    if any(a & b and not (a <= b or b <= a) for a in blocks for b in blocks):
+        return None  # blocks that overlap without nesting
+    return {rid: len(ranks) for rid, ranks in reach.items()}
+
+
+def _reachable(m: Machine, rank: int) -> set[SharedId]:
+    """The shared resources that ``rank``'s ops can draw on in :func:`contention_for` (sockets not borrowed)."""
+    out = {*m.route(rank, "host", "hbm"), *m.route(rank, "hbm", "host"), cores_id(None)}
+    node = m.profile.node
+    if node is not None and node.nvme is not None:
+        out |= {*m.route(rank, "host", "nvme"), *m.route(rank, "nvme", "host")}
+    if node is not None and node.dram_GBps is not None:
+        out.add(dram_id(m.rank_socket[rank]))
+    return {r for r in out if r in {s.id for s in m.shared_resources()}}
+
+
 def expand_ranks(plan: Plan, ranks: int) -> Plan:
     """The node's plan: ``ranks`` copies of one rank's plan, each on its own resources.
 
@@ -74,15 +118,20 @@ def expand_ranks(plan: Plan, ranks: int) -> Plan:
     """
     if ranks <= 1:
         return plan
-    out = Plan(duplex_factors=dict(plan.duplex_factors))
+    out = Plan()
     ops = out.ops
+    # Each resource's copy on every rank, made once (not once per op).
+    on_rank: dict[Resource, list[Resource]] = {}
     for op in plan.ops:
-        shifted = [tuple(d * ranks + r for d in op.deps) for r in range(ranks)]
+        shifted = [tuple([d * ranks + r for d in op.deps]) for r in range(ranks)]
         synced = tuple(sorted({d for deps in shifted for d in deps})) if op.resource.kind in _COLLECTIVE else None
+        copies = on_rank.get(op.resource)
+        if copies is None:
+            copies = on_rank[op.resource] = [rank_resource(op.resource, r) for r in range(ranks)]
         for r in range(ranks):
-            deps = synced if synced is not None else shifted[r]
-            ops.append(dataclasses.replace(op, id=op.id * ranks + r, resource=rank_resource(op.resource, r),
-                                           deps=deps))
+            ops.append(Op(op.id * ranks + r, copies[r], op.name, op.duration_s,
+                          synced if synced is not None else shifted[r], op.layer, op.iteration, op.category,
+                          op.phase, op.n_bytes, op.flops, op.group))
     out.iteration_starts = [i * ranks for i in plan.iteration_starts]
     return out
 
@@ -94,8 +143,19 @@ def node_plan(sc: Scenario, m: Machine, plan: Plan) -> tuple[Plan, Contention, i
     several = not m.legacy and m.local_ranks > 1
     simulated = m.local_ranks if several and ranks_share_host(
         m, any(op.resource.kind in _NVME for op in plan.ops)) else 1
-    node = expand_ranks(plan, simulated)
-    return node, contention_for(sc, m, node, simulated), simulated
+    shares = symmetric_shares(m) if simulated > 1 else None
+    if shares is None:
+        node = expand_ranks(plan, simulated)
+        return node, contention_for(sc, m, node, simulated), simulated
+    # Interchangeable ranks: rank 0 alone, with its share of every resource (demands fitted to the whole
+    # capacity first: an op alone on the machine may use all of it, it never is alone here).
+    own = contention_for(sc, m, plan, 1)
+    ids = [r.id for r in m.shared_resources()]
+    capacity = tuple(c / shares.get(rid, 1) for c, rid in zip(own.capacity, ids, strict=True))
+    # Time lost on rank 0's resource is lost alike on every instance of its kind (the other ranks' copies).
+    same_kind = {k: tuple(j for j, other in enumerate(ids) if (other.kind, other.part) == (rid.kind, rid.part)
+                          and other in shares) for k, rid in enumerate(ids) if rid in shares}
+    return plan, Contention(own.names, capacity, own.uses, m.local_ranks, same_kind), 1
 
 
 _SKIP, _BRANCH_COPY, _BRANCH_NVME, _BRANCH_CPU = range(4)
@@ -121,14 +181,13 @@ def _only_links_that_cannot_contend(shared: list[SharedResource]) -> bool:
     Then nothing can ever be oversubscribed: a link's direction is drawn on by that rank's one queue of
     copies in that direction, one copy at a time, whose demand the scaling in :func:`contention_for` caps at
     the direction's rate; the worst case of both directions together fits the total. So
-    :func:`sosim.engine.effective_contention` would drop every resource, and the per-op demands need not be
+    :func:`sosim.fluid.effective_contention` would drop every resource, and the per-op demands need not be
     built (a search simulates such plans thousands of times)."""
-    caps: dict[str, dict[str, float]] = {}
+    caps: dict[int, dict[str, float]] = {}
     for r in shared:
         if r.kind != "link":
             return False
-        link, _, part = r.name.partition(".")
-        caps.setdefault(link, {})[part] = r.capacity
+        caps.setdefault(r.id.index, {})[r.id.part] = r.capacity
     return all(c["h2d"] + c["d2h"] <= c["bidir"] for c in caps.values())
 
 
@@ -136,7 +195,7 @@ def contention_for(sc: Scenario, m: Machine, plan: Plan, simulated_ranks: int) -
     shared = m.shared_resources()
     if _only_links_that_cannot_contend(shared):
         return Contention(tuple(r.name for r in shared), tuple(r.capacity for r in shared), {})
-    index = {s.name: k for k, s in enumerate(shared)}
+    index = {s.id: k for k, s in enumerate(shared)}
     hw = m.profile
     link = hw.link
     rate = {"h2d": link.h2d_GBps * 1e9, "d2h": link.d2h_GBps * 1e9}
@@ -152,9 +211,9 @@ def contention_for(sc: Scenario, m: Machine, plan: Plan, simulated_ranks: int) -
     saturation = float(hw.cpu.adam_saturation_cores)
     borrow = m.borrows_sockets
 
-    def cores_of(socket: int) -> str:
+    def cores_of(socket: int) -> SharedId:
         # One node-wide pool unless a neighbour's cores are borrowed (then one pool per socket).
-        return f"cores{socket}" if borrow else "cores"
+        return cores_id(socket if borrow else None)
     uses: dict[int, tuple[tuple[int, float], ...]] = {}
     # What an op draws on depends on its kind, rank and (for CPU work) category, and only its rate on the op
     # itself: the routes and resource indices are worked out once per (kind, rank) below, not per op (this
@@ -179,7 +238,7 @@ def contention_for(sc: Scenario, m: Machine, plan: Plan, simulated_ranks: int) -
             if branch == _BRANCH_CPU and not borrow:
                 # CPU work draws on its socket's cores and DRAM: when the machine shares neither, nothing.
                 own = m.rank_socket[resource.instance] if not m.legacy else resource.instance
-                if cores_of(own) not in index and not (dram_Bps > 0 and f"dram{own}" in index):
+                if cores_of(own) not in index and not (dram_Bps > 0 and dram_id(own) in index):
                     branch = _SKIP
             branch_of[id(resource)] = branch
         if branch == _SKIP:
@@ -196,8 +255,8 @@ def contention_for(sc: Scenario, m: Machine, plan: Plan, simulated_ranks: int) -
                                                                                                  host)
                 own = m.rank_socket[rank] if not m.legacy else rank
                 staged_socket = m.opt_socket(rank) if borrow else own
-                cs = ([index[name] for name in route if name in index], index.get(cores_of(own)),
-                      index.get(f"dram{staged_socket}"), rate[direction], STAGED_FRACTION * rate[direction])
+                cs = ([index[r] for r in route if r in index], index.get(cores_of(own)),
+                      index.get(dram_id(staged_socket)), rate[direction], STAGED_FRACTION * rate[direction])
                 copy_static[id(resource)] = cs
             route_ks, cores_k, dram_k, full_Bps, staged_below_Bps = cs
             # Its average rate over its whole duration (latency included): the rate the engine scales, so
@@ -225,7 +284,7 @@ def contention_for(sc: Scenario, m: Machine, plan: Plan, simulated_ranks: int) -
                 nvme_ks = nvme_static.get((kind, rank))
                 if nvme_ks is None:
                     socket = m.rank_socket[rank] if not m.legacy else rank
-                    nvme_ks = [index[n] for n in (_NVME[kind], f"dram{socket}") if n in index]
+                    nvme_ks = [index[r] for r in (_NVME[kind], dram_id(socket)) if r in index]
                     nvme_static[(kind, rank)] = nvme_ks
                 uses[op.id] = tuple((k, bps) for k in nvme_ks)
         elif op.category in _HOST_THREAD:  # CPU work
@@ -245,7 +304,7 @@ def contention_for(sc: Scenario, m: Machine, plan: Plan, simulated_ranks: int) -
                 # CPU Adam on a borrowed socket: its cores and the DRAM holding the optimizer state.
                 socket = m.opt_socket(rank) if borrowed else (m.rank_socket[rank] if not m.legacy else rank)
                 cores = (index[cores_of(socket)], t) if cores_of(socket) in index else None
-                dram = index[f"dram{socket}"] if dram_Bps > 0 and f"dram{socket}" in index else None
+                dram = index[dram_id(socket)] if dram_Bps > 0 and dram_id(socket) in index else None
                 cpu = (t, cores, dram)
                 cpu_static[(kind, rank, borrowed)] = cpu
             t, cores, dram = cpu

@@ -118,8 +118,6 @@ class CostModel(Protocol):
     def cpu_adam_s(self, params: float, impl: AdamImpl, cores: float, total_params: float) -> float: ...
     def cpu_cast_s(self, elements: float, cores: float) -> float: ...
     def cpu_norm_s(self, params: float) -> float: ...
-    def allreduce_s(self, n_bytes: float, ranks: int) -> float: ...
-    def reduce_scatter_s(self, n_bytes: float, ranks: int) -> float: ...
     def collective_s(self, kind: CollectiveKind, n_bytes: float, ranks: int) -> float: ...
     def disk_s(self, n_bytes: float, write: bool) -> float: ...
     # DeepSpeed stage-3 paths (docs/model.md "Costs: measured baseline and what-if").
@@ -129,8 +127,6 @@ class CostModel(Protocol):
     def ds_step_fixed_s(self, params: float, subgroups: int, system: str) -> float: ...
     def so_worker_roundtrip_s(self, elements: float, with_copies: bool = False) -> float: ...
     def so_flush_s(self, elements: float) -> float | None: ...
-    @property
-    def duplex_factors(self) -> dict[str, float]: ...
     @property
     def provenance(self) -> dict[str, str]: ...
 
@@ -264,16 +260,6 @@ class AnalyticCostModel:
             bw *= link.pageable_factor
         return us_to_s(link.latency_us) + n_bytes / bw
 
-    @property
-    def duplex_factors(self) -> dict[str, float]:
-        """Speed factor of each direction while the other is busy: it runs at min(own, bidir / 2).
-
-        An even split of the bidirectional total; monotone in every bandwidth (more bandwidth never slows
-        a copy), at the price of under-using a very asymmetric link.
-        """
-        link = self.hw.link
-        half = link.bidir_GBps / 2.0
-        return {"h2d": min(1.0, half / link.h2d_GBps), "d2h": min(1.0, half / link.d2h_GBps)}
 
     # --- CPU -------------------------------------------------------------------------------------------
     def _core_factor(self, cores: float, impl: AdamImpl | None = None) -> float:
@@ -317,14 +303,6 @@ class AnalyticCostModel:
             return math.inf
         bw = ic.gpu_gpu_GBps if ranks <= ic.gpus_per_node else ic.node_node_GBps
         return bw * GB
-
-    def allreduce_s(self, n_bytes: float, ranks: int) -> float:
-        """Ring all-reduce: 2(n-1)/n of the bytes cross each GPU's link."""
-        return self.collective_s("all_reduce", n_bytes, ranks)
-
-    def reduce_scatter_s(self, n_bytes: float, ranks: int) -> float:
-        """Ring reduce-scatter (or all-gather): (n-1)/n of the bytes."""
-        return self.collective_s("reduce_scatter", n_bytes, ranks)
 
     def collective_s(self, kind: CollectiveKind, n_bytes: float, ranks: int) -> float:
         """Ring collective over a buffer of ``n_bytes`` (the whole buffer, not one rank's shard)."""

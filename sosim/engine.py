@@ -1,123 +1,32 @@
-"""SimPy execution of a :class:`~sosim.plan.Plan`, with shared resources contended as the run unfolds.
+"""The reference engine: SimPy runs a :class:`~sosim.plan.Plan`, shared resources contended as the run unfolds.
 
 Serial resources (a GPU stream, a copy engine, a CPU worker) each get one long-lived process walking its op
-list in order (a process per op is ~5x slower); cross-resource dependencies are pre-created events.
-
-*Shared* resources (a link direction and its bidirectional total, a PCIe uplink, a socket's DRAM bandwidth,
-a NIC, an NVMe volume) are not walked by anyone: they are capacities that the ops running at the same time
-draw on. A :class:`Contention` says which ops draw on which shared resource and how much per second at full
-speed. While ops compete, each runs at a *rate* r <= 1 of its full speed, chosen by progressive filling
-(max-min fairness): every op's throughput, in the unit of its first listed resource (bytes/s, or threads),
-rises together with the others'; an op reaching full speed stops there; the first resource to fill freezes
-its remaining users at an equal share; the rest continue. Every user of a saturated resource that could use
-more gets the same bytes per second, as the round-robin arbitration of a DMA engine, a PCIe switch or a
-memory controller gives it. Rates are recomputed whenever an op starts or ends, so an op's duration depends
-on what
-overlaps it, not on a factor fixed up front. An op's time beyond its full-speed duration is attributed to
-the resource that limited it (:attr:`EngineRun.stretch_s`).
-
-A shared resource that can never be oversubscribed (the largest demand of each serial resource that uses
-it, summed, fits its capacity) is dropped before the run, and ops left with no contended resource take the
-plain path: without contention the result is bit for bit :func:`sosim.plan.list_schedule`.
+list in order (a process per op is ~5x slower); cross-resource dependencies are pre-created events. Ops that
+draw on contended shared resources run through the fluid model (:mod:`sosim.fluid`), which SimPy's clock
+drives. ``simulate(sc, engine="simpy")`` / ``sosim run --engine simpy`` run a scenario on it;
+:mod:`sosim.engine_fast` is the faster engine ``simulate()`` uses by default, held equal to this one by
+``tests/test_engines.py``.
 """
 
 from __future__ import annotations
 
-import math
-from collections.abc import Generator, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Generator
+from typing import cast
 
 import numpy as np
 import simpy
 
+from sosim.fluid import Contention, EngineRun, Fluid, effective_contention, stretch_by_name
 from sosim.plan import Plan
 
-# Two finish times closer than this (relative) complete together (float noise of repeated rate changes).
-_REL_EPS = 1e-12
-
-
-@dataclass(frozen=True)
-class Contention:
-    """Shared resources and the ops that draw on them.
-
-    ``capacity[k]`` is resource k's capacity in its own unit per second (bytes/s for links and memory, cores
-    for a core pool). ``uses[op_id]`` lists ``(k, demand)``: what the op draws from k per second when it runs
-    at full speed (its duration in the plan). An op alone never exceeds a capacity by construction of the
-    plan's durations; if it would, it is slowed to fit.
-    """
-
-    names: tuple[str, ...]
-    capacity: tuple[float, ...]
-    uses: Mapping[int, tuple[tuple[int, float], ...]] = field(default_factory=dict)
-
-    def __post_init__(self) -> None:
-        if len(self.names) != len(self.capacity):
-            raise ValueError("Contention: one capacity per resource name")
-        for k, cap in enumerate(self.capacity):
-            if not cap > 0 or math.isinf(cap):
-                raise ValueError(f"Contention: capacity of {self.names[k]} must be positive and finite, got {cap}")
-        for op_id, ks in self.uses.items():
-            for k, demand in ks:
-                if not 0 <= k < len(self.names) or not demand >= 0:
-                    raise ValueError(f"Contention: op {op_id} uses resource {k} with demand {demand}")
-
-
-@dataclass(frozen=True)
-class EngineRun:
-    start_s: np.ndarray
-    end_s: np.ndarray
-    # Seconds by which contention lengthened ops, summed over ops, by the shared resource that limited them.
-    stretch_s: dict[str, float]
+# The contention model's names, importable from the engine as before (they live in sosim.fluid).
+__all__ = ["Contention", "EngineRun", "effective_contention", "run_plan", "run_plan_detailed"]
 
 
 def run_plan(plan: Plan, contention: Contention | None = None) -> tuple[np.ndarray, np.ndarray]:
     """Simulate ``plan``; return (start_s, end_s) arrays indexed by op id."""
     run = run_plan_detailed(plan, contention)
     return run.start_s, run.end_s
-
-
-def effective_contention(plan: Plan, contention: Contention | None) -> Contention | None:
-    """``contention`` without the resources that can never be oversubscribed (None if nothing is left).
-
-    Ops on one serial resource never overlap, so at most one op per serial resource draws on a shared
-    resource at any time: if the largest demand of each serial resource, summed, fits the capacity, the
-    resource never limits anyone.
-    """
-    if contention is None or not contention.uses:
-        return None
-    ops = plan.ops
-    n = len(ops)
-    # The largest demand of each (shared resource, serial resource), in first-seen order. A serial resource
-    # is keyed by its kind's identity and its instance (what Resource equality compares; kinds are enum
-    # singletons): hashing a Resource runs Python code, hashing this tuple does not.
-    worst: dict[tuple[int, int, int], float] = {}
-    get = worst.get
-    for op_id, ks in contention.uses.items():
-        if op_id >= n:
-            raise ValueError(f"Contention: op {op_id} is not in the plan")
-        queue = ops[op_id].resource
-        kind, instance = id(queue.kind), queue.instance
-        for k, demand in ks:
-            key = (k, kind, instance)
-            # max(worst.get(key, 0.0), demand) without the call: the same value (demands are >= 0).
-            w = get(key, 0.0)
-            worst[key] = demand if demand > w else w
-    # Summed per shared resource by sum() over the queues in first-seen order, as one dict per resource would.
-    per_resource: dict[int, list[float]] = {}
-    for (k, _kind, _instance), demand in worst.items():
-        per_resource.setdefault(k, []).append(demand)
-    capacity = contention.capacity
-    contended = {k for k, demands in per_resource.items() if sum(demands) > capacity[k] * (1 + _REL_EPS)}
-    if not contended:
-        return None
-    uses = {}
-    for op_id, ks in contention.uses.items():
-        kept = tuple((k, d) for k, d in ks if k in contended and d > 0)
-        if kept and ops[op_id].duration_s > 0:
-            uses[op_id] = kept
-    if not uses:
-        return None
-    return Contention(contention.names, contention.capacity, uses)
 
 
 def run_plan_detailed(plan: Plan, contention: Contention | None = None) -> EngineRun:
@@ -128,7 +37,7 @@ def run_plan_detailed(plan: Plan, contention: Contention | None = None) -> Engin
     start = np.zeros(len(ops))
     end = np.zeros(len(ops))
     active = effective_contention(plan, contention)
-    fluid = _Fluid(env, active) if active is not None else None
+    fluid = Fluid(env, active) if active is not None else None
     uses = active.uses if active is not None else {}
 
     def worker(op_ids: list[int]) -> Generator[simpy.Event, object, None]:
@@ -140,7 +49,7 @@ def run_plan_detailed(plan: Plan, contention: Contention | None = None) -> Engin
                     yield ev
             start[i] = env.now
             if fluid is not None and i in uses:
-                yield fluid.run(i, op.duration_s, uses[i])
+                yield cast(simpy.Event, fluid.run(i, op.duration_s, uses[i]))  # made by env: a SimPy event
             elif op.duration_s > 0.0:
                 yield env.timeout(op.duration_s)
             end[i] = env.now
@@ -153,134 +62,7 @@ def run_plan_detailed(plan: Plan, contention: Contention | None = None) -> Engin
     if unfinished:
         # A plan bug (a dependency cycle through resource order), never a user error.
         raise RuntimeError(f"deadlock: {len(unfinished)} ops never ran, first: {unfinished[0]}")
-    stretch = stretch_by_name(fluid.stretch, active.names) if fluid is not None and active is not None else {}
+    stretch = stretch_by_name(fluid.stretch, active) if fluid is not None and active is not None else {}
     return EngineRun(start, end, stretch)
 
 
-# Stretch below this is float noise of repeated rate changes, not time lost to contention.
-STRETCH_NOISE_S = 1e-12
-
-
-def stretch_by_name(by_index: dict[int, float], names: Sequence[str]) -> dict[str, float]:
-    """Time lost to each shared resource, by its name (the one rule every engine path reports with)."""
-    out: dict[str, float] = {}
-    for k, s in by_index.items():
-        if s > STRETCH_NOISE_S:
-            out[names[k]] = out.get(names[k], 0.0) + s
-    return out
-
-
-class _Job:
-    """An op drawing on shared resources: its rate, projected finish and limiting resource."""
-
-    __slots__ = ("event", "finish", "limit", "rate", "since", "uses")
-
-    def __init__(self, event: simpy.Event, finish: float, uses: tuple[tuple[int, float], ...], now: float) -> None:
-        self.event = event
-        self.uses = uses
-        self.rate = 1.0
-        self.finish = finish  # absolute time at which it completes if its rate stays as it is
-        self.limit = -1  # resource that holds its rate below 1 (-1: none)
-        self.since = now  # when the current rate took effect (for the stretch attribution)
-
-
-class _Fluid:
-    """Progressive filling over the ops currently drawing on shared resources."""
-
-    def __init__(self, env: simpy.Environment, contention: Contention) -> None:
-        self.env = env
-        self.capacity = contention.capacity
-        self.jobs: dict[int, _Job] = {}
-        self.generation = 0  # a wake-up scheduled before the last reallocation is stale
-        self.stretch: dict[int, float] = {}
-
-    def run(self, op_id: int, duration_s: float, uses: tuple[tuple[int, float], ...]) -> simpy.Event:
-        now = self.env.now
-        job = _Job(self.env.event(), now + duration_s, uses, now)
-        self.jobs[op_id] = job
-        self._reallocate(now)
-        return job.event
-
-    def _close_interval(self, job: _Job, now: float) -> None:
-        if job.rate < 1.0 and job.limit >= 0:
-            self.stretch[job.limit] = self.stretch.get(job.limit, 0.0) + (1.0 - job.rate) * (now - job.since)
-        job.since = now
-
-    def _reallocate(self, now: float) -> None:
-        rates, limits = _progressive_filling(self.jobs, self.capacity)
-        for op_id, job in self.jobs.items():
-            rate = rates[op_id]
-            if rate != job.rate:
-                self._close_interval(job, now)
-                remaining = (job.finish - now) * job.rate  # full-speed seconds of work left
-                job.finish = now + remaining / rate
-                job.rate = rate
-            job.limit = limits[op_id]
-        self.generation += 1
-        if self.jobs:
-            first = min(job.finish for job in self.jobs.values())
-            wake = self.env.timeout(max(0.0, first - now))
-            generation = self.generation
-            wake.callbacks.append(lambda _ev: self._wake(generation))
-
-    def _wake(self, generation: int) -> None:
-        if generation != self.generation:
-            return  # rates changed since this wake-up was scheduled
-        now = self.env.now
-        tol = _REL_EPS * max(1.0, abs(now))
-        finished = [op_id for op_id, job in self.jobs.items() if job.finish <= now + tol]
-        for op_id in finished:
-            job = self.jobs.pop(op_id)
-            self._close_interval(job, now)
-            job.event.succeed()
-        self._reallocate(now)
-
-
-def _progressive_filling(
-    jobs: Mapping[int, _Job], capacity: Sequence[float]
-) -> tuple[dict[int, float], dict[int, int]]:
-    """Rates (fraction of full speed) and limiting resource of each job: max-min fair in each op's own unit.
-
-    Each op's throughput is measured in the unit of its first listed resource (bytes/s for a copy or a
-    memory-bound CPU kernel, threads for a kernel that only needs cores). All unfrozen ops' throughputs
-    rise together; an op that reaches its full speed is frozen at rate 1; the first resource to fill
-    freezes its remaining users; repeat. On a saturated resource every op still rising gets the same
-    throughput (a fair share in bytes/s, not in fraction of speed): an op that asks for more than its share
-    is held to it and does not take a slower neighbour's bytes.
-    """
-    rates: dict[int, float] = {}
-    limits: dict[int, int] = {}
-    left: dict[int, float] = {}
-    users: dict[int, list[tuple[int, float]]] = {}
-    unit: dict[int, float] = {}
-    for op_id, job in jobs.items():
-        unit[op_id] = job.uses[0][1]
-        for k, demand in job.uses:
-            users.setdefault(k, []).append((op_id, demand))
-            left[k] = capacity[k]
-    unfrozen = set(jobs)
-
-    def freeze(j: int, rate: float, limit: int) -> None:
-        rates[j] = rate
-        limits[j] = limit
-        unfrozen.discard(j)
-        for k, demand in jobs[j].uses:
-            left[k] -= rate * demand
-
-    while unfrozen:
-        # Throughput at which each resource fills if every unfrozen op runs at that throughput.
-        fill, fill_k = math.inf, -1
-        for k, us in users.items():
-            slope = sum(d / unit[j] for j, d in us if j in unfrozen)
-            if slope > 0:
-                level = max(left[k], 0.0) / slope
-                if level < fill:
-                    fill, fill_k = level, k
-        full = min(unit[j] for j in unfrozen)
-        if full <= fill:
-            for j in [j for j in unfrozen if unit[j] <= full]:
-                freeze(j, 1.0, -1)
-            continue
-        for j in [j for j, _ in users[fill_k] if j in unfrozen]:
-            freeze(j, max(fill / unit[j], 1e-12), fill_k)
-    return rates, limits

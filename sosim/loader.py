@@ -13,22 +13,27 @@ and the plan the scenario asks for must be small enough to simulate in about ten
 from __future__ import annotations
 
 import copy
+import functools
 import math
 import os
 import re
 from collections.abc import Collection, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import MappingProxyType
 from typing import Any
 
 import yaml
 from pydantic import BaseModel, ValidationError
 
 from sosim.bounds import MAX_GBPS, MAX_GPUS, MIN_GBPS, FieldProblem
-from sosim.config import HardwareProfile, Scenario
+from sosim.config import KNOBS_CONTEXT, HardwareProfile, Scenario
 from sosim.errors import ConfigError
 from sosim.resources import find_example, shipped_profiles_dir
-from sosim.schedules.registry import SYSTEM_NAMES
+from sosim.schedules.registry import SYSTEM_NAMES, validate_knobs
+
+# What scenario validation needs from above config.py: the systems' knobs models (sosim/schedules/registry.py).
+VALIDATION_CONTEXT = MappingProxyType({KNOBS_CONTEXT: validate_knobs})
 
 KeyPath = tuple[str | int, ...]
 # libyaml's loader when PyYAML was built with it (several times faster), else the pure-Python one.
@@ -669,6 +674,69 @@ def _check_calibration(table: Path, where: str) -> None:
         raise ConfigError([f"{where}: calibration: {p}" for p in exc.problems]) from None
 
 
+# ---- the calibration baseline: the profile file that names a table ------------------------------------------
+@functools.lru_cache(maxsize=32)
+def _profile_file(path: str, mtime_ns: int, size: int) -> HardwareProfile | None:
+    """A profile file as loaded (no overrides); None if it does not load. Memo keyed by the file version."""
+    del mtime_ns, size
+    try:
+        return load_profile(path)
+    except ConfigError:
+        return None
+
+
+def _candidate_files(name: str) -> Iterator[Path]:
+    found = available_profiles()
+    if name in found:
+        yield found[name]
+    yield from (p for n, p in found.items() if n != name)
+
+
+def find_baseline(hw: HardwareProfile) -> tuple[HardwareProfile | None, str]:
+    """The profile file that names ``hw``'s calibration table, as loaded from disk, and its path.
+
+    The profile of the same name first (the scenario's profile before any ``--set``), then any available
+    profile naming the same table (e.g. another machine's profile pointed at this table). (None, "") when
+    no profile file names it (an inline profile): its own numbers are then the baseline. Looked up once when
+    a scenario is loaded (:func:`with_baseline`); the cost model reads the answer, it never searches.
+    """
+    if hw.calibration is None:
+        return None, ""
+    target = [Path(p).resolve() for p in hw.calibration_paths]
+    # A profile naming exactly these tables first; else one whose tables include all of them (a profile
+    # pointed at one of the tables of a calibrated machine is rescaled from that machine's numbers).
+    containing: tuple[HardwareProfile, str] | None = None
+    for path in _candidate_files(hw.name):
+        try:
+            st = path.stat()
+        except OSError:
+            continue
+        prof = _profile_file(str(path), st.st_mtime_ns, st.st_size)
+        if prof is None:
+            continue
+        theirs = [Path(p).resolve() for p in prof.calibration_paths]
+        if theirs == target:
+            return prof, str(path)
+        if containing is None and theirs and all(t in theirs for t in target):
+            containing = (prof, str(path))
+    return containing if containing is not None else (None, "")
+
+
+def with_baseline(sc: Scenario) -> Scenario:
+    """``sc`` with its calibrated hardware's baseline looked up (once per hardware instance)."""
+    hw = sc.hardware
+    if hw.calibration is not None and hw._calibration_baseline is None:
+        hw._calibration_baseline = find_baseline(hw)
+    return sc
+
+
+def scenario_from_data(data: Mapping[str, Any]) -> Scenario:
+    """A scenario validated from plain data (every section a mapping or a validated instance), the system's
+    knobs included: for callers that build scenario data in code. :func:`load_scenario` adds located error
+    messages, overrides and profile resolution."""
+    return with_baseline(Scenario.model_validate(data, context=VALIDATION_CONTEXT))
+
+
 def resolve_scenario_path(source: str | Path) -> Path:
     """A scenario file, or a shipped example by name (``sosim examples`` lists them)."""
     p = Path(source)
@@ -754,7 +822,7 @@ def _validate_scenario(data: Mapping[str, Any], located: Located,
     nan_problems = [f"{located.where(p)}: {dotted(p)}: not a finite number ({v}); give a finite value"
                     for p, v in raw_bad.items()]
     try:
-        return Scenario.model_validate(data), nan_problems
+        return with_baseline(Scenario.model_validate(data, context=VALIDATION_CONTEXT)), nan_problems
     except ValidationError as exc:
         raise ConfigError(nan_problems + _format_validation(exc, located, skip=raw_bad)) from None
 

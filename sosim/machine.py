@@ -11,9 +11,10 @@ are symmetric), so only one node is simulated, with all of its ranks, because th
 DRAM, uplinks, NICs, NVMe) and their shared resources are contended in the engine. What crosses nodes enters
 through collective durations (:mod:`sosim.collectives`) computed for the whole cluster.
 
-Memory tiers (HBM, host DRAM of a socket, the NVMe volume, a neighbour socket's DRAM) and the links between
-them are data here: :meth:`Machine.tiers` and :meth:`Machine.links` list them, and :meth:`Machine.route`
-gives the shared resources a transfer between two tiers passes through.
+Shared resources have typed ids (:class:`SharedId`: a kind, an index, a part such as a link direction):
+:meth:`Machine.shared_resources` lists the node's, and :meth:`Machine.route` gives the ids a transfer between
+two memory tiers (HBM, a socket's host DRAM, the NVMe volume) draws on. An id's ``name`` (``link0.h2d``) is
+only a label for outputs; nothing parses it.
 
 A profile without a ``node`` block is the legacy description: each GPU of a run has its own copy of the
 profile's ``cpu`` and ``link`` (nothing shared between ranks), GPUs per node from ``interconnect``.
@@ -22,42 +23,72 @@ profile's ``cpu`` and ``link`` (nothing shared between ranks), GPUs per node fro
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, NamedTuple
 
 from sosim.config import Curve, HardwareProfile, Scenario
-from sosim.units import GB, GIB, us_to_s
+from sosim.units import GB, us_to_s
 
 TierKind = Literal["hbm", "host", "nvme"]
 Direction = Literal["h2d", "d2h"]
+
+
+SharedKind = Literal["link", "uplink", "dram", "socket_link", "nic", "nvme", "cores"]
+
+
+class SharedId(NamedTuple):
+    """A shared resource's id: its kind, which one (a rank's link, an uplink, a socket; -1 for the node-wide
+    core pool) and which part of it (a link's ``h2d`` / ``d2h`` / ``bidir`` total, the socket link's ``out`` /
+    ``in``, the NVMe volume's ``read`` / ``write``). A named tuple: hashed in C where contention looks it up."""
+
+    kind: SharedKind
+    index: int = 0  # type: ignore[assignment]  # shadows tuple.index, a method nothing calls on an id
+    part: str = ""
+
+    @property
+    def name(self) -> str:
+        """The label in outputs (``link0.h2d``, ``dram1``, ``socket_link.out0``, ``nvme.read``, ``cores``)."""
+        if self.kind in ("link", "uplink"):
+            return f"{self.kind}{self.index}.{self.part}"
+        if self.kind == "socket_link":
+            return f"socket_link.{self.part}{self.index}"
+        if self.kind == "nvme":
+            return f"nvme.{self.part}"
+        if self.kind == "cores" and self.index < 0:
+            return "cores"
+        return f"{self.kind}{self.index}"
+
+
+def link_id(kind: Literal["link", "uplink"], index: int, part: Direction | Literal["bidir"]) -> SharedId:
+    return SharedId(kind, index, part)
+
+
+def dram_id(socket: int) -> SharedId:
+    return SharedId("dram", socket)
+
+
+def nvme_id(write: bool) -> SharedId:
+    return SharedId("nvme", 0, "write" if write else "read")
+
+
+def cores_id(socket: int | None) -> SharedId:
+    """A socket's core pool, or the node-wide pool (``None``)."""
+    return SharedId("cores", -1 if socket is None else socket)
 
 
 @dataclass(frozen=True)
 class SharedResource:
     """A capacity that ops running at the same time draw on (bytes/s, or cores for a core pool)."""
 
-    name: str
+    id: SharedId
     capacity: float
-    kind: Literal["link", "uplink", "dram", "socket_link", "nic", "nvme", "cores"]
 
+    @property
+    def name(self) -> str:
+        return self.id.name
 
-@dataclass(frozen=True)
-class Tier:
-    """A memory tier: where model state can live."""
-
-    name: str  # "hbm0", "host0", "nvme"
-    kind: TierKind
-    capacity_bytes: float
-    index: int  # GPU, socket or volume index
-
-
-@dataclass(frozen=True)
-class Link:
-    """A link between two tiers, with the shared resources each direction draws on."""
-
-    a: str
-    b: str
-    a_to_b: tuple[str, ...]
-    b_to_a: tuple[str, ...]
+    @property
+    def kind(self) -> SharedKind:
+        return self.id.kind
 
 
 @dataclass(frozen=True)
@@ -123,21 +154,8 @@ class Machine:
     def ranks_on_socket(self, socket: int) -> int:
         return sum(1 for s in self.rank_socket if s == socket)
 
-    @property
-    def host_mem_bytes_per_socket(self) -> float:
-        return self.profile.cpu.mem_gib * GIB
-
-    # ---- tiers and links as data ------------------------------------------------------------------------------
-    def tiers(self) -> list[Tier]:
-        hw = self.profile
-        out = [Tier(f"hbm{r}", "hbm", hw.gpu.hbm_gib * GIB, r) for r in range(self.local_ranks)]
-        host_count = self.local_ranks if self.legacy else self.sockets
-        out += [Tier(f"host{s}", "host", hw.cpu.mem_gib * GIB, s) for s in range(host_count)]
-        if hw.node is not None and hw.node.nvme is not None:
-            out.append(Tier("nvme", "nvme", hw.node.nvme.capacity_gib * GIB, 0))
-        return out
-
-    def route(self, rank: int, src: TierKind, dst: TierKind, socket: int | None = None) -> tuple[str, ...]:
+    # ---- routes between memory tiers --------------------------------------------------------------------------
+    def route(self, rank: int, src: TierKind, dst: TierKind, socket: int | None = None) -> tuple[SharedId, ...]:
         """Shared resources a transfer of local ``rank`` from tier ``src`` to ``dst`` draws on.
 
         ``socket``: the host socket involved (default: the rank's own; another one crosses the socket link).
@@ -146,37 +164,28 @@ class Machine:
         own = self._host_of(rank)
         if {src, dst} == {"hbm", "host"}:
             d: Direction = "h2d" if src == "host" else "d2h"
-            names = [f"link{rank}.{d}", f"link{rank}.bidir"]
+            ids = [link_id("link", rank, d), link_id("link", rank, "bidir")]
             up = self.rank_uplink[rank]
             if up >= 0:
-                names += [f"uplink{up}.{d}", f"uplink{up}.bidir"]
+                ids += [link_id("uplink", up, d), link_id("uplink", up, "bidir")]
             if host != own:
-                names.append(f"socket_link.{'out' if d == 'h2d' else 'in'}{host}")
+                ids.append(SharedId("socket_link", host, "out" if d == "h2d" else "in"))
             if self._has_dram:
-                names.append(f"dram{host}")
-            return tuple(names)
+                ids.append(dram_id(host))
+            return tuple(ids)
         if {src, dst} == {"host", "nvme"}:
-            names = ["nvme.read" if src == "nvme" else "nvme.write"]
+            ids = [nvme_id(write=src != "nvme")]
             if self._has_dram:
-                names.append(f"dram{host}")
-            return tuple(names)
+                ids.append(dram_id(host))
+            return tuple(ids)
         if {src, dst} == {"hbm", "nvme"}:
             # Without GPUDirect Storage the data bounces through the rank's host memory.
-            names = ["nvme.read" if src == "nvme" else "nvme.write"]
+            names = [nvme_id(write=src != "nvme")]
             node = self.profile.node
             if node is None or node.nvme is None or not node.nvme.gds:
                 names += list(self.route(rank, "host" if src == "nvme" else "hbm", "hbm" if src == "nvme" else "host"))
             return tuple(names)
         raise ValueError(f"no route from {src} to {dst}")
-
-    def links(self) -> list[Link]:
-        out = []
-        for r in range(self.local_ranks):
-            host = f"host{self._host_of(r)}"
-            out.append(Link(f"hbm{r}", host, self.route(r, "hbm", "host"), self.route(r, "host", "hbm")))
-            if self.profile.node is not None and self.profile.node.nvme is not None:
-                out.append(Link(host, "nvme", self.route(r, "host", "nvme"), self.route(r, "nvme", "host")))
-        return out
 
     @property
     def borrows_sockets(self) -> bool:
@@ -202,37 +211,37 @@ class Machine:
         link = hw.link
         out: list[SharedResource] = []
         for r in range(self.local_ranks):
-            out += [SharedResource(f"link{r}.h2d", link.h2d_GBps * GB, "link"),
-                    SharedResource(f"link{r}.d2h", link.d2h_GBps * GB, "link"),
-                    SharedResource(f"link{r}.bidir", link.bidir_GBps * GB, "link")]
+            out += [SharedResource(link_id("link", r, "h2d"), link.h2d_GBps * GB),
+                    SharedResource(link_id("link", r, "d2h"), link.d2h_GBps * GB),
+                    SharedResource(link_id("link", r, "bidir"), link.bidir_GBps * GB)]
         node = hw.node
         if node is None:
             return out
         used_uplinks = sorted({u for u in self.rank_uplink if u >= 0})
         for u in used_uplinks:
             up = node.uplinks[u]
-            out += [SharedResource(f"uplink{u}.h2d", up.h2d_GBps * GB, "uplink"),
-                    SharedResource(f"uplink{u}.d2h", up.d2h_GBps * GB, "uplink"),
-                    SharedResource(f"uplink{u}.bidir", up.bidir_GBps * GB, "uplink")]
+            out += [SharedResource(link_id("uplink", u, "h2d"), up.h2d_GBps * GB),
+                    SharedResource(link_id("uplink", u, "d2h"), up.d2h_GBps * GB),
+                    SharedResource(link_id("uplink", u, "bidir"), up.bidir_GBps * GB)]
         if node.dram_GBps is not None:
-            out += [SharedResource(f"dram{s}", node.dram_GBps * GB, "dram") for s in range(self.sockets)]
+            out += [SharedResource(dram_id(s), node.dram_GBps * GB) for s in range(self.sockets)]
         if node.socket_link is not None:
             for s in range(self.sockets):
-                out += [SharedResource(f"socket_link.out{s}", node.socket_link.GBps * GB, "socket_link"),
-                        SharedResource(f"socket_link.in{s}", node.socket_link.GBps * GB, "socket_link")]
+                out += [SharedResource(SharedId("socket_link", s, "out"), node.socket_link.GBps * GB),
+                        SharedResource(SharedId("socket_link", s, "in"), node.socket_link.GBps * GB)]
         if node.nics is not None:
-            out += [SharedResource(f"nic{i}", node.nics.GBps * GB, "nic")
+            out += [SharedResource(SharedId("nic", i), node.nics.GBps * GB)
                     for i in sorted({n for n in self.rank_nic if n >= 0})]
         if node.nvme is not None:
-            out += [SharedResource("nvme.read", node.nvme.read_GBps * GB, "nvme"),
-                    SharedResource("nvme.write", node.nvme.write_GBps * GB, "nvme")]
+            out += [SharedResource(nvme_id(write=False), node.nvme.read_GBps * GB),
+                    SharedResource(nvme_id(write=True), node.nvme.write_GBps * GB)]
         if self.borrows_sockets:
             # Borrowed cores belong to one socket: each socket is its own pool, so a rank's Adam on a neighbour
             # competes only with what runs on that neighbour's cores.
-            out += [SharedResource(f"cores{s}", float(self.cores_per_socket), "cores") for s in range(self.sockets)]
+            out += [SharedResource(cores_id(s), float(self.cores_per_socket)) for s in range(self.sockets)]
         else:
             # Each rank's pool stays on its own socket (one socket at most, see from_scenario): one node-wide pool.
-            out.append(SharedResource("cores", float(self.cores_per_socket * self.sockets), "cores"))
+            out.append(SharedResource(cores_id(None), float(self.cores_per_socket * self.sockets)))
         return out
 
     # ---- link and collective parameters -----------------------------------------------------------------------

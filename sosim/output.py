@@ -120,9 +120,13 @@ def check_finite_result(name: str, metrics: dict[str, Any]) -> None:
                          "range the model handles (an extreme bandwidth, FLOP rate, latency or size)")
 
 
-def provenance_fields(sc: Any) -> dict[str, Any]:
+def provenance_fields(sc: Any, engine: str | None = None) -> dict[str, Any]:
     """What produced a result, for every output: implementation (None where a system has one), the hardware
-    profile's name, and the calibration table's path, several joined by ", " (None: the analytic cost model)."""
+    profile's name, the calibration table's path, several joined by ", " (None: the analytic cost model),
+    and, when given, the engine that ran the plan (docs/engines.md; every Result's provenance names it)."""
     paths = sc.hardware.calibration_paths
-    return {"implementation": getattr(sc.schedule, "implementation", None), "profile": sc.hardware.name,
-            "calibration": ", ".join(paths) if paths else None}
+    out = {"implementation": getattr(sc.schedule, "implementation", None), "profile": sc.hardware.name,
+           "calibration": ", ".join(paths) if paths else None}
+    if engine is not None:
+        out["engine"] = engine
+    return out

@@ -151,8 +151,7 @@ def _window(plan: Plan, start: np.ndarray, end: np.ndarray, t0: float, t1: float
     """The ops overlapping [t0, t1): their resource-kind and category codes, start and end clipped to the
     window, and the window cut at every op boundary (piece widths and midpoints)."""
     idx = np.flatnonzero((end > t0) & (start < t1) & (end > start))
-    ops = plan.ops
-    window = [ops[i] for i in idx.tolist()]
+    window = plan.ops_like(idx.tolist())
     res = np.fromiter(map(_KIND_CODE.__getitem__, map(id, map(_op_kind, window))), np.int8, len(window))
     cat = np.fromiter(map(_CATEGORY_CODE.__getitem__, map(id, map(_op_category, window))), np.int8, len(window))
     s = np.clip(start[idx], t0, t1)
@@ -267,13 +266,12 @@ def link_bytes_both(plan: Plan, iteration: int) -> tuple[float, float]:
     h2d, d2h = ResourceKind.H2D, ResourceKind.D2H
     up: float = 0
     down: float = 0
-    for op in plan.ops:
-        if op.iteration == iteration:
-            kind = op.resource.kind
-            if kind is h2d:
-                up += op.n_bytes
-            elif kind is d2h:
-                down += op.n_bytes
+    for op in plan.iteration_ops(iteration):
+        kind = op.resource.kind
+        if kind is h2d:
+            up += op.n_bytes
+        elif kind is d2h:
+            down += op.n_bytes
     return up, down
 
 

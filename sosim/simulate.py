@@ -6,12 +6,13 @@ import gc
 from collections.abc import Callable
 from typing import cast
 
+from sosim import engine as simpy_engine
+from sosim import engine_fast
 from sosim.collectives import TopologyCosts
 from sosim.config import Scenario
 from sosim.contention import node_plan
 from sosim.costs import AnalyticCostModel, CostModel
-from sosim.engine import Contention, EngineRun
-from sosim.fastpath import engine_run
+from sosim.fluid import Contention, EngineRun
 from sosim.machine import Machine
 from sosim.memory import check_fit
 from sosim.plan import Plan
@@ -21,6 +22,11 @@ from sosim.schedules.layout import tokens_per_gpu
 
 # The engine's contract: a node plan and its contention in, every op's start and end (and stretch) out.
 Engine = Callable[[Plan, Contention | None], EngineRun]
+
+# The engines, by name: SimPy is the reference; "fast" is the same run without SimPy (sosim/engine_fast.py,
+# held equal to SimPy by tests/test_engines.py), the default. docs/engines.md describes both.
+ENGINES: dict[str, Engine] = {"simpy": simpy_engine.run_plan_detailed, "fast": engine_fast.run_plan_detailed}
+DEFAULT_ENGINE = "fast"
 
 
 def make_cost_model(sc: Scenario) -> CostModel:
@@ -33,26 +39,27 @@ def make_cost_model(sc: Scenario) -> CostModel:
     return TableCostModel.from_profile(analytic)
 
 
-def simulate(sc: Scenario, costs: CostModel | None = None) -> Result:
+def simulate(sc: Scenario, costs: CostModel | None = None, engine: str = DEFAULT_ENGINE) -> Result:
     """Simulate ``sc`` and return its metrics, spans and memory. Deterministic for a given scenario.
 
     ``costs``: another cost model for the same scenario (error bands replay sampled costs, sosim.bands);
-    default: the profile's own (:func:`make_cost_model`)."""
+    default: the profile's own (:func:`make_cost_model`). ``engine``: a name in :data:`ENGINES` ("simpy",
+    the reference, or "fast", the default); the result's provenance names it."""
+    if engine not in ENGINES:
+        raise ValueError(f"engine must be one of {', '.join(ENGINES)}, not {engine!r}")
     # A simulation allocates many small, acyclic objects (ops, tuples, events) and frees them all at once:
     # the cyclic garbage collector would only walk them again and again. Paused here, restored after.
     paused = gc.isenabled()
     gc.disable()
     try:
-        # The engine's run, bit for bit, without SimPy's overhead (sosim/fastpath.py); SimPy's
-        # run_plan_detailed is the engine of record (tests/test_fastpath.py holds them equal).
-        return simulate_with(sc, costs, engine_run)
+        return simulate_with(sc, costs, engine)
     finally:
         if paused:
             gc.enable()
 
 
-def simulate_with(sc: Scenario, costs: CostModel | None, engine: Engine) -> Result:
-    """:func:`simulate` with ``engine`` running the node plan (scripts/bench_sim.py passes SimPy's)."""
+def simulate_with(sc: Scenario, costs: CostModel | None, engine: str) -> Result:
+    """:func:`simulate` without the garbage-collector pause: the engine named ``engine`` runs the node plan."""
     machine = Machine.from_scenario(sc)
     base = make_cost_model(sc) if costs is None else costs
     costs = base if machine.legacy else cast(CostModel, TopologyCosts(base, machine))
@@ -62,12 +69,13 @@ def simulate_with(sc: Scenario, costs: CostModel | None, engine: Engine) -> Resu
     # handed to the engine (sosim/contention.py).
     plan = module.build_plan(sc, costs)
     node, contention, ranks = node_plan(sc, machine, plan)
-    run = engine(node, contention)
+    run = ENGINES[engine](node, contention)
     # Metrics, spans and trace are rank 0's view (its ops are every ranks-th op of the node plan).
     start, end = run.start_s[::ranks], run.end_s[::ranks]
     fit = check_fit(usage, sc.hardware, machine)
     metrics = compute_metrics(sc, plan, start, end, usage, fit)
     prov = provenance(sc, costs, module.choices(sc))
+    prov["engine"] = engine
     prov.update({k: str(v) for k, v in machine.describe().items()})
     # The FLOP convention behind model_tflops / mfu (sosim/model.py): long-sequence anchors hinge on it.
     prov["attention_flops"] = "causal (half the s x s matrix; x2 for Megatron/paper-style full counting)"

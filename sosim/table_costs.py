@@ -3,7 +3,7 @@
 A profile names its table with ``calibration: <csv>``. :class:`TableCostModel` *is* an
 :class:`~sosim.costs.AnalyticCostModel` (same layer composition, launch-bound floor included) that overrides
 only the components the table measured: a whole layer at its exact shape, else its GEMMs and attention, the
-GPU cast, host copies and their duplex slowdown, CPU Adam and casts, collectives, disk, DeepSpeed's stage-3
+GPU cast, host copies, CPU Adam and casts, collectives, disk, DeepSpeed's stage-3
 costs. Anything the table does not cover falls back to the analytic formula.
 
 **What-if on a calibrated machine.** The table was measured on the hardware numbers of the profile file
@@ -26,7 +26,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import os
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -58,7 +58,7 @@ _HW_SECTIONS: tuple[str, ...] = ("gpu", "cpu", "link", "interconnect")
 # Which sections each cost kind depends on in the analytic model (to say *why* a cost was rescaled).
 _KIND_SECTIONS: dict[str, tuple[str, ...]] = {
     "gemm": ("gpu",), "attention": ("gpu",), "layer": ("gpu",), "gpu_cast": ("gpu",),
-    "copy": ("link",), "duplex": ("link",), "cpu_adam": ("cpu",), "cpu_cast": ("cpu",),
+    "copy": ("link",), "cpu_adam": ("cpu",), "cpu_cast": ("cpu",),
     "nccl": ("interconnect",), "disk": (), "ds_refresh": ("cpu", "link"), "stage3_hook": (),
     "ds_step_fixed": ("cpu",), "ds_step_unscale_clip": ("cpu",), "so_worker": ("cpu",),
     "so_flush": ("gpu", "link"),
@@ -96,56 +96,6 @@ def load_table(path: str) -> CalibrationTable:
 
 
 # ---- the baseline: the hardware numbers the table was measured on ----------------------------------------
-
-
-@functools.lru_cache(maxsize=32)
-def _profile_file(path: str, mtime_ns: int, size: int) -> HardwareProfile | None:
-    """A profile file as loaded (no overrides); None if it does not load. Memo keyed by the file version."""
-    del mtime_ns, size
-    from sosim.loader import load_profile  # the loader imports this module lazily; no import cycle
-
-    try:
-        return load_profile(path)
-    except ConfigError:
-        return None
-
-
-def _candidate_files(name: str) -> Iterator[Path]:
-    from sosim.loader import available_profiles
-
-    found = available_profiles()
-    if name in found:
-        yield found[name]
-    yield from (p for n, p in found.items() if n != name)
-
-
-def find_baseline(hw: HardwareProfile) -> tuple[HardwareProfile | None, str]:
-    """The profile file that names ``hw``'s calibration table, as loaded from disk, and its path.
-
-    The profile of the same name first (the scenario's profile before any ``--set``), then any available
-    profile naming the same table (e.g. another machine's profile pointed at this table). (None, "") when
-    no profile file names it (an inline profile): its own numbers are then the baseline.
-    """
-    if hw.calibration is None:
-        return None, ""
-    target = [Path(p).resolve() for p in hw.calibration_paths]
-    # A profile naming exactly these tables first; else one whose tables include all of them (a profile
-    # pointed at one of the tables of a calibrated machine is rescaled from that machine's numbers).
-    containing: tuple[HardwareProfile, str] | None = None
-    for path in _candidate_files(hw.name):
-        try:
-            st = path.stat()
-        except OSError:
-            continue
-        prof = _profile_file(str(path), st.st_mtime_ns, st.st_size)
-        if prof is None:
-            continue
-        theirs = [Path(p).resolve() for p in prof.calibration_paths]
-        if theirs == target:
-            return prof, str(path)
-        if containing is None and theirs and all(t in theirs for t in target):
-            containing = (prof, str(path))
-    return containing if containing is not None else (None, "")
 
 
 def hardware_changes(base: HardwareProfile, now: HardwareProfile) -> dict[str, tuple[Any, Any]]:
@@ -221,11 +171,12 @@ class TableCostModel(AnalyticCostModel):
 
     @classmethod
     def from_profile(cls, analytic: AnalyticCostModel) -> TableCostModel:
-        """The profile's table, with the profile file that names it as the baseline (see find_baseline)."""
+        """The profile's table, with the profile file that names it as the baseline (the loader found it:
+        :attr:`~sosim.config.HardwareProfile.calibration_baseline`; this model never searches folders)."""
         paths = analytic.hw.calibration_paths
         if not paths:
             raise ValueError(f"profile '{analytic.hw.name}' names no calibration table")
-        baseline, source = find_baseline(analytic.hw)
+        baseline, source = analytic.hw.calibration_baseline
         return cls.from_analytic(analytic, load_tables(paths), baseline, source)
 
     # --- spread (issue 11): the same model over other timings of the same table ------------------------------
@@ -370,19 +321,6 @@ class TableCostModel(AnalyticCostModel):
         kind = f"copy_{direction}_{'pinned' if pinned else 'pageable'}"
         return self._use(kind, measured, lambda a: a.copy_s(n_bytes, direction, pinned))
 
-    @functools.cached_property
-    def duplex_factors(self) -> dict[str, float]:
-        """Measured: each direction's time alone / its time while both copy, at 256 MiB; rescaled by the
-        analytic ratio of the duplex factor, never above 1 (a direction is never faster than alone)."""
-        size = 256 * 2**20
-        out = dict(self._now.duplex_factors)
-        for direction in ("h2d", "d2h"):
-            alone = self.table.copy_time_s(size, direction, True, False)  # type: ignore[arg-type]
-            both = self.table.copy_time_s(size, direction, True, True)  # type: ignore[arg-type]
-            measured = alone / both if alone is not None and both is not None and both > 0 else None
-            value = self._use(f"duplex_{direction}", measured, functools.partial(_duplex_factor, direction))
-            out[direction] = min(1.0, value)
-        return out
 
     # --- CPU -------------------------------------------------------------------------------------------------
     def cpu_adam_s(self, params: float, impl: AdamImpl, cores: float, total_params: float) -> float:
@@ -548,8 +486,6 @@ def table_names(table: CalibrationTable) -> str:
     return str(Path(table.path).name)
 
 
-def _duplex_factor(direction: str, a: AnalyticCostModel) -> float:
-    return a.duplex_factors[direction]
 
 
 def _counts(counts: dict[str, int]) -> str:

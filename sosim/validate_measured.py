@@ -434,7 +434,7 @@ def _reorder(plan: Plan, extra: Mapping[int, set[int]]) -> Plan:
     new_ops = [dataclasses.replace(ops[old], id=new_id[old],
                                    deps=tuple(sorted(new_id[d] for d in set(ops[old].deps) | extra.get(old, set()))))
                for old in order]
-    return dataclasses.replace(plan, ops=new_ops, iteration_starts=[new_id[i] for i in plan.iteration_starts])
+    return Plan(new_ops, [new_id[i] for i in plan.iteration_starts])
 
 
 def run_engine(plan: Plan, sc: Scenario | None = None) -> tuple[np.ndarray, np.ndarray]:

@@ -82,7 +82,7 @@ def test_core_split_follows_deepspeed_affinity_rules() -> None:
 def _ctx(schedule: dict | None = None, **training: object) -> Ctx:  # type: ignore[type-arg]
     sc = load_scenario(tiny_scenario(schedule or {"system": "zero3_offload"}, **training))
     costs = AnalyticCostModel(sc.hardware, sc.model, sc.training, tokens_per_gpu(sc))
-    units = [Unit(i, f"layer{i}", 1, 1.0, 1.0) for i in range(3)]
+    units = [Unit(i, f"layer{i}", 1, 1.0, 1.0, is_layer=True) for i in range(3)]
     tensors = [Tensor(i, i, 1) for i in range(3)]
     lay = make_layout(units, tensors, make_flushes(tensors, 1, "overflow"), subgroups(tensors, 1))
     return Ctx(sc, costs, Plan(), lay, cpu.one_process(8, "cpu_adam"))
@@ -123,7 +123,7 @@ def test_stage3_gradient_path_orders_its_stream_and_applies_backpressure() -> No
     ctx = _ctx()
     ctx.costs = _UnitCopies()  # type: ignore[assignment]
     lay = ctx.layout
-    units = [Unit(i, f"layer{i}", 1, 0.0, 0.0) for i in range(6)]
+    units = [Unit(i, f"layer{i}", 1, 0.0, 0.0, is_layer=True) for i in range(6)]
     tensors = [Tensor(i, i, 1) for i in range(6)]
     ctx.layout = make_layout(units, tensors, make_flushes(tensors, 1, "overflow"), subgroups(tensors, 6))
     del lay

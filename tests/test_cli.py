@@ -153,8 +153,8 @@ def test_non_finite_result_is_refused(capsys: pytest.CaptureFixture[str], monkey
 
     real = sosim.simulate
 
-    def nan_simulate(sc: object) -> object:
-        result = real(sc)  # type: ignore[arg-type]
+    def nan_simulate(sc: object, **kwargs: str) -> object:
+        result = real(sc, **kwargs)  # type: ignore[arg-type]
         result.metrics["step_time_s"] = float("nan")
         return result
 

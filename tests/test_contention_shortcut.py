@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from sosim import contention as ct
-from sosim.engine import effective_contention
+from sosim.fluid import effective_contention
 from sosim.loader import load_scenario
 from sosim.machine import Machine
 from sosim.simulate import simulate

@@ -76,7 +76,7 @@ def test_refresh_and_hooks_as_measured() -> None:
 def _tiny(schedule: dict, n_groups: int, flush_cap: int, **training: object) -> Ctx:  # type: ignore[type-arg]
     sc = load_scenario(tiny_scenario(schedule, **training))
     costs = AnalyticCostModel(sc.hardware, sc.model, sc.training, tokens_per_gpu(sc))
-    units = [Unit(i, f"layer{i}", 1, 1.0, 1.0) for i in range(n_groups)]
+    units = [Unit(i, f"layer{i}", 1, 1.0, 1.0, is_layer=True) for i in range(n_groups)]
     tensors = [Tensor(i, i, 10**8) for i in range(n_groups)]
     lay = make_layout(units, tensors, make_flushes(tensors, flush_cap, "overflow"), subgroups(tensors, 10**8))
     return Ctx(sc, costs, Plan(), lay, cpu.split_cores(16, 0.8, False, "cpu_adam"))

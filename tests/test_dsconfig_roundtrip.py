@@ -25,7 +25,7 @@ from sosim.dsconfig import (
 )
 from sosim.hf_model import HfModel
 from sosim.jsonio import parse_json
-from sosim.loader import load_profile
+from sosim.loader import load_profile, scenario_from_data
 from sosim.schedules import superoffload
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -185,7 +185,7 @@ def _deepspeed_scenarios(draw: st.DrawFn) -> Scenario:
                          "precision": draw(st.sampled_from(["bf16", "fp16"])),
                          "gradient_clipping": draw(st.sampled_from([0.0, 1.0])),
                          "activation_checkpointing": draw(st.booleans())}}
-    return Scenario.model_validate(data)
+    return scenario_from_data(data)
 
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -196,7 +196,7 @@ def test_deepspeed_scenarios_survive_the_round_trip(sc: Scenario) -> None:
     back = map_ds_config(parse_json(json.dumps(result.config), "emitted.json"), HfModel(model=sc.model.model_dump()),
                          RunInputs(hardware="gh200", gpus=sc.cluster.gpus, seq_len=sc.training.seq_len,
                                    activation_checkpointing=sc.training.activation_checkpointing)).scenario
-    again = Scenario.model_validate({**back, "hardware": _GH200})
+    again = scenario_from_data({**back, "hardware": _GH200})
     assert again.model_dump(exclude={"name", "description"}) == sc.model_dump(exclude={"name", "description"})
 
 

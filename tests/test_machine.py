@@ -13,7 +13,7 @@ from sosim.collectives import analytic_s, collective_s, inter_node_bytes
 from sosim.contention import expand_ranks, node_plan, ranks_share_host
 from sosim.errors import ConfigError
 from sosim.loader import load_profile
-from sosim.machine import Machine
+from sosim.machine import Machine, SharedId
 from sosim.plan import GPU, H2D, NET, Phase, Plan
 from sosim.units import MIB
 
@@ -35,7 +35,7 @@ def test_single_gpu_profiles_keep_their_meaning() -> None:
     """A profile without a node block: one GPU with a private host, all its cores to the rank."""
     m = _machine("h200-pcie-gen5-x86")
     assert m.legacy and m.local_ranks == 1 and m.threads_per_rank == 16
-    assert [t.name for t in m.tiers()] == ["hbm0", "host0"]
+    assert [r.name for r in m.shared_resources()] == ["link0.h2d", "link0.d2h", "link0.bidir"]
 
 
 def test_h200x2_meanings() -> None:
@@ -61,15 +61,18 @@ def test_h200x2_meanings() -> None:
     assert (hosts.nodes, hosts.local_ranks, hosts.threads_per_rank) == (2, 1, 72)
 
 
-def test_routes_are_data() -> None:
+def test_routes_are_typed_ids() -> None:
     m = _machine("hgx-h100x8-x86", "cluster.gpus=8")
     assert m.rank_socket == (0, 0, 0, 0, 1, 1, 1, 1)
-    assert m.route(5, "host", "hbm") == ("link5.h2d", "link5.bidir", "dram1")
+    assert m.route(5, "host", "hbm") == (SharedId("link", 5, "h2d"), SharedId("link", 5, "bidir"), SharedId("dram", 1))
     # CPU memory of the other socket: the copy also crosses the socket link.
-    assert m.route(5, "host", "hbm", socket=0) == ("link5.h2d", "link5.bidir", "socket_link.out0", "dram0")
+    assert [r.name for r in m.route(5, "host", "hbm", socket=0)] == ["link5.h2d", "link5.bidir", "socket_link.out0",
+                                                                     "dram0"]
     # No GPUDirect Storage: NVMe -> HBM bounces through host memory.
-    assert m.route(0, "nvme", "hbm") == ("nvme.read", "link0.h2d", "link0.bidir", "dram0")
-    assert {t.kind for t in m.tiers()} == {"hbm", "host", "nvme"}
+    assert [r.name for r in m.route(0, "nvme", "hbm")] == ["nvme.read", "link0.h2d", "link0.bidir", "dram0"]
+    # Every id a route gives is one of the node's shared resources.
+    ids = {r.id for r in m.shared_resources()}
+    assert set(m.route(5, "host", "hbm", socket=0)) <= ids and set(m.route(0, "hbm", "nvme")) <= ids
     names = {r.name for r in m.shared_resources()}
     assert {"dram0", "dram1", "nvme.read", "nvme.write", "nic7", "cores"} <= names
 

@@ -12,23 +12,22 @@ A system is a :class:`Recipe`: a layout (what is moved and updated as one piece)
   parameters return (the parameter refresh is a block the step is built with);
 * ``activations``: activation checkpoints kept in host memory (weight-flow), or on the GPU.
 
-The driver walks iterations and micro-batches: forward over the units, backward in reverse (calling the
-gradient path after each unit), then the step. The next iteration's forward of a unit waits for the groups
-holding its parameters (``staleness`` iterations back: 1, or 2 with delayed parameter update).
+The driver builds one iteration (its micro-batches: forward over the units, backward in reverse calling the
+gradient path after each unit, then the step) as a :class:`~sosim.plan.Template` whose ties to earlier
+iterations are typed carry slots, and repeats it (:meth:`~sosim.plan.Plan.repeat`): a unit's first forward
+waits for the groups holding its parameters (``staleness`` iterations back: 1, or 2 with delayed parameter
+update), GPU work for the host thread's last blocking call and the compute stream's queue. Blocks keep no
+other state from one iteration to the next (docs/engines.md).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from enum import Enum
-from types import FunctionType, MethodType
 from typing import TYPE_CHECKING, Any, Protocol, cast
 
-from pydantic import BaseModel
-
-from sosim.machine import Machine, zero_group
-from sosim.plan import COMPUTE, GPU, NET, SYNC, Category, Op, Phase, Plan, Resource, ResourceKind
+from sosim.machine import zero_group
+from sosim.plan import COMPUTE, GPU, NET, SYNC, Category, Op, Phase, Plan, Resource, Template
 
 if TYPE_CHECKING:
     from sosim.config import Scenario
@@ -227,19 +226,52 @@ def pass_op(ctx: Ctx, u: Unit, phase: Phase, deps: Sequence[int]) -> int:
     return op
 
 
-def build(ctx: Ctx, r: Recipe, replicate: bool = True) -> Plan:
-    """Every iteration of ``ctx.sc`` through the blocks of ``r``; returns the finished plan.
+# --- one iteration as a template, repeated ---------------------------------------------------------------------
+# What flows from one iteration into the next (the typed carries of sosim.plan.Template): the training process's
+# last blocking call (GPU work issued later waits for it), the work queued on the compute stream before the next
+# compute op, and what each optimizer group's next use waits for (its update and refresh, ``staleness``
+# iterations back). Each is a negative op id, a slot, while the template is built; everything else a block
+# keeps is built afresh in every iteration (tests/test_plan_template.py holds the repeated template equal to
+# the iterations built one after another, on every shipped scenario and a sample of others).
+HOST_SLOT = -1
+GATE_SLOT = -2
 
-    ``replicate``: once an iteration has been built whose end state is its start state with every op id
-    moved by the iteration's op count (see :func:`_replicate`), the remaining iterations are that
-    iteration's ops copied with shifted ids instead of being built again (the same ops, bit for bit).
-    """
+
+def group_slot(group: int) -> int:
+    """The carry slot of an optimizer group's gate."""
+    return -3 - group
+
+
+def build(ctx: Ctx, r: Recipe) -> Plan:
+    """Every iteration of ``ctx.sc`` through the blocks of ``r``: one iteration built as a template, repeated."""
+    return Plan.repeat(build_template(ctx, r), ctx.sc.training.iterations + r.warmup_iterations)
+
+
+def build_template(ctx: Ctx, r: Recipe) -> Template:
+    """One iteration, built on slots where earlier iterations' ops would be (see :class:`sosim.plan.Template`)."""
+    groups = sorted({g for gs in r.layout.unit_groups.values() for g in gs})
+    ctx.host_issue, ctx.compute_gate = HOST_SLOT, [GATE_SLOT]
+    ready = run_iteration(ctx, r, {g: [group_slot(g)] for g in groups})
+    carry_out = {HOST_SLOT: () if ctx.host_issue is None else (ctx.host_issue,), GATE_SLOT: tuple(ctx.compute_gate)}
+    lag = {HOST_SLOT: 1, GATE_SLOT: 1}
+    for g in groups:
+        carry_out[group_slot(g)] = tuple(ready.get(g, ()))
+        lag[group_slot(g)] = r.staleness
+    return Template(ctx.plan.ops, ctx.plan.iteration_starts, lag, carry_out)
+
+
+def run_iteration(ctx: Ctx, r: Recipe, gates: dict[int, list[int]]) -> dict[int, list[int]]:
+    """Iteration ``ctx.it`` through the blocks: the micro-batches' forward and backward, then the step.
+
+    ``gates``: what each group's first use waits for (its update ``staleness`` iterations back). Returns what
+    the next use of each group waits for after this iteration's step. ``ctx.host_issue`` and
+    ``ctx.compute_gate`` flow in and out."""
     sc = ctx.sc
     units = r.layout.units
     backward_order = units[::-1]
     unit_groups = r.layout.unit_groups
     forward, backward = Phase.FORWARD, Phase.BACKWARD
-    # The blocks' methods, looked up once (this loop runs once per unit, pass, micro-batch and iteration).
+    # The blocks' methods, looked up once (this loop runs once per unit, pass and micro-batch).
     before_use, around = r.weights.before_use, r.hooks.around
     after_forward, before_backward = r.activations.after_forward, r.activations.before_backward
     after_backward = r.grads.after_backward
@@ -249,177 +281,33 @@ def build(ctx: Ctx, r: Recipe, replicate: bool = True) -> Plan:
     adds_nothing = getattr(r.weights, "adds_nothing", None)
     weights = not (adds_nothing is not None and adds_nothing(ctx))
     activations = type(r.activations) is not ActivationsOnGpu
-    ready: dict[int, dict[int, list[int]]] = {}  # iteration -> group -> ops its next use waits for
-    iterations = sc.training.iterations + r.warmup_iterations
-    previous: list[object] | None = None  # the start state of the previous iteration (see _state)
-    begin = 0  # its first op
-    for it in range(iterations):
-        if replicate and it >= 1:
-            state = _state(ctx, r, ready, it)
-            if previous is not None and state is not None and _replicate(ctx.plan, begin, previous, state, it,
-                                                                         iterations):
-                return ctx.plan
-            previous, begin = state, len(ctx.ops)
-        ctx.it = it
-        gates = ready.get(it - r.staleness, {})
-        done = _Arrivals(r.step)
-        backward_end = -1
-        for micro in range(sc.training.grad_accum):
-            ctx.micro, ctx.boundary = micro, micro == sc.training.grad_accum - 1
-            ctx.computed = []
-            for u in units:
-                deps = before_use(ctx, u, forward) if weights else []
-                if micro == 0:
-                    deps += [d for g in unit_groups.get(u.index, ()) for d in gates.get(g, [])]
-                if hooks:
-                    around(ctx, u, forward)
-                op = pass_op(ctx, u, forward, deps)
-                if micro == 0 and u.index == 0:
-                    ctx.plan.mark_iteration_start(op)
-                if activations:
-                    after_forward(ctx, u, op)
-            r.grads.start(ctx)
-            for u in backward_order:
-                deps = before_use(ctx, u, backward) if weights else []
-                if activations:
-                    deps = deps + before_backward(ctx, u)
-                if hooks:
-                    around(ctx, u, backward)
-                backward_end = pass_op(ctx, u, backward, deps)
-                after_backward(ctx, u, backward_end, done)
-            r.grads.finish(ctx, done)
-        ready[it] = r.step.run(ctx, done.arrivals, backward_end)
-    return ctx.plan
-
-
-# --- replicating a periodic iteration ------------------------------------------------------------------------
-# Why it is exact. Building iteration k reads only its start state S_k -- the context's op references
-# (host_issue, compute_gate, computed), the groups' gates of earlier iterations, and whatever the blocks keep
-# between calls -- and the scenario, layout and cost model, which do not change while a plan is built (the
-# cost model is a pure function, and no block reads ``ctx.it`` or the plan's ops). Op ids enter the blocks only
-# as references: they are stored, compared, sorted and passed as dependencies, never computed with. So
-# building from S + d (every op id of S moved by d) on a plan d ops longer gives the same ops with every id
-# and dependency moved by d, and ends in the end state moved by d. If the state after iteration k is its
-# start state moved by D (the number of ops of iteration k), iteration k + 1 is iteration k moved by D, its
-# end state is moved by D again, and so on: every later iteration is a copy. The check is on the whole
-# state, leaf by leaf: an int either moves by exactly D (an op id) or stays (a constant, such as a group
-# index), and an int that stays must not be an op that iteration k depends on (a reference that did not
-# move would be copied as one that did). Anything the walk cannot read (an unknown object type) means no copy.
-_LEAF = (float, str, bool, type(None), Enum)
-_CONFIG = (BaseModel, Machine, Resource)
-
-
-def _state(ctx: Ctx, r: Recipe, ready: dict[int, dict[int, list[int]]], it: int) -> list[object] | None:
-    """The start state of iteration ``it`` as a flat list of leaves and shape markers (None: unreadable)."""
-    out: list[object] = []
-    fixed = {id(ctx.sc), id(ctx.costs), id(ctx.plan), id(ctx.layout), id(ctx.cpu), id(ctx.ops), id(ctx)}
-    for name, value in vars(ctx).items():
-        if name != "it" and id(value) not in fixed:
-            out.append(name)
-            if not _walk(value, out, fixed):
-                return None
-    out.append("ready")
-    if not _walk([ready.get(k) for k in range(it - r.staleness, it)], out, fixed):
-        return None
-    for block in (r.weights, r.hooks, r.activations, r.grads, r.step):
-        out.append(type(block))
-        if not _walk(block, out, fixed):
-            return None
-    return out
-
-
-def _walk(value: object, out: list[object], fixed: set[int]) -> bool:
-    """Append ``value``'s leaves to ``out``; False if it holds something this walk cannot read."""
-    cls = type(value)
-    if cls is int:
-        out.append(value)
-        return True
-    if cls is list or cls is tuple:
-        # Lists of op ids are most of the state (the groups' gates): their ints without a call each.
-        out.append((cls, len(value)))  # type: ignore[arg-type]
-        for v in value:  # type: ignore[attr-defined]
-            if type(v) is int:
-                out.append(v)
-            elif not _walk(v, out, fixed):
-                return False
-        return True
-    if cls is dict:
-        out.append((dict, len(value)))  # type: ignore[arg-type]
-        for k, v in value.items():  # type: ignore[attr-defined]
-            if type(k) is int:
-                out.append(k)
-            elif not _walk(k, out, fixed):
-                return False
-            if type(v) is int:
-                out.append(v)
-            elif not _walk(v, out, fixed):
-                return False
-        return True
-    if cls is float or cls is str or value is None or isinstance(value, _LEAF):  # the common leaves first
-        out.append((value,))  # a constant leaf: compared as is
-        return True
-    if id(value) in fixed or isinstance(value, _CONFIG):
-        # Configuration, immutable while a plan is built: the same object in both states is the same value.
-        out.append(("obj", id(value)))
-        return True
-    if isinstance(value, (list, tuple, dict)):  # subclasses (named tuples, ...): walked like their base
-        return _walk(dict(value) if isinstance(value, dict) else list(value), out, fixed)
-    if isinstance(value, MethodType):
-        out.append(MethodType)
-        return _walk(value.__self__, out, fixed) and _walk(value.__func__, out, fixed)
-    if isinstance(value, FunctionType):
-        out.append(("fn", id(value.__code__)))
-        cells = value.__closure__ or ()
-        return all(_walk(c.cell_contents, out, fixed) for c in cells)
-    if isinstance(value, type):
-        return False
-    if hasattr(value, "__dict__"):
-        out.append(cls)
-        return _walk(vars(value), out, fixed)
-    slots = getattr(cls, "__slots__", None)
-    if slots is not None:
-        out.append(cls)
-        return all(_walk(getattr(value, name, None), out, fixed) for name in slots)
-    return False
-
-
-def _replicate(plan: Plan, lo: int, before: list[object], after: list[object], it: int, iterations: int) -> bool:
-    """If ``after`` (the state after iteration ``it - 1``, whose ops start at ``lo``) is ``before`` (its start
-    state) with every op id moved by the iteration's op count, append iterations ``it`` .. ``iterations - 1``
-    as copies of it and return True."""
-    ops = plan.ops
-    shift = len(ops) - lo
-    if len(before) != len(after) or shift <= 0:
-        return False
-    moved: set[int] = set()
-    for a, b in zip(before, after):
-        if type(a) is int:
-            if type(b) is not int:
-                return False
-            if b == a + shift:
-                moved.add(a)
-            elif b != a:
-                return False
-        elif a != b:
-            return False
-    src = ops[lo:]
-    # Every op before the iteration that it depends on must be one the state refers to by a moving reference
-    # (an id kept in some object the walk does not read, or a reference that stays, would be copied wrongly).
-    # Dependencies are sorted: only an op whose first one is older can have any.
-    for op in src:
-        deps = op.deps
-        if deps and deps[0] < lo and any(x < lo and x not in moved for x in deps):
-            return False
-    last_it = it - 1
-    own_starts = [s for s in plan.iteration_starts if s >= lo]
-    for k in range(it, iterations):
-        d = (k - last_it) * shift
-        # One dependency is the common case: its tuple without a list.
-        ops.extend([Op(op.id + d, op.resource, op.name, op.duration_s,
-                       (op.deps[0] + d,) if len(op.deps) == 1 else tuple([x + d for x in op.deps]), op.layer, k,
-                       op.category, op.phase, op.n_bytes, op.flops, op.group) for op in src])
-        plan.iteration_starts.extend(s + d for s in own_starts)
-    return True
+    done = _Arrivals(r.step)
+    backward_end = -1
+    for micro in range(sc.training.grad_accum):
+        ctx.micro, ctx.boundary = micro, micro == sc.training.grad_accum - 1
+        ctx.computed = []
+        for u in units:
+            deps = before_use(ctx, u, forward) if weights else []
+            if micro == 0:
+                deps += [d for g in unit_groups.get(u.index, ()) for d in gates.get(g, [])]
+            if hooks:
+                around(ctx, u, forward)
+            op = pass_op(ctx, u, forward, deps)
+            if micro == 0 and u.index == 0:
+                ctx.plan.mark_iteration_start(op)
+            if activations:
+                after_forward(ctx, u, op)
+        r.grads.start(ctx)
+        for u in backward_order:
+            deps = before_use(ctx, u, backward) if weights else []
+            if activations:
+                deps = deps + before_backward(ctx, u)
+            if hooks:
+                around(ctx, u, backward)
+            backward_end = pass_op(ctx, u, backward, deps)
+            after_backward(ctx, u, backward_end, done)
+        r.grads.finish(ctx, done)
+    return r.step.run(ctx, done.arrivals, backward_end)
 
 
 @dataclass
@@ -436,9 +324,8 @@ class _Arrivals:
 
 def plan_for(sc: Scenario, costs: CostModel, recipe: Recipe) -> Plan:
     """The plan of ``sc`` built from ``recipe``'s blocks."""
-    duplex = {ResourceKind(k): f for k, f in costs.duplex_factors.items()}
     memo = cast("CostModel", _MemoCosts(costs))
-    return build(Ctx(sc, memo, Plan(duplex_factors=duplex), recipe.layout, recipe.cpu), recipe)
+    return build(Ctx(sc, memo, Plan(), recipe.layout, recipe.cpu), recipe)
 
 
 class _MemoCosts:

@@ -23,7 +23,6 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Literal, NamedTuple
 
 from sosim import model as tm
-from sosim.plan import ResourceKind
 from sosim.units import BF16_BYTES, MB
 
 if TYPE_CHECKING:
@@ -46,11 +45,8 @@ class Unit:
     # Hardware FLOPs of the forward and of the backward (recompute included) on this GPU.
     fwd_flops: float = 0.0
     bwd_flops: float = 0.0
-
-    # Read for every unit of every pass while a plan is built: computed once per unit.
-    @functools.cached_property
-    def is_layer(self) -> bool:
-        return self.name.startswith("layer")
+    # A transformer layer (not the embedding or the head): what checkpoints and streamed weights apply to.
+    is_layer: bool = False
 
     # The names of its forward and backward compute ops (units are memoised: worked out once, not per pass).
     @functools.cached_property
@@ -110,9 +106,6 @@ class Layout:
         return [g for g in self.groups if not g.on_gpu]
 
 
-def duplex(costs: CostModel) -> dict[ResourceKind, float]:
-    """The cost model's per-direction duplex factors keyed by resource kind (what the plan carries)."""
-    return {ResourceKind(k): f for k, f in costs.duplex_factors.items()}
 
 
 # --- units --------------------------------------------------------------------------------------------------
@@ -162,10 +155,10 @@ def _units(layers: int, emb: int, head: int, layer_p: int, layer_fwd_flops: floa
            head_flops: float, fwd: float, bwd: float, a2a: float, a2a_bytes: float, head_fwd: float,
            head_bwd: float) -> tuple[Unit, ...]:
     # Cached on the numbers that make them (units are immutable): a search builds the same units for every
-    # setting that keeps the model and the per-layer costs, and each unit's ``is_layer`` is worked out once.
+    # setting that keeps the model and the per-layer costs.
     units = [Unit(0, "embed", emb, 0.0, 0.0)]
-    units += [Unit(i, f"layer{i - 1}", layer_p, fwd, bwd, a2a, a2a_bytes, layer_fwd_flops, layer_bwd_flops)
-              for i in range(1, layers + 1)]
+    units += [Unit(i, f"layer{i - 1}", layer_p, fwd, bwd, a2a, a2a_bytes, layer_fwd_flops, layer_bwd_flops,
+                   is_layer=True) for i in range(1, layers + 1)]
     units.append(Unit(layers + 1, "head", head, head_fwd, head_bwd, fwd_flops=head_flops, bwd_flops=2.0 * head_flops))
     return tuple(units)
 

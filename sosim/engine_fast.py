@@ -1,21 +1,21 @@
-"""The engine's run of a plan without SimPy: the same start and end of every op, bit for bit.
+"""The fast exact engine: the SimPy engine's run of a plan without SimPy, the same floats bit for bit.
 
-SimPy (:mod:`sosim.engine`) is the engine of record; a search spends most of its time there, in SimPy's
-generic machinery (an event object per op and per wait, a generator per resource). :func:`engine_run` gives the
-engine's :class:`~sosim.engine.EngineRun` by one of two exact paths:
+SimPy (:mod:`sosim.engine`) is the reference engine; a search would spend most of its time in SimPy's
+generic machinery (an event object per op and per wait, a generator per resource). :func:`run_plan_detailed`
+gives the same :class:`~sosim.fluid.EngineRun` in one of two ways, chosen by the plan's contention:
 
-* **no contention** (``effective_contention`` is None: no shared resource can ever be oversubscribed, e.g.
-  every single-GPU GH200 plan): the engine only waits for dependencies and timeouts, so an op starts at
-  ``max(end of its resource's previous op, ends of its dependencies)`` and ends at ``start + duration``,
-  floats SimPy's clock computes identically. :func:`list_times` does that in one pass in id order (a
-  topological order);
-* **contention** (shared link totals, uplinks, DRAM, cores that ops can oversubscribe): :func:`replay_engine`
-  replays the engine's workers as state machines on a queue ordered exactly like SimPy's (time, priority,
-  order of scheduling), with the engine's own fluid model running unchanged on it, so every rate is
-  computed by the same code from the same events in the same order.
+* **no contention** (:func:`~sosim.fluid.effective_contention` is None: no shared resource can ever be
+  oversubscribed, e.g. every single-GPU GH200 plan): the reference only waits for dependencies and
+  timeouts, so an op starts at ``max(end of its resource's previous op, ends of its dependencies)`` and ends
+  at ``start + duration``, floats SimPy's clock computes identically. :func:`list_times` does that in one
+  pass in id order (a topological order);
+* **contention** (link totals, uplinks, DRAM, cores that ops can oversubscribe): the reference's workers
+  run as state machines on :class:`_Loop`, a queue ordered exactly like SimPy's (time, priority, order of
+  scheduling), with the shared fluid model (:class:`sosim.fluid.Fluid`) running unchanged on it, so every
+  rate is computed by the same code from the same events in the same order.
 
-``tests/test_fastpath.py`` checks the identity against SimPy on every shipped scenario and a hypothesis
-sample of scenarios; ``tests/test_fastpath_fluid.py`` on random contended plans.
+``tests/test_engines.py`` holds it equal to SimPy (one property over random plans, and every shipped
+scenario). This is the engine ``simulate()`` runs by default (``engine="fast"``).
 """
 
 from __future__ import annotations
@@ -23,11 +23,10 @@ from __future__ import annotations
 import functools
 import heapq
 from collections.abc import Callable
-from typing import Any
 
 import numpy as np
 
-from sosim.engine import Contention, EngineRun, _Fluid, effective_contention, stretch_by_name
+from sosim.fluid import Contention, EngineRun, Fluid, effective_contention, stretch_by_name
 from sosim.plan import Plan, Resource
 
 
@@ -35,8 +34,11 @@ def list_times(plan: Plan) -> tuple[list[float], list[float]]:
     """Start and end of every op by list scheduling, ops in id order (a topological order).
 
     The same arithmetic as :func:`sosim.plan.list_schedule` (which stays the readable oracle), with the
-    per-op work cut to a few list reads: this is the hot loop of a search.
+    per-op work cut to a few list reads: this is the hot loop of a search. A repeated template is read as
+    arrays of its one iteration (:func:`_repeated_times`), without making the run's ops.
     """
+    if plan.repeated:
+        return _repeated_times(plan)
     ops = plan.ops
     n = len(ops)
     start = [0.0] * n
@@ -67,14 +69,65 @@ def list_times(plan: Plan) -> tuple[list[float], list[float]]:
     return start, end
 
 
-def engine_run(plan: Plan, contention: Contention | None = None) -> EngineRun:
-    """What :func:`sosim.engine.run_plan_detailed` returns for ``plan`` under ``contention``, without SimPy."""
+def _repeated_times(plan: Plan) -> tuple[list[float], list[float]]:
+    """:func:`list_times` of ``plan.copies`` copies of ``plan.template``: per template op its resource slot,
+    duration and dependencies inside the iteration (shifted by each copy's first id), and for the ops that
+    wait for a carry slot the dependencies of that copy (:attr:`Plan.copy_deps`). The same floats in the
+    same order as over the made ops."""
+    t = plan.template
+    assert t is not None
+    m = len(t.ops)
+    # Resource slots by object identity first, as list_times does (hashing a Resource runs Python code).
+    by_id: dict[int, int] = {}
+    slot_of: dict[Resource, int] = {}
+    res = []
+    for op in t.ops:
+        k = by_id.get(id(op.resource))
+        if k is None:
+            k = by_id[id(op.resource)] = slot_of.setdefault(op.resource, len(slot_of))
+        res.append(k)
+    dur = [op.duration_s for op in t.ops]
+    own = [op.deps for op in t.ops]
+    # One copy at a time on its own lists (a dependency inside the copy is its template index, no shift);
+    # the ops waiting for a carry slot read the ends of earlier copies through ``end`` (global ids).
+    start: list[float] = []
+    end: list[float] = []
+    free = [0.0] * len(slot_of)
+    rows = list(zip(range(m), res, dur, own))
+    for k, special in enumerate(plan.copy_deps):
+        base = k * m
+        s_k = [0.0] * m
+        e_k = [0.0] * m
+        for i, r, du, deps in rows:
+            time = free[r]
+            if i in special:
+                for d in special[i]:
+                    e = end[d] if d < base else e_k[d - base]
+                    if e > time:
+                        time = e
+            else:
+                for d in deps:
+                    e = e_k[d]
+                    if e > time:
+                        time = e
+            s_k[i] = time
+            time += du
+            e_k[i] = time
+            free[r] = time
+        start += s_k
+        end += e_k
+    return start, end
+
+
+def run_plan_detailed(plan: Plan, contention: Contention | None = None) -> EngineRun:
+    """What the SimPy engine (:func:`sosim.engine.run_plan_detailed`) returns for ``plan`` under
+    ``contention``, without SimPy."""
     active = effective_contention(plan, contention)
     if active is None:
         start, end = list_times(plan)
         return EngineRun(np.array(start), np.array(end), {})
-    start, end, by_index = replay_engine(plan, active, _Fluid)
-    return EngineRun(np.array(start), np.array(end), stretch_by_name(by_index, active.names))
+    start, end, by_index = _event_loop_run(plan, active)
+    return EngineRun(np.array(start), np.array(end), stretch_by_name(by_index, active))
 
 
 # --- the engine's run under shared-resource contention, without SimPy -------------------------------------------
@@ -117,20 +170,19 @@ class _Loop:
         return _Event(self)
 
 
-def replay_engine(plan: Plan, active: Any, fluid_factory: Callable[[Any, Any], Any]) -> tuple[
-        list[float], list[float], dict[int, float]]:
+def _event_loop_run(plan: Plan, active: Contention) -> tuple[list[float], list[float], dict[int, float]]:
     """The SimPy engine's run of ``plan`` under the (effective) contention ``active``, event for event.
 
     The engine's workers (one per serial resource: wait for each dependency that is not yet processed, start,
     wait for a timeout or for the fluid model, end, trigger the op's event) are replayed as state machines on
     :class:`_Loop`, which orders events exactly as SimPy does (time, then priority, then the order in which
-    they were scheduled); the engine's own fluid model (``fluid_factory(loop, active)``, the engine's
-    ``_Fluid``) runs unchanged on it, so every rate and every float is computed by the same code in the same
-    order. The only SimPy event left out is a process's termination, which nothing waits for. Returns start
-    and end of every op and the fluid model's stretch by shared resource index.
+    they were scheduled); the shared fluid model (:class:`sosim.fluid.Fluid`) runs unchanged on it, so
+    every rate and every float is computed by the same code in the same order. The only SimPy event left
+    out is a process's termination, which nothing waits for. Returns start and end of every op and the fluid
+    model's stretch by shared resource index.
     """
     loop = _Loop()
-    fluid = fluid_factory(loop, active)
+    fluid = Fluid(loop, active)
     uses = active.uses
     ops = plan.ops
     n = len(ops)
@@ -164,8 +216,9 @@ def replay_engine(plan: Plan, active: Any, fluid_factory: Callable[[Any, Any], A
                 duration = ops[i].duration_s
                 if i in uses:
                     busy[w] = True
-                    ev = fluid.run(i, duration, uses[i])
-                    ev.callbacks.append(resumers[w])
+                    callbacks = fluid.run(i, duration, uses[i]).callbacks
+                    assert callbacks is not None  # a fresh event has not been processed yet
+                    callbacks.append(resumers[w])
                     return
                 if duration > 0.0:
                     busy[w] = True
