@@ -421,8 +421,22 @@ class TrainingSpec(_Strict):
     # Tokens whose logits are materialised at once (tiled/chunked loss, as long-sequence training does);
     # None = the whole micro-batch at once.
     loss_chunk_tokens: PosInt | None = None
+    # Which framework code runs the layers where it changes their work (sosim/training_stack.py): "eager" = the
+    # timed eager layers; "hf_fa2_padded" = Hugging Face FlashAttention-2 on padded batches, whose attention
+    # runs over ``real_tokens_per_sample`` real tokens only (required then).
+    stack: Literal["eager", "hf_fa2_padded"] = "eager"
+    real_tokens_per_sample: PosInt | None = None
     # Simulated iterations; the steady-state step is measured between the last two.
     iterations: Annotated[int, Field(ge=3, le=50)] = 3
+
+    @model_validator(mode="after")
+    def _stack_tokens(self) -> TrainingSpec:
+        if self.stack == "hf_fa2_padded" and self.real_tokens_per_sample is None:
+            raise ValueError("stack: hf_fa2_padded needs real_tokens_per_sample (the unpadded tokens per sample "
+                             "FlashAttention-2's varlen path attends over)")
+        if self.real_tokens_per_sample is not None and self.real_tokens_per_sample > self.seq_len:
+            raise ValueError("real_tokens_per_sample cannot exceed seq_len (samples are padded to seq_len)")
+        return self
 
 
 Implementation = Literal["ideal", "deepspeed"]

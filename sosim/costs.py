@@ -15,7 +15,7 @@ from typing import Literal, Protocol
 
 import numpy as np
 
-from sosim import grace_host
+from sosim import grace_host, training_stack
 from sosim import model as tm
 from sosim.config import AdamImpl, Curve, HardwareProfile, ModelSpec, TrainingSpec
 from sosim.units import BF16_BYTES, FP32_BYTES, GB, TFLOP, us_to_s
@@ -192,7 +192,9 @@ class AnalyticCostModel:
 
     @cached_property
     def _attention_flops_fwd(self) -> float:
-        return tm.attention_flops_fwd(self.model, self.tokens_per_gpu, self.training.seq_len) * CAUSAL_WORK_FRACTION
+        # The stack's share of that work (sosim/training_stack.py: 1 unless attention skips padding).
+        return (tm.attention_flops_fwd(self.model, self.tokens_per_gpu, self.training.seq_len) * CAUSAL_WORK_FRACTION
+                * training_stack.attention_work_fraction(self.training))
 
     def elementwise_fwd_s(self) -> float:
         """The memory-bound kernels of one layer's forward (norms, residuals, rotary, activation)."""

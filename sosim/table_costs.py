@@ -33,7 +33,7 @@ from typing import Any
 
 import numpy as np
 
-from sosim import grace_host, published
+from sosim import grace_host, published, training_stack
 from sosim import model as tm
 from sosim.calibration_table import CalibrationError, CalibrationTable
 from sosim.config import AdamImpl, HardwareProfile
@@ -274,6 +274,8 @@ class TableCostModel(AnalyticCostModel):
         _, seq, batch, heads, head_dim = self._shape
         measured = self.table.attention_time_s(batch, seq, heads, head_dim, backward=False)
         seconds = self._use("attention_fwd", measured, lambda a: a.attention_fwd_s())
+        if measured is not None:  # a timed kernel over every token: the stack's share of it (training_stack.py)
+            seconds *= training_stack.attention_work_fraction(self.training)
         return self._roofline(self._attention_flops_fwd, seconds)
 
     def attention_bwd_s(self) -> float:
@@ -282,12 +284,16 @@ class TableCostModel(AnalyticCostModel):
         both = self.table.attention_time_s(batch, seq, heads, head_dim, backward=True)
         measured = None if fwd is None or both is None else max(both - fwd, 0.0)
         seconds = self._use("attention_bwd", measured, lambda a: a.attention_bwd_s())
+        if measured is not None:
+            seconds *= training_stack.attention_work_fraction(self.training)
         return self._roofline(2.0 * self._attention_flops_fwd, seconds)
 
     def _measured_layer(self, backward: bool) -> float | None:
         """A measured whole layer at this exact shape (hidden, heads, kv_heads, ffn, seq; batch interpolated)."""
         m = self.model
         if m.ffn_kind != "swiglu":  # the harness times Llama-style layers only
+            return None
+        if not training_stack.uses_timed_layers(self.training):  # another stack: composed from its components
             return None
         hidden, seq, batch, _, _ = self._shape
         return self.table.layer_time_s(hidden, seq, batch, backward=backward, heads=m.heads,

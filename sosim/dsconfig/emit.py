@@ -60,6 +60,8 @@ def _outside_notes(sc: Scenario, out: Emitted) -> None:
              + "; a DeepSpeed config cannot switch it")
     if t.loss_chunk_tokens is not None:
         out.note(f"training.loss_chunk_tokens: {t.loss_chunk_tokens} (chunked loss) lives in the model code")
+    if t.stack != "eager":
+        out.note(f"training.stack: {t.stack} (attention implementation and padding) lives in the model code")
     if t.clip_rate > 0:
         out.note(f"training.clip_rate: {t.clip_rate:g} describes the run (how often the norm exceeds the threshold), "
                  "not a setting")

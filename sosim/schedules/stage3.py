@@ -4,18 +4,22 @@ the blocks in driver/weights/gradients/steps."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from sosim import model as tm
+from sosim.costs import parameter_tensors_per_layer
 from sosim.machine import zero_group
 from sosim.memory import MemoryUsage
+from sosim.plan import Category, Phase
 from sosim.schedules import layout
-from sosim.schedules.weights import Stage3Hooks
 from sosim.units import BF16_BYTES, FP32_BYTES
 
 if TYPE_CHECKING:
     from sosim.config import Scenario
     from sosim.costs import CostModel
+    from sosim.schedules.driver import Ctx
+    from sosim.schedules.layout import Unit
 
 # fp32 master + Adam m, v + fp32 gradient: bytes of optimizer state per parameter wherever it lives.
 OPT_STATE_BYTES = 16.0
@@ -37,13 +41,53 @@ def deepspeed_layout(sc: Scenario, costs: CostModel, sub_group_elements: float, 
     return layout.make_layout(units, tensors, flushes, groups)
 
 
-def deepspeed_hooks(sc: Scenario, costs: CostModel) -> Stage3Hooks:
+@dataclass(frozen=True)
+class InterleavedHooks:
+    """DeepSpeed ZeRO-3's module hooks as they run: per submodule, between that submodule's kernel launches.
+
+    ``DeepSpeedZeRoOffload._register_deepspeed_module`` (parameter_offload.py) hooks every submodule (q_proj,
+    k_proj, ..., down_proj, the norms), so a decoder layer's host work is a sequence of (hook, kernels) pieces,
+    one per parameter tensor, and the GPU starts the layer as soon as the first piece is issued. Where the host
+    thread has just waited for the stream (SuperOffload's per-flush sync in ``partition_grads``, ZeRO-3's
+    ``param_reduce_events`` back-pressure), the GPU's queue is empty and it waits for that first piece only;
+    the rest of the layer's hooks run while the GPU computes what was issued. The GPU still cannot finish the
+    layer before the host has issued it: when the hooks are longer than the layer's GPU pass, the GPU waits for
+    the difference. So each layer's hook time is split into a lead (the part the layer's compute waits for:
+    one tensor's share, or the host's excess over the GPU pass if larger) and a remainder the host thread runs
+    alongside the compute. (sosim.schedules.weights.Stage3Hooks, which this replaces for DeepSpeed's stage-3
+    systems, made the layer's compute wait for all of its hooks: after a sync the whole block was GPU idle.)
+    """
+
+    fwd_s: float
+    bwd_s: float
+    fwd_gpu_s: float  # the layer's GPU pass the hooks interleave with (forward; backward incl. recompute)
+    bwd_gpu_s: float
+    tensors: int  # pieces per layer: the layer's parameter tensors (one hooked submodule each)
+
+    def around(self, ctx: Ctx, u: Unit, phase: Phase) -> None:
+        if not u.is_layer:
+            return
+        forward = phase is Phase.FORWARD
+        hook_s, gpu_s = (self.fwd_s, self.fwd_gpu_s) if forward else (self.bwd_s, self.bwd_gpu_s)
+        lead_s = max(hook_s / self.tensors, hook_s - gpu_s)
+        tag = "fwd" if forward else "bwd"
+        lead = ctx.add(ctx.cpu.host, f"stage3_hooks_{tag}:{u.name}", lead_s, [ctx.host_issue], phase, Category.HOOK,
+                       u.index, 0.0, 0.0, -1)
+        if hook_s > lead_s:
+            # Serial resources run their ops in creation order: later host ops still come after this one.
+            ctx.add(ctx.cpu.host, f"stage3_hooks_{tag}_rest:{u.name}", hook_s - lead_s, [lead], phase, Category.HOOK,
+                    u.index, 0.0, 0.0, -1)
+        ctx.host_issue = lead
+
+
+def deepspeed_hooks(sc: Scenario, costs: CostModel) -> InterleavedHooks:
     """Per-layer host-side hook cost, forward and backward; a checkpointed layer's recompute in backward runs
     the forward hooks again."""
     tokens = layout.tokens_per_gpu(sc)
     fwd = costs.stage3_hook_s(tokens, False)
     bwd = costs.stage3_hook_s(tokens, True) + (fwd if sc.training.activation_checkpointing else 0.0)
-    return Stage3Hooks(fwd, bwd)
+    return InterleavedHooks(fwd, bwd, costs.layer_fwd_s(), costs.layer_bwd_s(),
+                            parameter_tensors_per_layer(sc.model))
 
 
 def footprint(sc: Scenario, *, weight_flow: bool, offload_checkpoints: bool, gpu_fraction: float,
