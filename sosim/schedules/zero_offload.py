@@ -26,22 +26,19 @@ from sosim import model as tm
 from sosim.config import AdamImpl, Fraction, OffloadKnobs, PosFloat
 from sosim.machine import rank_threads
 from sosim.memory import MemoryUsage
+from sosim.offload_mechanisms import z2_flush_costs
 from sosim.plan import Plan
 from sosim.schedules import cpu, layout
 from sosim.schedules.driver import Recipe, plan_for
 from sosim.schedules.gradients import HostGradients, Stage2Gradients
 from sosim.schedules.steps import AfterBackward, CastAndCopy, CopyBf16, Stage2Step
-from sosim.schedules.weights import HostSyncsInBackward, Replicated
+from sosim.schedules.weights import Replicated
 from sosim.units import BF16_BYTES, FP32_BYTES, MB
 
 if TYPE_CHECKING:
     from sosim.config import Scenario
     from sosim.costs import CostModel
 
-# DeepSpeed's overflow tracker truth-tests a CUDA scalar per parameter: the host waits for the stream once
-# per parameter tensor. Estimate: ~20 us of GPU idle each (launch pipeline refill), ~10 tensors per layer.
-SYNC_S_PER_TENSOR = 20e-6
-TENSORS_PER_LAYER = 10
 
 
 class _Defaults(BaseModel):
@@ -113,8 +110,8 @@ def deepspeed(sc: Scenario, costs: CostModel, s: ZeroOffloadKnobs) -> Recipe:
         layout=layout.make_layout(units, tensors, flushes, whole),
         cpu=cpu.one_process(rank_threads(sc), s.cpu_adam),
         weights=Replicated(),
-        hooks=HostSyncsInBackward(SYNC_S_PER_TENSOR * TENSORS_PER_LAYER),
-        grads=Stage2Gradients(overlap_comm=s.overlap_comm, pinned=s.pin_memory, host_waits_for_copies=True),
+        grads=Stage2Gradients(overlap_comm=s.overlap_comm, pinned=s.pin_memory, host_waits_for_copies=True,
+                              flush_costs=z2_flush_costs(costs)),
         step=Stage2Step(CastAndCopy(cast_on_gpu=False, pinned=s.pin_memory, allgather=True)),
         staleness=2 if s.dpu else 1,
         warmup_iterations=2 if s.dpu else 0,
