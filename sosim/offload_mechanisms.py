@@ -5,7 +5,7 @@ from the ``layer_offload`` calibration section (sosim/calibrate/offload_layer_be
 Why a module of its own: both costs are what DeepSpeed's Python does per parameter tensor (a host round trip,
 launches), not a rate of the GPU, the link or the CPU's arithmetic, so they are neither a cost-model method
 nor rescaled on what-if hardware; they read the profile's table when it measured them (``sample`` and
-``at_quantile`` of a table model draw them like any other row) and otherwise say they are the H200's.
+``at_quantile`` of a table model draw them like any other row).
 
 * **ZeRO-2 flush** (``stage_1_and_2.py`` ``reduce_ipg_grads`` -> ``copy_grads_in_partition``, the
   ``cpu_offload`` path at the boundary, once per parameter of the flush): the fp32 norm
@@ -50,15 +50,15 @@ class Z2FlushCosts:
     source: str
 
 
-# Fallback (a profile whose tables lack the rows): lease nvidia-h200-2026-12-01-f7ceca6d, pooled over the
+# For reference (tests, docs): lease nvidia-h200-2026-12-01-f7ceca6d, pooled over the
 # 1-layer (9 tensors, 45.1 M elements) and 0.5b (75 tensors, 491.8 M elements) flushes.
 Z2_FLUSH_H200 = Z2FlushCosts(
     sync_s_per_tensor=(0.005428628 - 0.004662641 + 0.0523442175 - 0.0441761735) / (9 + 75),
     norm_overflow_s_per_element=(0.004662641 - 0.0037443985 + 0.0441761735 - 0.038402951)
     / (45_092_864 + 491_816_960),
-    source=f"estimate: measured on an H200 ({_SOURCE}, z2_flush)",
+    source=f"measured on an H200 ({_SOURCE}, z2_flush)",
 )
-# Fallback: (z3_offload_param_fwd - z3_offload_sgd_fwd) per layer at hidden 2048, batch 4, same lease.
+# For reference: (z3_offload_param_fwd - z3_offload_sgd_fwd) per layer at hidden 2048, batch 4, same lease.
 ZINF_FETCH_H200_S_PER_TENSOR = (0.0108508138 - 0.0061695685) / HARNESS_FETCHED_TENSORS_PER_LAYER
 
 
@@ -66,12 +66,14 @@ def _table(costs: Any) -> Any:
     return getattr(costs, "table", None)
 
 
-def z2_flush_costs(costs: Any) -> Z2FlushCosts:
-    """The profile's measured ZeRO-2 flush costs (rows ``z2_flush``), else the H200's."""
+def z2_flush_costs(costs: Any) -> Z2FlushCosts | None:
+    """The profile's measured ZeRO-2 flush costs (rows ``z2_flush``); None when its tables lack them (a host
+    round trip measured on the H200's x86 host says little about another host: such profiles keep the earlier
+    estimate, ``zero_offload.SYNC_S_PER_TENSOR``; :data:`Z2_FLUSH_H200` is the H200's, for reference)."""
     table = _table(costs)
     cols = {v: table.columns_by_op.get(("z2_flush", v)) for v in ("sync", "no_sync", "cast_copy")} if table else {}
     if not cols or any(c is None for c in cols.values()):
-        return Z2_FLUSH_H200
+        return None
     sync, no_sync, cast = cols["sync"], cols["no_sync"], cols["cast_copy"]
     assert sync is not None and no_sync is not None and cast is not None
     d_sync = d_norm = tensors = elements = 0.0
@@ -84,25 +86,27 @@ def z2_flush_costs(costs: Any) -> Z2FlushCosts:
         tensors += float(sync["subgroups"][i])
         elements += float(n)
     if tensors <= 0 or elements <= 0:
-        return Z2_FLUSH_H200
+        return None
     path = getattr(table, "path", "the profile's table")
     return Z2FlushCosts(max(0.0, d_sync / tensors), max(0.0, d_norm / elements), f"measured: {path} (z2_flush)")
 
 
-def zinf_fetch_s_per_tensor(costs: Any) -> tuple[float, str]:
-    """Host time per fetched parameter tensor of ZeRO-Infinity's CPU tier, and its source."""
+def zinf_fetch_s_per_tensor(costs: Any) -> tuple[float, str] | None:
+    """Host time per fetched parameter tensor of ZeRO-Infinity's CPU tier, and its source; None when the
+    profile's tables lack the rows (such profiles keep the fetch as a copy only, as before;
+    :data:`ZINF_FETCH_H200_S_PER_TENSOR` is the H200's, for reference)."""
     table = _table(costs)
     with_param = table.columns_by_op.get(("layer", "z3_offload_param_fwd")) if table else None
     without = table.columns_by_op.get(("layer", "z3_offload_sgd_fwd")) if table else None
     if with_param is None or without is None:
-        return ZINF_FETCH_H200_S_PER_TENSOR, f"estimate: measured on an H200 ({_SOURCE}, layer z3_offload_param)"
+        return None
     diffs = []
     for i, (hidden, batch) in enumerate(zip(with_param["hidden"], with_param["batch"], strict=True)):
         j = np.flatnonzero((without["hidden"] == hidden) & (without["batch"] == batch))
         if len(j):
             diffs.append(float(with_param["median_s"][i] - without["median_s"][j[0]]))
     if not diffs:
-        return ZINF_FETCH_H200_S_PER_TENSOR, f"estimate: measured on an H200 ({_SOURCE}, layer z3_offload_param)"
+        return None
     per_tensor = max(0.0, float(np.mean(diffs))) / HARNESS_FETCHED_TENSORS_PER_LAYER
     return per_tensor, f"measured: {getattr(table, 'path', 'the profile table')} (layer z3_offload_param)"
 

@@ -52,9 +52,11 @@ def deepspeed(sc: Scenario, costs: CostModel, s: ZeroInfinityKnobs) -> Recipe:
     """ZeRO-3 offload's DeepSpeed recipe with host-resident weights: swap the weight source and the refresh."""
     base = zero3_deepspeed(sc, costs, s)
     step = Stage3Step(HostCopyOnly(cast=True), system="zero3_offload", worker=False, handed_off=False)
-    per_tensor_s, _source = zinf_fetch_s_per_tensor(costs)
-    weights = CpuParamsFetched(HostStreamed(s.prefetch_layers, BF16_BYTES), per_tensor_s,
-                               fetched_tensors_per_layer(sc.model), refetch_in_backward=False)
+    streamed = HostStreamed(s.prefetch_layers, BF16_BYTES)
+    measured = zinf_fetch_s_per_tensor(costs)
+    if measured is None:  # no layer_offload rows in the profile's tables: the fetch as a copy only
+        return replace(base, weights=streamed, step=step)
+    weights = CpuParamsFetched(streamed, measured[0], fetched_tensors_per_layer(sc.model), refetch_in_backward=False)
     return replace(base, weights=weights, step=step)
 
 
