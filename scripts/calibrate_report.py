@@ -327,6 +327,37 @@ def shape_holdout(folder: Path) -> str:
     return "\n".join(out)
 
 
+MECH_FOLDER = ROOT / "calibration" / "nvidia-h200-2026-12-01-mech"
+
+
+def mechanisms(folder: Path = MECH_FOLDER) -> str:
+    """The layer_offload section's rows (per decoder layer / per flush) and the constants sosim derives."""
+    from types import SimpleNamespace
+
+    from sosim.calibration_table import CalibrationTable
+    from sosim.offload_mechanisms import z2_flush_costs, zinf_fetch_s_per_tensor
+
+    lease = (folder / "lease.txt").read_text().split()[1]
+    lines = [f"Lease {lease} (`{folder.relative_to(ROOT)}/measurements.csv`), median (p10-p90) ms:", "",
+             "| row | shape | median ms (p10-p90) |", "|---|---|---|"]
+    with (folder / "measurements.csv").open(newline="") as handle:
+        for r in csv.DictReader(handle):
+            if r["op"] == "layer":
+                shape = f"per layer of a {r['layers']}-layer stack, hidden {r['hidden']}, batch {r['batch']}"
+            else:
+                shape = f"{r['subgroups']} tensors, {float(r['elements']) / 1e6:.1f} M elements"
+            lines.append(f"| {r['op']} {r['variant']} | {shape} | {1e3 * float(r['median_s']):.3f} "
+                         f"({1e3 * float(r['p10_s']):.3f}-{1e3 * float(r['p90_s']):.3f}) |")
+    costs = SimpleNamespace(table=CalibrationTable.from_csv(folder / "measurements.csv"))
+    z2 = z2_flush_costs(costs)
+    zinf = zinf_fetch_s_per_tensor(costs)
+    assert z2 is not None and zinf is not None
+    lines += ["", "Derived (`sosim/offload_mechanisms.py`): ZeRO-2 flush, host wait "
+              f"**{1e6 * z2.sync_s_per_tensor:.0f} us per parameter tensor**, norm + overflow kernels **{1e12 * z2.norm_overflow_s_per_element:.1f} ps per "
+              f"element**; ZeRO-Infinity fetch, **{1e3 * zinf[0]:.3f} ms per fetched tensor** (forward)."]
+    return "\n".join(lines)
+
+
 def sections(folder: Path, bands: int) -> dict[str, Callable[[], str]]:
     cache: dict[str, list[Row]] = {}
 
@@ -342,6 +373,7 @@ def sections(folder: Path, bands: int) -> dict[str, Callable[[], str]]:
         "lease-spread": lambda: lease_spread(folder),
         "lease-cold-warm": lambda: cold_warm(folder),
         "shape-holdout": lambda: shape_holdout(folder),
+        "mechanisms": mechanisms,
     }
 
 

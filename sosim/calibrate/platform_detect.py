@@ -124,8 +124,8 @@ def plan_for(plat: Platform, quick: bool, deepspeed: bool) -> CalibrationPlan:
     if deepspeed:
         sections += list(DEEPSPEED_SECTIONS)
     else:
-        notes.append("DeepSpeed not importable: no ds_refresh/layer_z3/ds_step_fixed/so_worker/so_grads/layer_offload rows; "
-                     "the profile's stage-3 costs stay analytic")
+        notes.append("DeepSpeed not importable: no ds_refresh/layer_z3/ds_step_fixed/so_worker/so_grads/"
+                     "layer_offload rows; the profile's stage-3 costs stay analytic")
     return CalibrationPlan(
         sections=tuple(sections),
         template_profile=template,
