@@ -352,9 +352,10 @@ def mechanisms(folder: Path = MECH_FOLDER) -> str:
     z2 = z2_flush_costs(costs)
     zinf = zinf_fetch_s_per_tensor(costs)
     assert z2 is not None and zinf is not None
-    lines += ["", "Derived (`sosim/offload_mechanisms.py`): ZeRO-2 flush, host wait "
-              f"**{1e6 * z2.sync_s_per_tensor:.0f} us per parameter tensor**, norm + overflow kernels **{1e12 * z2.norm_overflow_s_per_element:.1f} ps per "
-              f"element**; ZeRO-Infinity fetch, **{1e3 * zinf[0]:.3f} ms per fetched tensor** (forward)."]
+    wait_us, kernel_ps, fetch_ms = 1e6 * z2.sync_s_per_tensor, 1e12 * z2.norm_overflow_s_per_element, 1e3 * zinf[0]
+    lines += ["", f"Derived (`sosim/offload_mechanisms.py`): ZeRO-2 flush, host wait **{wait_us:.0f} us per "
+              f"parameter tensor**, norm + overflow kernels **{kernel_ps:.1f} ps per element**; ZeRO-Infinity "
+              f"fetch, **{fetch_ms:.3f} ms per fetched tensor** (forward)."]
     return "\n".join(lines)
 
 
