@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import dataclasses
 import math
 import os
 import re
@@ -55,6 +56,8 @@ class Row:
     predicted: dict[str, float]
     band: dict[str, tuple[float, float, float] | None]
     timers: dict[str, dict[str, tuple[float | None, float | None]]]
+    # Phased forward / backward / step: (measured median, predicted) per profile.
+    phases: dict[str, dict[str, tuple[float, float]]] = dataclasses.field(default_factory=dict)
 
     def error(self, profile: str) -> float:
         return self.predicted[profile] / self.measured[0] - 1.0
@@ -126,14 +129,18 @@ def collect(folder: Path, bands: int) -> list[Row]:
         predicted: dict[str, float] = {}
         band: dict[str, tuple[float, float, float] | None] = {}
         timers: dict[str, dict[str, tuple[float | None, float | None]]] = {}
+        phases: dict[str, dict[str, tuple[float, float]]] = {}
         for profile in PROFILES:
             res = predict(run, profile, bands=bands if profile != DIAG_PROFILE else 0, seed=BAND_SEED)
             predicted[profile] = res.predicted_s
             band[profile] = res.band
             measured = measured_timers(run)
             timers[profile] = {name: (measured.get(name), value) for name, value in res.timers_pred.items()}
+            phases[profile] = {name: (run.phases[name].median, res.phases_pred[name])
+                               for name in ("forward", "backward", "step")
+                               if name in run.phases and name in res.phases_pred}
         rows.append(Row(run.run_id, leases.get(run.run_id, ""), label, key not in known, system,
-                        (run.step.median, run.step.p10, run.step.p90), predicted, band, timers))
+                        (run.step.median, run.step.p10, run.step.p90), predicted, band, timers, phases))
     return rows
 
 
@@ -327,6 +334,26 @@ def shape_holdout(folder: Path) -> str:
     return "\n".join(out)
 
 
+def phase_errors(rows: Sequence[Row]) -> str:
+    """Where each run's shipped-profile error sits: phased forward / backward / step, predicted - measured (ms),
+    and the step's two largest host costs (DeepSpeed's timers), so the cost that dominates is read, not guessed."""
+    lines = ["| run | held out | system | step error | forward ms | backward ms | step() ms | adam+unscale ms "
+             "| refresh ms |", "|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        ph = r.phases.get(SHIPPED_PROFILE, {})
+        tm = r.timers.get(SHIPPED_PROFILE, {})
+
+        def delta(pair: tuple[float | None, float | None] | None) -> str:
+            if pair is None or pair[0] is None or pair[1] is None:
+                return "—"
+            return f"{1e3 * (pair[1] - pair[0]):+.0f}"
+
+        cells = [delta(ph.get(name)) for name in ("forward", "backward", "step")]
+        lines.append(f"| {r.run_id} | {'yes' if r.held_out else 'no'} | {r.system} | {_pct(r.error(SHIPPED_PROFILE))} "
+                     f"| {' | '.join(cells)} | {delta(tm.get('adam+unscale'))} | {delta(tm.get('refresh'))} |")
+    return "\n".join(lines)
+
+
 MECH_FOLDER = ROOT / "calibration" / "nvidia-h200-2026-12-01-mech"
 
 
@@ -375,6 +402,7 @@ def sections(folder: Path, bands: int) -> dict[str, Callable[[], str]]:
         "lease-cold-warm": lambda: cold_warm(folder),
         "shape-holdout": lambda: shape_holdout(folder),
         "mechanisms": mechanisms,
+        "phase-errors": lambda: phase_errors(rows()),
     }
 
 
