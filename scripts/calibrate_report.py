@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import dataclasses
 import math
 import os
 import re
@@ -55,6 +56,8 @@ class Row:
     predicted: dict[str, float]
     band: dict[str, tuple[float, float, float] | None]
     timers: dict[str, dict[str, tuple[float | None, float | None]]]
+    # Phased forward / backward / step: (measured median, predicted) per profile.
+    phases: dict[str, dict[str, tuple[float, float]]] = dataclasses.field(default_factory=dict)
 
     def error(self, profile: str) -> float:
         return self.predicted[profile] / self.measured[0] - 1.0
@@ -126,14 +129,18 @@ def collect(folder: Path, bands: int) -> list[Row]:
         predicted: dict[str, float] = {}
         band: dict[str, tuple[float, float, float] | None] = {}
         timers: dict[str, dict[str, tuple[float | None, float | None]]] = {}
+        phases: dict[str, dict[str, tuple[float, float]]] = {}
         for profile in PROFILES:
             res = predict(run, profile, bands=bands if profile != DIAG_PROFILE else 0, seed=BAND_SEED)
             predicted[profile] = res.predicted_s
             band[profile] = res.band
             measured = measured_timers(run)
             timers[profile] = {name: (measured.get(name), value) for name, value in res.timers_pred.items()}
+            phases[profile] = {name: (run.phases[name].median, res.phases_pred[name])
+                               for name in ("forward", "backward", "step")
+                               if name in run.phases and name in res.phases_pred}
         rows.append(Row(run.run_id, leases.get(run.run_id, ""), label, key not in known, system,
-                        (run.step.median, run.step.p10, run.step.p90), predicted, band, timers))
+                        (run.step.median, run.step.p10, run.step.p90), predicted, band, timers, phases))
     return rows
 
 
@@ -327,6 +334,58 @@ def shape_holdout(folder: Path) -> str:
     return "\n".join(out)
 
 
+def phase_errors(rows: Sequence[Row]) -> str:
+    """Where each run's shipped-profile error sits: phased forward / backward / step, predicted - measured (ms),
+    and the step's two largest host costs (DeepSpeed's timers), so the cost that dominates is read, not guessed."""
+    lines = ["| run | held out | system | step error | forward ms | backward ms | step() ms | adam+unscale ms "
+             "| refresh ms |", "|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        ph = r.phases.get(SHIPPED_PROFILE, {})
+        tm = r.timers.get(SHIPPED_PROFILE, {})
+
+        def delta(pair: tuple[float | None, float | None] | None) -> str:
+            if pair is None or pair[0] is None or pair[1] is None:
+                return "—"
+            return f"{1e3 * (pair[1] - pair[0]):+.0f}"
+
+        cells = [delta(ph.get(name)) for name in ("forward", "backward", "step")]
+        lines.append(f"| {r.run_id} | {'yes' if r.held_out else 'no'} | {r.system} | {_pct(r.error(SHIPPED_PROFILE))} "
+                     f"| {' | '.join(cells)} | {delta(tm.get('adam+unscale'))} | {delta(tm.get('refresh'))} |")
+    return "\n".join(lines)
+
+
+MECH_FOLDER = ROOT / "calibration" / "nvidia-h200-2026-12-01-mech"
+
+
+def mechanisms(folder: Path = MECH_FOLDER) -> str:
+    """The layer_offload section's rows (per decoder layer / per flush) and the constants sosim derives."""
+    from types import SimpleNamespace
+
+    from sosim.calibration_table import CalibrationTable
+    from sosim.offload_mechanisms import z2_flush_costs, zinf_fetch_s_per_tensor
+
+    lease = (folder / "lease.txt").read_text().split()[1]
+    lines = [f"Lease {lease} (`{folder.relative_to(ROOT)}/measurements.csv`), median (p10-p90) ms:", "",
+             "| row | shape | median ms (p10-p90) |", "|---|---|---|"]
+    with (folder / "measurements.csv").open(newline="") as handle:
+        for r in csv.DictReader(handle):
+            if r["op"] == "layer":
+                shape = f"per layer of a {r['layers']}-layer stack, hidden {r['hidden']}, batch {r['batch']}"
+            else:
+                shape = f"{r['subgroups']} tensors, {float(r['elements']) / 1e6:.1f} M elements"
+            lines.append(f"| {r['op']} {r['variant']} | {shape} | {1e3 * float(r['median_s']):.3f} "
+                         f"({1e3 * float(r['p10_s']):.3f}-{1e3 * float(r['p90_s']):.3f}) |")
+    costs = SimpleNamespace(table=CalibrationTable.from_csv(folder / "measurements.csv"))
+    z2 = z2_flush_costs(costs)
+    zinf = zinf_fetch_s_per_tensor(costs)
+    assert z2 is not None and zinf is not None
+    wait_us, kernel_ps, fetch_ms = 1e6 * z2.sync_s_per_tensor, 1e12 * z2.norm_overflow_s_per_element, 1e3 * zinf[0]
+    lines += ["", f"Derived (`sosim/offload_mechanisms.py`): ZeRO-2 flush, host wait **{wait_us:.0f} us per "
+              f"parameter tensor**, norm + overflow kernels **{kernel_ps:.1f} ps per element**; ZeRO-Infinity "
+              f"fetch, **{fetch_ms:.3f} ms per fetched tensor** (forward)."]
+    return "\n".join(lines)
+
+
 def sections(folder: Path, bands: int) -> dict[str, Callable[[], str]]:
     cache: dict[str, list[Row]] = {}
 
@@ -342,6 +401,8 @@ def sections(folder: Path, bands: int) -> dict[str, Callable[[], str]]:
         "lease-spread": lambda: lease_spread(folder),
         "lease-cold-warm": lambda: cold_warm(folder),
         "shape-holdout": lambda: shape_holdout(folder),
+        "mechanisms": mechanisms,
+        "phase-errors": lambda: phase_errors(rows()),
     }
 
 

@@ -38,6 +38,7 @@ from sosim import model as tm
 from sosim.calibration_table import CalibrationError, CalibrationTable
 from sosim.config import AdamImpl, HardwareProfile
 from sosim.costs import (
+    ADAM_BYTES_PER_PARAM,
     AnalyticCostModel,
     CollectiveKind,
     CostModel,
@@ -46,6 +47,7 @@ from sosim.costs import (
     stage3_variant,
 )
 from sosim.errors import ConfigError
+from sosim.units import GB
 
 # Parameter tensors of the model whose step() the ds_step_fixed section timed: the runs' Llama "0.5b" (8
 # decoder layers of hidden 2048, 9 tensors each, + embedding, final norm, output head: 491,816,960
@@ -336,12 +338,21 @@ class TableCostModel(AnalyticCostModel):
         threads, clamped = self._threads("cpu_adam", name, cores)
         whole = self.table.cpu_adam_time_s(total_params, threads, name)  # type: ignore[arg-type]
         measured = None if whole is None else whole * params / total_params
+        if measured is not None and clamped and cores > threads:
+            measured = beyond_measured_threads_s(measured, threads, cores, ADAM_BYTES_PER_PARAM * params,
+                                                 self.hw.cpu.mem_GBps)
+            return self._use(f"cpu_adam_{name}", measured,
+                             lambda a: a.cpu_adam_s(params, impl, cores, total_params), cpu=True)
         return self._use(f"cpu_adam_{name}", measured, lambda a: a.cpu_adam_s(params, impl, cores, total_params),
                          (lambda a: a.cpu_adam_s(params, impl, threads, total_params)) if clamped else None, cpu=True)
 
     def cpu_cast_s(self, elements: float, cores: float) -> float:
         threads, clamped = self._threads("cast", "cpu_fp32_to_bf16", cores)
         measured = self.table.cast_time_s(elements, "cpu", "bf16", threads)
+        if measured is not None and clamped and cores > threads:
+            measured = beyond_measured_threads_s(measured, threads, cores, CPU_CAST_BYTES_PER_ELEMENT * elements,
+                                                 self.hw.cpu.mem_GBps)
+            return self._use("cpu_cast", measured, lambda a: a.cpu_cast_s(elements, cores), cpu=True)
         return self._use("cpu_cast", measured, lambda a: a.cpu_cast_s(elements, cores),
                          (lambda a: a.cpu_cast_s(elements, threads)) if clamped else None, cpu=True)
 
@@ -501,6 +512,21 @@ def _counts(counts: dict[str, int]) -> str:
 def _factor(lo: float, hi: float) -> str:
     return f"{lo:.4g}" if f"{lo:.4g}" == f"{hi:.4g}" else f"{lo:.4g}..{hi:.4g}"
 
+
+
+# The fp32 -> bf16 cast reads 4 B and writes 2 B per element.
+CPU_CAST_BYTES_PER_ELEMENT = 6.0
+
+
+def beyond_measured_threads_s(measured_s: float, threads: int, cores: float, n_bytes: float,
+                              mem_GBps: float) -> float:
+    """A CPU pass (CPU Adam, a cast) on more cores than the table's largest measured thread count: one rule for
+    both. The cores share the work (time x threads / cores), but no pass moves its bytes faster than the host's
+    memory bandwidth (``cpu.mem_GBps``), nor gets slower than measured. On the H200 host (16 threads measured,
+    105 GB/s) DeepSpeed's CPU Adam already moves its 28 B/param at the ceiling, so 64 cores leave it as is,
+    while the fp32 -> bf16 cast (6 B/element at ~68 GB/s) gains at most 105 / 68 = 1.55x, not 4x."""
+    floor_s = n_bytes / (mem_GBps * GB) if mem_GBps > 0 else 0.0
+    return min(measured_s, max(measured_s * threads / cores, floor_s))
 
 
 def so_flush_parts_s(costs: CostModel, elements: float) -> float:

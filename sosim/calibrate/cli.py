@@ -52,6 +52,7 @@ EXTRA_SECTIONS: tuple[str, ...] = (
     "host_shared",
     "c2c_access",
     "host_warmup",
+    "layer_offload",
 )
 ALL_SECTIONS: tuple[str, ...] = SECTIONS + EXTRA_SECTIONS
 
@@ -298,6 +299,7 @@ def _run(torch: Any, out: Path | None, quick: bool, sections: list[str], append:
         host_bench,
         host_warmup,
         multi_gpu,
+        offload_layer_bench,
         so_grads_bench,
     )
     from .machine import cpu_model, device_slug, machine_meta, today_utc
@@ -343,6 +345,7 @@ def _run(torch: Any, out: Path | None, quick: bool, sections: list[str], append:
         "host_shared": multi_gpu.bench_host_shared,
         "c2c_access": c2c_bench.bench_c2c_access,
         "host_warmup": host_warmup.bench_host_warmup,
+        "layer_offload": offload_layer_bench.bench_layer_offload,
     }
     failed: list[str] = list(previous_meta.get("failed_sections", []))
     timings_s: dict[str, float] = dict(previous_meta.get("section_wall_s", {}))

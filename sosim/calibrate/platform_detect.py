@@ -28,8 +28,10 @@ GPU_SECTIONS: tuple[str, ...] = ("gemm", "attention", "layer", "gpu_cast")
 # host_warmup first: it touches host memory once so that no later section times a fresh VM's page backing.
 HOST_SECTIONS: tuple[str, ...] = ("host_warmup", "copy", "cpu_cast", "cpu_adam")
 # DeepSpeed's own access patterns (need DeepSpeed; transformers for layer_z3): the stage-3 refresh, the hooks,
-# step()'s fixed part, SuperOffload's worker round trip and gradient flush.
-DEEPSPEED_SECTIONS: tuple[str, ...] = ("ds_refresh", "layer_z3", "ds_step_fixed", "so_worker", "so_grads")
+# step()'s fixed part, SuperOffload's worker round trip and gradient flush, ZeRO-2's flush and ZeRO-Infinity's
+# fetch (layer_offload).
+DEEPSPEED_SECTIONS: tuple[str, ...] = ("ds_refresh", "layer_z3", "ds_step_fixed", "so_worker", "so_grads",
+                                       "layer_offload")
 # Grace only: copies that C2C makes cheap and a PCIe host cannot do at all (system-allocated memory read by the
 # GPU through the coherent link; see c2c_bench.py).
 GRACE_SECTIONS: tuple[str, ...] = ("c2c_access",)
@@ -122,8 +124,8 @@ def plan_for(plat: Platform, quick: bool, deepspeed: bool) -> CalibrationPlan:
     if deepspeed:
         sections += list(DEEPSPEED_SECTIONS)
     else:
-        notes.append("DeepSpeed not importable: no ds_refresh/layer_z3/ds_step_fixed/so_worker/so_grads rows; "
-                     "the profile's stage-3 costs stay analytic")
+        notes.append("DeepSpeed not importable: no ds_refresh/layer_z3/ds_step_fixed/so_worker/so_grads/"
+                     "layer_offload rows; the profile's stage-3 costs stay analytic")
     return CalibrationPlan(
         sections=tuple(sections),
         template_profile=template,

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from sosim.offload_mechanisms import Z2FlushCosts
 from sosim.plan import D2H, GPU_CAST, H2D, NET, Category, Phase
 from sosim.schedules.driver import Ctx, DoneCallback, Stream
 from sosim.schedules.layout import Flush, Unit
@@ -114,25 +115,39 @@ class Stage2Gradients(_PerFlush):
     # So the host (which issues the backward's kernels) waits for each flush's copies: they run serially with
     # the backward instead of beside it.
     host_waits_for_copies: bool = False
+    # Measured per-parameter costs of ``copy_grads_in_partition`` beyond the cast and the copy (the fp32 norm and
+    # the overflow kernels per element, the host's wait per tensor: sosim/offload_mechanisms.py); None: not
+    # modelled (the host's wait then takes no time of its own).
+    flush_costs: Z2FlushCosts | None = None
 
     def _flush(self, ctx: Ctx, f: Flush, op: int, done: DoneCallback) -> None:
         shard = f.elements / ctx.dp
         ready = _reduce_scatter(ctx, f, op)
-        name, dur = f"grad_cast_fp32:f{f.index}", ctx.costs.gpu_cast_s(shard)
-        if self.overlap_comm:
-            # Queued by the host thread: after its last blocking wait (the previous flush's overflow check).
-            issue = ctx.host_issue if self.host_waits_for_copies else None
-            cast = ctx.add(GPU_CAST, name, dur, [ready, issue], phase=G, category=Category.CAST, layer=f.unit,
-                           group=f.index)
-        else:
-            cast = ctx.gpu_op(name, dur, [ready], phase=G, category=Category.CAST, layer=f.unit, group=f.index)
+        fc = self.flush_costs
+        # Per parameter, on the flush's stream: norm + overflow kernels, then the cast (one op each, summed over
+        # the flush's tensors; the stream runs them in order either way).
+        kernels = [(f"grad_cast_fp32:f{f.index}", ctx.costs.gpu_cast_s(shard))]
+        if fc is not None:
+            kernels.insert(0, (f"grad_norm_overflow:f{f.index}", fc.norm_overflow_s_per_element * shard))
+        last = ready
+        for name, dur in kernels:
+            if self.overlap_comm:
+                # reduction_stream: queued by the host thread after its last blocking wait (the previous
+                # flush's overflow checks); average_tensor first makes it wait for the compute stream.
+                issue = ctx.host_issue if self.host_waits_for_copies else None
+                last = ctx.add(GPU_CAST, name, dur, [last, issue], phase=G, category=Category.CAST, layer=f.unit,
+                               group=f.index)
+            else:
+                last = ctx.gpu_op(name, dur, [last], phase=G, category=Category.CAST, layer=f.unit, group=f.index)
         n_bytes = shard * FP32_BYTES
-        last = ctx.add(D2H, f"grad_d2h_fp32:f{f.index}", ctx.costs.copy_s(n_bytes, "d2h", self.pinned), [cast],
+        last = ctx.add(D2H, f"grad_d2h_fp32:f{f.index}", ctx.costs.copy_s(n_bytes, "d2h", self.pinned), [last],
                        phase=G, category=Category.TRANSFER, layer=f.unit, group=f.index, n_bytes=n_bytes)
         if not self.overlap_comm:
             ctx.compute_gate.append(last)
         if self.host_waits_for_copies:
-            last = ctx.host_op(f"grad_overflow_check_sync:f{f.index}", 0.0, [last], phase=G)
+            # The host truth-tests each tensor's overflow flag: a wait on the stream per tensor, summed here.
+            wait_s = 0.0 if fc is None else fc.sync_s_per_tensor * len(f.tensors)
+            last = ctx.host_op(f"grad_overflow_check_sync:f{f.index}", wait_s, [last], phase=G)
         _report(ctx, f, last, done)
 
 

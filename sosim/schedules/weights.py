@@ -79,6 +79,43 @@ class HostStreamed:
         return _gather(ctx, u, phase, [fetch])
 
 
+@dataclass(frozen=True)
+class CpuParamsFetched:
+    """DeepSpeed 0.19.8 ZeRO-3 with ``offload_param: cpu`` (ZeRO-Infinity's CPU tier) on the host thread.
+
+    ``partitioned_param_coordinator.fetch_sub_module`` per sub-module: on one rank ``NoGatherCoalescedHandle``
+    copies each parameter from the pinned flat host buffer (``ds_tensor.data.to(device, non_blocking=True)``,
+    on the fetch stream, prefetched ahead of use) and then ``synchronize()``s that stream: the host, which
+    issues the layer's kernels, waits until the layer's copy has landed and pays a per-tensor cost
+    (``s_per_tensor``, measured: sosim/offload_mechanisms.py). Norm scales and biases are below
+    ``stage3_param_persistence_threshold`` and stay on the GPU (``tensors_per_layer`` counts the others).
+    With activation checkpointing the backward's recompute fetches the layer again; without it the layer
+    measured (rows ``layer z3_offload_param``) showed no fetch cost in backward. With dp ranks each copies its
+    shard and the layer is all-gathered after the copy."""
+
+    streamed: HostStreamed
+    s_per_tensor: float
+    tensors_per_layer: int
+    refetch_in_backward: bool
+
+    def before_use(self, ctx: Ctx, u: Unit, phase: Phase) -> list[int]:
+        tag = "fwd" if phase is Phase.FORWARD else "bwd"
+        if u.is_layer:
+            deps, tensors = self.streamed.before_use(ctx, u, phase), self.tensors_per_layer
+        elif u.params > 0:
+            # The embedding and the output head are offloaded too (one tensor each, above the threshold).
+            n_bytes = u.params * self.streamed.bytes_per_param / ctx.dp
+            fetch = ctx.add(H2D, f"fetch_{tag}:{u.name}", ctx.costs.copy_s(n_bytes, "h2d", True), [],
+                            phase=Phase.FETCH, category=Category.TRANSFER, layer=u.index, n_bytes=n_bytes)
+            deps, tensors = _gather(ctx, u, phase, [fetch]), 1
+        else:
+            return []
+        if phase is Phase.FORWARD or self.refetch_in_backward:
+            ctx.host_op(f"param_fetch_wait_{tag}:{u.name}", self.s_per_tensor * tensors, deps, phase,
+                        Category.HOOK, u.index)
+        return deps
+
+
 class CheckpointsOnHost:
     """Weight-flow: each layer's activation checkpoint goes to host memory after its forward and comes back
     before its backward."""

@@ -15,11 +15,12 @@ from typing import TYPE_CHECKING, Literal
 from pydantic import Field
 
 from sosim.memory import MemoryUsage
+from sosim.offload_mechanisms import fetched_tensors_per_layer, zinf_fetch_s_per_tensor
 from sosim.plan import Plan
 from sosim.schedules import stage3
 from sosim.schedules.driver import Recipe, plan_for
 from sosim.schedules.steps import AfterBackward, HostCopyOnly, Stage3Step
-from sosim.schedules.weights import HostStreamed
+from sosim.schedules.weights import CpuParamsFetched, HostStreamed
 from sosim.schedules.zero3_offload import Stage3OffloadKnobs
 from sosim.schedules.zero3_offload import deepspeed as zero3_deepspeed
 from sosim.schedules.zero3_offload import ideal as zero3_ideal
@@ -51,7 +52,12 @@ def deepspeed(sc: Scenario, costs: CostModel, s: ZeroInfinityKnobs) -> Recipe:
     """ZeRO-3 offload's DeepSpeed recipe with host-resident weights: swap the weight source and the refresh."""
     base = zero3_deepspeed(sc, costs, s)
     step = Stage3Step(HostCopyOnly(cast=True), system="zero3_offload", worker=False, handed_off=False)
-    return replace(base, weights=HostStreamed(s.prefetch_layers, BF16_BYTES), step=step)
+    streamed = HostStreamed(s.prefetch_layers, BF16_BYTES)
+    measured = zinf_fetch_s_per_tensor(costs)
+    if measured is None:  # no layer_offload rows in the profile's tables: the fetch as a copy only
+        return replace(base, weights=streamed, step=step)
+    weights = CpuParamsFetched(streamed, measured[0], fetched_tensors_per_layer(sc.model), refetch_in_backward=False)
+    return replace(base, weights=weights, step=step)
 
 
 def ideal(sc: Scenario, costs: CostModel, s: ZeroInfinityKnobs) -> Recipe:

@@ -26,22 +26,25 @@ from sosim import model as tm
 from sosim.config import AdamImpl, Fraction, OffloadKnobs, PosFloat
 from sosim.machine import rank_threads
 from sosim.memory import MemoryUsage
+from sosim.offload_mechanisms import z2_flush_costs
 from sosim.plan import Plan
 from sosim.schedules import cpu, layout
-from sosim.schedules.driver import Recipe, plan_for
+from sosim.schedules.driver import NoHooks, Recipe, plan_for
 from sosim.schedules.gradients import HostGradients, Stage2Gradients
 from sosim.schedules.steps import AfterBackward, CastAndCopy, CopyBf16, Stage2Step
 from sosim.schedules.weights import HostSyncsInBackward, Replicated
 from sosim.units import BF16_BYTES, FP32_BYTES, MB
 
+# Estimate kept for profiles whose tables lack the z2_flush rows (sosim/offload_mechanisms.py measures it):
+# DeepSpeed's overflow tracker truth-tests a CUDA scalar per parameter; ~20 us of GPU idle each, ~10 tensors
+# per layer.
+SYNC_S_PER_TENSOR = 20e-6
+TENSORS_PER_LAYER = 10
+
 if TYPE_CHECKING:
     from sosim.config import Scenario
     from sosim.costs import CostModel
 
-# DeepSpeed's overflow tracker truth-tests a CUDA scalar per parameter: the host waits for the stream once
-# per parameter tensor. Estimate: ~20 us of GPU idle each (launch pipeline refill), ~10 tensors per layer.
-SYNC_S_PER_TENSOR = 20e-6
-TENSORS_PER_LAYER = 10
 
 
 class _Defaults(BaseModel):
@@ -90,7 +93,9 @@ def memory_usage(sc: Scenario) -> MemoryUsage:
     part = p / sc.cluster.dp  # ZeRO-2 partitions gradients and optimizer state across data-parallel ranks
     gpu = {
         "bf16_params": BF16_BYTES * p,
-        "grad_buckets": 2 * s.bucket_mb * MB,  # double-buffered bucket being filled / being copied out
+        # DeepSpeed's setup_buckets: one reduce_bucket_size buffer, a second only with overlap_comm (the bucket
+        # being filled while the other is reduced/copied out on the side stream).
+        "grad_buckets": (2 if s.overlap_comm else 1) * s.bucket_mb * MB,
         "activations": tm.activation_bytes_peak(sc.model, sc.training, sequence_parallel=sc.cluster.sequence_parallel),
     }
     cpu_bytes = {
@@ -109,12 +114,16 @@ def deepspeed(sc: Scenario, costs: CostModel, s: ZeroOffloadKnobs) -> Recipe:
     flushes = layout.make_flushes(tensors, layout.bucket_elements_from_mb(s.bucket_mb), "overflow")
     # step() updates each optimizer param group at once: one group for the whole partition.
     whole = layout.one_group(tensors)
+    flush_costs = z2_flush_costs(costs)
     return Recipe(
         layout=layout.make_layout(units, tensors, flushes, whole),
         cpu=cpu.one_process(rank_threads(sc), s.cpu_adam),
         weights=Replicated(),
-        hooks=HostSyncsInBackward(SYNC_S_PER_TENSOR * TENSORS_PER_LAYER),
-        grads=Stage2Gradients(overlap_comm=s.overlap_comm, pinned=s.pin_memory, host_waits_for_copies=True),
+        # Measured flush costs replace the earlier per-layer estimate of the same waits; a profile without
+        # the z2_flush rows keeps the estimate.
+        hooks=HostSyncsInBackward(SYNC_S_PER_TENSOR * TENSORS_PER_LAYER) if flush_costs is None else NoHooks(),
+        grads=Stage2Gradients(overlap_comm=s.overlap_comm, pinned=s.pin_memory, host_waits_for_copies=True,
+                              flush_costs=flush_costs),
         step=Stage2Step(CastAndCopy(cast_on_gpu=False, pinned=s.pin_memory, allgather=True)),
         staleness=2 if s.dpu else 1,
         warmup_iterations=2 if s.dpu else 0,
