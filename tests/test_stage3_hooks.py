@@ -19,7 +19,7 @@ from sosim.schedules.weights import Stage3Hooks
 def _ctx() -> Ctx:
     sc = load_scenario(tiny_scenario({"system": "zero3_offload"}))
     costs = AnalyticCostModel(sc.hardware, sc.model, sc.training, tokens_per_gpu(sc))
-    units = [Unit(i, f"layer{i}", 1, 1.0, 1.0) for i in range(3)]
+    units = [Unit(i, f"layer{i}", 1, 1.0, 1.0, is_layer=True) for i in range(3)]
     tensors = [Tensor(i, i, 1) for i in range(3)]
     lay = make_layout(units, tensors, make_flushes(tensors, 1, "overflow"), subgroups(tensors, 1))
     return Ctx(sc, costs, Plan(), lay, cpu.one_process(8, "cpu_adam"))

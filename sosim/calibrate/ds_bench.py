@@ -304,7 +304,7 @@ def _layer_callables(torch: Any, stack: Any, mode: str) -> tuple[Any, Any, Any]:
 
     if not torch.distributed.is_initialized():
         deepspeed.init_distributed(dist_backend="nccl")
-    from .offload_layer_bench import OFFLOAD_MODES, zero_config
+    from .offload_configs import OFFLOAD_MODES, zero_config
 
     if mode in OFFLOAD_MODES:  # ZeRO-2 offload / ZeRO-Infinity around the same stack (offload_layer_bench)
         sgd = torch.optim.SGD(stack.parameters(), lr=1e-5)

@@ -40,29 +40,7 @@ LAYER_OFFLOAD_PLAN: tuple[tuple[int, tuple[tuple[str, ...], ...]], ...] = (
     (2048, (("hf", "z2_offload"), ("z2_offload_no_overlap",), ("z3_offload_sgd",), ("z3_offload_param",))),
     (4096, (("hf", "z2_offload"), ("z3_offload_param",))),
 )
-OFFLOAD_MODES = frozenset(("z2_offload", "z2_offload_no_overlap", "z3_offload_sgd", "z3_offload_param"))
 Z2_FLUSHES: tuple[tuple[str, int, bool], ...] = (("1layer", 1, False), ("0.5b", 8, True))
-
-
-def zero_config(mode: str) -> dict[str, Any]:
-    """The DeepSpeed config of one offload mode (the runs' settings: bf16, pinned host buffers)."""
-    offload = {"device": "cpu", "pin_memory": True}
-    zero: dict[str, Any] = {"offload_optimizer": dict(offload), "contiguous_gradients": True}
-    if mode.startswith("z2"):
-        zero |= {"stage": 2, "overlap_comm": mode == "z2_offload"}
-    else:
-        zero |= {"stage": 3, "overlap_comm": True, "sub_group_size": 100_000_000}
-        if mode == "z3_offload_param":
-            zero["offload_param"] = dict(offload)
-    return {
-        "train_micro_batch_size_per_gpu": 1,
-        "gradient_accumulation_steps": 1,
-        "bf16": {"enabled": True},
-        "steps_per_print": 10**9,
-        "zero_allow_untested_optimizer": True,
-        "zero_force_ds_cpu_optimizer": False,
-        "zero_optimization": zero,
-    }
 
 
 def bench_layer_offload(torch: Any, table: Table, quick: bool, log: TextIO = sys.stderr) -> None:
