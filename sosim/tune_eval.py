@@ -25,7 +25,7 @@ def section_keys(system: str, settings: Mapping[str, Any]) -> dict[str, Hashable
     """Per searched section, a key of its data that two candidates of ``system`` share only when that
     section's data are equal value for value and type for type (``1``, ``1.0`` and ``True`` differ; floats by
     their exact bits). A section's data are the base's (the system's schedule base) with the candidate's
-    settings of that section written in (``Tuner._scenario_data``), so the settings of the section are its key.
+    settings of that section written in (``Candidates.scenario_data``), so the settings of the section are its key.
     None when a setting is not a scalar (nothing cached)."""
     items: dict[str, list[tuple[str, str, Any]]] = {"training": [], "cluster": [], "schedule": []}
     for k, v in settings.items():
@@ -107,16 +107,14 @@ def simulate_metrics(sc: Scenario) -> dict[str, Any]:
     return dict(simulate(sc).metrics)
 
 
-def simulate_recorded_batch(scs: Sequence[Scenario | None]) -> list[tuple[dict[str, Any], Any] | str]:
-    """:func:`sosim.tune_memo.simulate_recorded` of each scenario (a worker's task: several candidates per
-    round trip), or the message of the error it raised."""
-    from sosim.tune_memo import simulate_recorded
-
-    out: list[tuple[dict[str, Any], Any] | str] = []
+def simulate_batch(scs: Sequence[Scenario | None]) -> list[dict[str, Any] | str]:
+    """:func:`simulate_metrics` of each scenario (a worker's task: several candidates per round trip), or the
+    message of the error it raised."""
+    out: list[dict[str, Any] | str] = []
     for sc in scs:
         assert sc is not None
         try:
-            out.append(simulate_recorded(sc))
+            out.append(simulate_metrics(sc))
         except SosimError as exc:
             out.append(str(exc))
     return out

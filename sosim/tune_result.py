@@ -1,5 +1,5 @@
 """What ``sosim tune`` is asked and what it answers, as data: :class:`TuneOptions`, :class:`Evaluation` (one
-candidate), :class:`SystemMemory` and :class:`TuneResult`. The search (sosim/tune.py) fills them; the report
+candidate), :class:`SystemMemory` and :class:`TuneResult`. The search (sosim/tune_search.py) fills them; the report
 (sosim/tune_report.py) and the writer (sosim/tune_write.py) read them, without importing the search."""
 
 from __future__ import annotations
@@ -118,8 +118,9 @@ class TuneResult:
     invalid: int
     interrupted: bool = False
     budget_exhausted: bool = False
-    # Of ``simulated``: candidates whose metrics were an earlier candidate's identical simulation, reused
-    # (sosim/tune_memo.py); they count against the budget like the others, so the searched set is the same.
+    # Of ``simulated``: candidates whose metrics were an earlier candidate's identical simulation, reused (by
+    # simulation key: sosim/tune_key.py); they count against the budget like the others, so the searched set
+    # is the same.
     reused: int = 0
     search_space: dict[str, list[str]] = field(default_factory=dict)  # system -> searched knob keys
     dropped_knobs: dict[str, list[str]] = field(default_factory=dict)  # system -> keys not in this schema

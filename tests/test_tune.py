@@ -300,7 +300,7 @@ def test_ctrl_c_keeps_the_best_so_far() -> None:
 
 def test_cli_ctrl_c_prints_best_so_far_and_exits_130(monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
                                                      capsys: pytest.CaptureFixture[str]) -> None:
-    import sosim.tune as tune_module
+    import sosim.tune_eval as tune_module
 
     real = tune_module.simulate_metrics
     count = [0]
