@@ -3,7 +3,7 @@
 Hardware profiles, example scenarios, validation references and calibration tables live at the top of the
 repository (``hardware_profiles/``, ``scenarios/``, ``validation/``, ``calibration/``). A wheel can only
 carry files inside its packages, so ``build_py`` copies these folders, keeping their relative layout, to
-``sosim/_data/``, where :mod:`sosim.resources` finds them through importlib.resources. The project's
+``sosim/_data/``, where :mod:`sosim.inputs.resources` finds them through importlib.resources. The project's
 metadata is in ``pyproject.toml``; this file only adds the copy.
 """
 

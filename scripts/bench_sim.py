@@ -14,7 +14,7 @@ the reference engine: the same plan, run by SimPy, with the same metrics. Rates 
 average. Each rate is measured ``--repeats`` times: the output gives [min, max].
 
 The sweep: ``--sweep-points`` distinct scenarios (a grid over bucket size, micro-batch, link bandwidth and GPU
-peak around the ZeRO-Offload case) through :func:`sosim.sweep.sweep` on a pool of ``--workers`` processes,
+peak around the ZeRO-Offload case) through :func:`sosim.answers.sweep.sweep` on a pool of ``--workers`` processes,
 wall-clock from the first point to the last row (pool start-up included).
 
 Peer: Calculon (calculon-ai/calculon, not on PyPI: the ``calculon`` package there is another project), one
@@ -46,10 +46,10 @@ from typing import Any
 
 import sosim
 from sosim import load_scenario, simulate
-from sosim.config import Scenario
-from sosim.contention import node_plan
-from sosim.fluid import effective_contention
-from sosim.machine import Machine
+from sosim.engine.contention import node_plan
+from sosim.engine.fluid import effective_contention
+from sosim.hardware.machine import Machine
+from sosim.inputs.config import Scenario
 
 ROOT = Path(__file__).resolve().parent.parent
 CASES = {
@@ -130,8 +130,8 @@ def bench_trace_plot(repeats: int) -> dict[str, Any]:
     of an ``TRACE_LAYERS``-layer SuperOffload scenario."""
     import tempfile
 
-    from sosim.plot import plot_result
-    from sosim.trace import write_trace
+    from sosim.formats.plot import plot_result
+    from sosim.formats.trace import write_trace
 
     sc = load_scenario(ROOT / "scenarios" / "gh200_superoffload_8b.yaml", [f"model.layers={TRACE_LAYERS}"])
     result = simulate(sc)
@@ -164,7 +164,7 @@ def sweep_points(n: int) -> list[dict[str, Any]]:
 
 
 def bench_sweep(n_points: int, workers: int, layers: int) -> dict[str, Any]:
-    from sosim.sweep import sweep
+    from sosim.answers.sweep import sweep
 
     base = load_scenario(ROOT / "scenarios" / "gh200_zero_offload_4b.yaml",
                          [f"model.layers={layers}", "training.iterations=3"])
@@ -186,7 +186,7 @@ def bench_sweep(n_points: int, workers: int, layers: int) -> dict[str, Any]:
 def bench_tune(budget: int, workers: int, layers: int) -> dict[str, Any]:
     """``sosim tune`` of the ZeRO-Offload case on 8 GPUs at a global batch of 256, every system, searched
     exhaustively (not staged) up to ``budget`` simulations: a search that really simulates that many."""
-    from sosim.tune import TuneOptions, tune
+    from sosim.answers.tune import TuneOptions, tune
 
     base = load_scenario(ROOT / "scenarios" / "gh200_zero_offload_4b.yaml", [f"model.layers={layers}"])
     options = TuneOptions(gpus=8, global_batch=256, budget=budget, exhaustive_limit=10**6, jobs=workers)

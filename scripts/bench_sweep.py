@@ -22,7 +22,7 @@ from concurrent.futures import Executor, ProcessPoolExecutor
 from pathlib import Path
 
 from sosim import load_scenario, simulate
-from sosim.sweep import load_sweep, run_sweep
+from sosim.answers.sweep import load_sweep, run_sweep
 
 ROOT = Path(__file__).resolve().parent.parent
 SWEEP = ROOT / "scenarios" / "sweeps" / "gh200_zero_offload_10k.yaml"
@@ -44,8 +44,8 @@ def bench_sweep(executor: Executor, chunk_size: int | None) -> dict[str, object]
 
 
 def bench_trace_plot(layers: int) -> dict[str, object]:
-    from sosim.plot import plot_result
-    from sosim.trace import write_trace
+    from sosim.formats.plot import plot_result
+    from sosim.formats.trace import write_trace
 
     result = simulate(load_scenario(TRACE_BASE, [f"model.layers={layers}"]))
     with tempfile.TemporaryDirectory() as tmp:

@@ -115,7 +115,7 @@ def collect(folder: Path, bands: int) -> list[Row]:
     os.environ["SOSIM_PROFILES"] = os.pathsep.join(
         [str(folder / "profiles"), str(tmp),
          *([os.environ["SOSIM_PROFILES"]] if os.environ.get("SOSIM_PROFILES") else [])])
-    from sosim.validate_measured import measured_timers, predict, read_runs
+    from sosim.answers.validate_measured import measured_timers, predict, read_runs
 
     runs, skipped = read_runs(folder)
     if skipped:
@@ -229,7 +229,7 @@ def _medians(path: Path) -> dict[tuple[str, ...], float]:
 
 def lease_spread(folder: Path) -> str:
     """This lease's components against the same points of the earlier leases, and the kind's pooled spread."""
-    from sosim.table_costs import load_tables
+    from sosim.costs.table import load_tables
 
     new = _medians(folder / "measurements.csv")
     out = ["| section | vs lease | points | median ratio (this / earlier) | min-max |", "|---|---|---|---|---|"]
@@ -361,8 +361,8 @@ def mechanisms(folder: Path = MECH_FOLDER) -> str:
     """The layer_offload section's rows (per decoder layer / per flush) and the constants sosim derives."""
     from types import SimpleNamespace
 
-    from sosim.calibration_table import CalibrationTable
-    from sosim.offload_mechanisms import z2_flush_costs, zinf_fetch_s_per_tensor
+    from sosim.costs.calibration_table import CalibrationTable
+    from sosim.costs.offload_mechanisms import z2_flush_costs, zinf_fetch_s_per_tensor
 
     lease = (folder / "lease.txt").read_text().split()[1]
     lines = [f"Lease {lease} (`{folder.relative_to(ROOT)}/measurements.csv`), median (p10-p90) ms:", "",
@@ -380,7 +380,7 @@ def mechanisms(folder: Path = MECH_FOLDER) -> str:
     zinf = zinf_fetch_s_per_tensor(costs)
     assert z2 is not None and zinf is not None
     wait_us, kernel_ps, fetch_ms = 1e6 * z2.sync_s_per_tensor, 1e12 * z2.norm_overflow_s_per_element, 1e3 * zinf[0]
-    lines += ["", f"Derived (`sosim/offload_mechanisms.py`): ZeRO-2 flush, host wait **{wait_us:.0f} us per "
+    lines += ["", f"Derived (`sosim/costs/offload_mechanisms.py`): ZeRO-2 flush, host wait **{wait_us:.0f} us per "
               f"parameter tensor**, norm + overflow kernels **{kernel_ps:.1f} ps per element**; ZeRO-Infinity "
               f"fetch, **{fetch_ms:.3f} ms per fetched tensor** (forward)."]
     return "\n".join(lines)

@@ -51,7 +51,7 @@ if [ "$#" -gt 0 ]; then
   BUDGET_S=$(( $(left_s) - 40 ))
   JOBS=$(IFS=,; echo "$*")
   stamp "DeepSpeed jobs with ${BUDGET_S} s" | tee -a "$LOG"
-  if PYTHONPATH=$REPO:/tmp/site python3 -c "import sosim.cli, sosim.validate_measured" 2>>"$LOG"; then
+  if PYTHONPATH=$REPO:/tmp/site python3 -c "import sosim.cli, sosim.answers.validate_measured" 2>>"$LOG"; then
     PYTHONPATH=$REPO:/tmp/site timeout -k 10 $(( BUDGET_S + 30 )) python3 -m sosim calibrate --check \
       --profile "$PROFILE" --profiles "$RES/profiles" --check-jobs "$JOBS" --check-deadline-s "$BUDGET_S" \
       --check-bands 0 2>&1 | tee -a "$LOG"

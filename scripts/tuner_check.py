@@ -4,10 +4,10 @@ one, and is the setting the tuner would pick among the measured ones within 5% o
 Input: a ``deepspeed_steps.csv`` written by ``scripts/ds_train_step.py`` (one row per run and timing mode;
 ``ds_config_file`` names each run's exact DeepSpeed config relative to the CSV's folder; the model shape
 is in the ``layers, hidden, heads, kv_heads, ffn, vocab`` columns) and a calibrated hardware profile.
-Every measured setting is predicted from its own DeepSpeed config (``sosim.dsconfig``), exactly as
+Every measured setting is predicted from its own DeepSpeed config (``sosim.formats.dsconfig``), exactly as
 ``sosim run --ds-config`` would; runs without a DeepSpeed config (the plain-PyTorch floor) are skipped.
 
-The tuner ranks candidates by predicted tokens/s (``sosim.tune``'s default objective); restricted to the
+The tuner ranks candidates by predicted tokens/s (``sosim.answers.tune``'s default objective); restricted to the
 measured settings its recommendation is the one with the highest prediction. Settings are grouped by
 workload (model and sequence length); each group with at least ``--min-settings`` settings is checked:
 
@@ -98,9 +98,10 @@ def resolve_config(csv_dir: Path, name: str) -> Path:
 
 def predict(csv_dir: Path, row: pd.Series, profile: str) -> tuple[float, bool, str, str]:
     """(predicted tokens/s, feasible, system, settings text) of one measured run from its DeepSpeed config."""
-    from sosim import dsconfig, load_scenario, simulate
-    from sosim.hf_model import HfModel
-    from sosim.jsonio import read_json
+    from sosim import load_scenario, simulate
+    from sosim.formats import dsconfig
+    from sosim.formats.hf_model import HfModel
+    from sosim.formats.jsonio import read_json
 
     gpus = row.get("gpus")
     inputs = dsconfig.RunInputs(
@@ -242,7 +243,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"tuner_check: {exc}", file=sys.stderr)
         return 2
     except Exception as exc:
-        from sosim.errors import SosimError
+        from sosim.inputs.errors import SosimError
 
         if isinstance(exc, SosimError):
             print(f"tuner_check: {exc}", file=sys.stderr)

@@ -18,8 +18,8 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
-from sosim.validate import run_validation
-from sosim.validate_measured import (
+from sosim.answers.validate import run_validation
+from sosim.answers.validate_measured import (
     BAND_TARGET_COVERAGE,
     BAND_TARGET_HALF_WIDTH,
     SECTION_NAMES,

@@ -9,12 +9,12 @@ Public API::
 
 from __future__ import annotations
 
-from sosim.config import Scenario
-from sosim.errors import ConfigError, SosimError
-from sosim.loader import load_profile, load_scenario
-from sosim.result import Result
-from sosim.simulate import simulate
-from sosim.sweep import sweep
+from sosim.answers.result import Result
+from sosim.answers.simulate import simulate
+from sosim.answers.sweep import sweep
+from sosim.inputs.config import Scenario
+from sosim.inputs.errors import ConfigError, SosimError
+from sosim.inputs.loader import load_profile, load_scenario
 
 __all__ = ["ConfigError", "Result", "Scenario", "SosimError", "load_profile", "load_scenario", "simulate", "sweep"]
 __version__ = "0.1.0"

@@ -20,8 +20,7 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from sosim.errors import ConfigError, SosimError
-from sosim.output import (
+from sosim.formats.output import (
     check_finite_result,
     check_output_path,
     format_value,
@@ -30,6 +29,7 @@ from sosim.output import (
     provenance_fields,
     write_output,
 )
+from sosim.inputs.errors import ConfigError, SosimError
 
 EXIT_USAGE = 2
 EXIT_INTERRUPTED = 130
@@ -37,10 +37,10 @@ EXIT_INTERNAL = 70  # EX_SOFTWARE: a bug in sosim, not the input
 DEBUG_ENV = "SOSIM_DEBUG"  # set to 1 to see the traceback of an internal error
 
 # Subcommands that live beside the code they drive; each module defines register_cli(subparsers).
-SUBCOMMAND_MODULES: tuple[str, ...] = ("sosim.compare", "sosim.sweep", "sosim.ablation", "sosim.validate", "sosim.tune",
-                                       "sosim.check")
+SUBCOMMAND_MODULES: tuple[str, ...] = ("sosim.answers.compare", "sosim.answers.sweep", "sosim.answers.ablation",
+                                       "sosim.answers.validate", "sosim.answers.tune", "sosim.answers.check")
 
-# As sosim.model.model_flops_per_step counts them: causal attention (half the score matrix), no recomputation.
+# As sosim.hardware.model.model_flops_per_step counts them: causal attention (half the score matrix), no recomputation.
 MFU_DEFINITION = ("model FLOPs per step (6 x parameters x tokens + 6 x layers x hidden x seq_len x tokens: "
                   "parameters without an untied input-embedding table, which is a lookup; causal attention, "
                   "no recomputation) / step time / (GPUs x the GPU's peak dense FLOP/s in the training precision: "
@@ -98,7 +98,7 @@ def provenance_lines(sc: Any, provenance: dict[str, Any]) -> list[tuple[str, str
 
 def run_table(sc: Any, metrics: dict[str, Any], provenance: dict[str, Any]) -> str:
     """The ``sosim run`` table: verdict first, then what produced it, speed, memory, where the time goes."""
-    from sosim.result import BREAKDOWN_KEYS
+    from sosim.answers.result import BREAKDOWN_KEYS
 
     lines: list[str] = [f"# {sc.name}: {metrics['params_b']:.2f}B parameters, {sc.cluster.gpus} GPU(s)"]
     if not metrics["feasible"]:
@@ -154,28 +154,29 @@ def _metrics_table(metrics: dict[str, Any]) -> str:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from sosim import dsconfig, simulate
-    from sosim.bands import band_for_run, band_json
+    from sosim import simulate
+    from sosim.answers.bands import band_for_run, band_json
+    from sosim.formats import dsconfig
 
     trace = check_output_path(args.trace, "--trace") if args.trace is not None else None
     plot = check_output_path(args.plot, "--plot", plot_suffixes()) if args.plot is not None else None
     sc, ds_mapping = dsconfig.scenario_for_run(args)  # a scenario file, or --ds-config + --model
     if args.scenario is not None:
-        from sosim.loader import profile_notes
+        from sosim.inputs.loader import profile_notes
 
         _print_notes(profile_notes(args.scenario, args.overrides, getattr(args, "profiles", [])))
     result = simulate(sc, engine=args.engine)
     check_finite_result(args.scenario or args.ds_config or sc.name, result.metrics)
-    band, no_band = band_for_run(args, sc, result)  # p10/p50/p90 from component spread (sosim.bands)
+    band, no_band = band_for_run(args, sc, result)  # p10/p50/p90 from component spread (sosim.answers.bands)
     ds_extra = dsconfig.finish_run(args, sc, ds_mapping)  # mapping report, --emit-ds-config
     if trace is not None:
-        from sosim.trace import write_trace
+        from sosim.formats.trace import write_trace
 
         # The band's markers only when there is a band (keeps write_trace's two-argument form otherwise).
         write_output(trace, "--trace", lambda p: write_trace(result, p, band=band.metrics()) if band
                      else write_trace(result, p))
     if plot is not None:
-        from sosim.plot import plot_result
+        from sosim.formats.plot import plot_result
 
         write_output(plot, "--plot", lambda p: plot_result(result, p, band=band.metrics()) if band
                      else plot_result(result, p))
@@ -192,8 +193,8 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def cmd_examples(args: argparse.Namespace) -> int:
-    from sosim.loader import read_yaml
-    from sosim.resources import example_scenarios
+    from sosim.inputs.loader import read_yaml
+    from sosim.inputs.resources import example_scenarios
 
     rows = []
     for name, path in example_scenarios().items():
@@ -214,8 +215,8 @@ def cmd_examples(args: argparse.Namespace) -> int:
 
 
 def cmd_profiles(args: argparse.Namespace) -> int:
-    from sosim.loader import load_profile, profile_files
-    from sosim.published import is_published
+    from sosim.costs.published import is_published
+    from sosim.inputs.loader import load_profile, profile_files
 
     rows = []
     for name, files in profile_files(getattr(args, "profiles", [])).items():
@@ -250,7 +251,7 @@ def cmd_profiles(args: argparse.Namespace) -> int:
 
 def cmd_maxsize(args: argparse.Namespace) -> int:
     from sosim import load_scenario, simulate
-    from sosim.maxsize import find_max_size
+    from sosim.answers.maxsize import find_max_size
 
     notes: list[str] = []
     sc = load_scenario(args.scenario, args.overrides, notes=notes)
@@ -289,17 +290,17 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
 def _register_builtin(sub: Any) -> None:
     p = sub.add_parser("run", help="simulate one scenario")
     _add_scenario_args(p, optional=True)
-    from sosim.dsconfig import add_arguments as add_ds_arguments
+    from sosim.formats.dsconfig import add_arguments as add_ds_arguments
 
     add_ds_arguments(p)
     p.add_argument("--trace", metavar="OUT.json", help="write a Chrome/Perfetto trace")
     p.add_argument("--plot", metavar="OUT.png", help="write a timeline + breakdown figure (.png, .svg, .pdf...)")
-    from sosim.simulate import DEFAULT_ENGINE, ENGINES
+    from sosim.answers.simulate import DEFAULT_ENGINE, ENGINES
 
     p.add_argument("--engine", choices=list(ENGINES), default=DEFAULT_ENGINE,
                    help="simpy: the reference SimPy engine; fast: the same timeline without SimPy "
                         f"(default {DEFAULT_ENGINE}; docs/engines.md)")
-    from sosim.bands import add_arguments as add_band_arguments
+    from sosim.answers.bands import add_arguments as add_band_arguments
 
     add_band_arguments(p)
     p.set_defaults(func=cmd_run)
@@ -354,7 +355,7 @@ def build_parser() -> argparse.ArgumentParser:
 def _profile_folders(dirs: Sequence[str]) -> Iterator[None]:
     """``--profiles`` for the duration of one command: prepended to $SOSIM_PROFILES, which every loader
     call (and every local sweep worker, started inside this block) reads."""
-    from sosim.loader import PROFILES_ENV
+    from sosim.inputs.loader import PROFILES_ENV
 
     if not dirs:
         yield

@@ -50,7 +50,7 @@ def random_plan_strategy(durations: Any) -> Any:
     depending on up to 3 earlier ops, with durations drawn from ``durations``."""
     from hypothesis import strategies as st
 
-    from sosim.plan import CPU_OPT, D2H, GPU, H2D, Phase, Plan
+    from sosim.engine.plan import CPU_OPT, D2H, GPU, H2D, Phase, Plan
 
     @st.composite
     def plans(draw: st.DrawFn) -> Plan:

@@ -8,9 +8,9 @@ import pytest
 from helpers import tiny_scenario
 
 from sosim import load_scenario
-from sosim.costs import AnalyticCostModel
-from sosim.engine import run_plan
-from sosim.plan import CPU_MAIN, CPU_OPT, Category, Phase, Plan, ResourceKind
+from sosim.costs.analytic import AnalyticCostModel
+from sosim.engine.plan import CPU_MAIN, CPU_OPT, Category, Phase, Plan, ResourceKind
+from sosim.engine.simpy_engine import run_plan
 from sosim.schedules import cpu
 from sosim.schedules.driver import Ctx, pass_op
 from sosim.schedules.gradients import Stage3Gradients

@@ -307,7 +307,7 @@ def test_train_step_floor_smoke_on_cpu(tmp_path: Path) -> None:
 def test_committed_2026_11_30_tables_load_with_the_reader() -> None:
     """The new measurements.csv files (with the appended columns) load in the simulator's reader, and the
     DeepSpeed runs all carry >= 10 timed steps and the timer columns."""
-    from sosim.calibration_table import CalibrationTable
+    from sosim.costs.calibration_table import CalibrationTable
 
     for folder in ("nvidia-h200-2026-11-30", "nvidia-h200x2-2026-11-30"):
         path = ROOT / "calibration" / folder / "measurements.csv"

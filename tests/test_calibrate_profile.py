@@ -90,7 +90,7 @@ def _write(tmp_path: Path, template: str = "h200-pcie-gen5-x86", link: str = "pc
 
 
 def test_written_profile_holds_the_measured_numbers_and_names_its_table(tmp_path: Path) -> None:
-    from sosim.loader import load_profile
+    from sosim.inputs.loader import load_profile
 
     profiles = _write(tmp_path)
     prof = load_profile("mybox", profile_dirs=[profiles])
@@ -109,7 +109,7 @@ def test_written_profile_holds_the_measured_numbers_and_names_its_table(tmp_path
 
 
 def test_grace_template_and_c2c_link_load(tmp_path: Path) -> None:
-    from sosim.loader import load_profile
+    from sosim.inputs.loader import load_profile
 
     profiles = _write(tmp_path, template="gh200", link="c2c")
     prof = load_profile("mybox", profile_dirs=[profiles])
@@ -130,9 +130,9 @@ def test_sosim_run_uses_the_profile_by_name_and_says_it_was_calibrated_here(tmp_
 
 
 def test_band_names_the_stated_lease_spread_source(tmp_path: Path) -> None:
-    from sosim.bands import lease_spread_of
-    from sosim.loader import load_scenario
-    from sosim.table_costs import load_tables
+    from sosim.answers.bands import lease_spread_of
+    from sosim.costs.table import load_tables
+    from sosim.inputs.loader import load_scenario
 
     profiles = _write(tmp_path)
     import os
@@ -152,7 +152,7 @@ def test_band_names_the_stated_lease_spread_source(tmp_path: Path) -> None:
 
 
 def test_kind_lease_spread_is_what_the_five_h200_leases_measure() -> None:
-    from sosim.table_costs import load_tables
+    from sosim.costs.table import load_tables
 
     names = ["11-30c", "11-29", "11-30", "11-30b", "12-01"]
     table = load_tables([str(ROOT / "calibration" / f"nvidia-h200-2026-{n}" / "measurements.csv") for n in names])
@@ -164,7 +164,7 @@ def test_kind_lease_spread_is_what_the_five_h200_leases_measure() -> None:
 
 # ------------------------------------------------------------------------------------------ profile folders
 def test_profiles_folder_order(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from sosim import loader
+    from sosim.inputs import loader
 
     monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "cfg"))
     monkeypatch.delenv("SOSIM_PROFILES", raising=False)
@@ -177,7 +177,7 @@ def test_profiles_folder_order(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) 
 
 
 def test_loader_finds_a_profile_in_the_default_user_folder(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from sosim.loader import available_profiles, load_profile
+    from sosim.inputs.loader import available_profiles, load_profile
 
     monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "cfg"))
     monkeypatch.delenv("SOSIM_PROFILES", raising=False)
@@ -275,7 +275,7 @@ def test_writer_reproduces_the_hand_made_h200_profile_from_its_own_table(tmp_pat
     writer, given that table, must land on them (rounding and the choice of rows apart: within 6%)."""
     import shutil
 
-    from sosim.loader import load_profile
+    from sosim.inputs.loader import load_profile
 
     cal = tmp_path / "p" / "same.calibration"
     cal.mkdir(parents=True)
@@ -299,7 +299,7 @@ def test_writer_reproduces_the_hand_made_h200_profile_from_its_own_table(tmp_pat
 
 def test_cpu_adam_source_names_how_deepspeed_compiled_it(tmp_path: Path) -> None:
     """On a Grace host DeepSpeed's op builder picks -mcpu=native and no AVX: the profile quotes what it chose."""
-    from sosim.loader import load_profile
+    from sosim.inputs.loader import load_profile
 
     profiles = tmp_path / "profiles"
     cal = _calibration(profiles / "g.calibration")

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from sosim.calibration_table import CalibrationError, CalibrationTable
+from sosim.costs.calibration_table import CalibrationError, CalibrationTable
 
 HEADER = (
     "op,variant,dtype,m,n,k,batch,seq,heads,kv_heads,head_dim,hidden,ffn,bytes,elements,threads,"

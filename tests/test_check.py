@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from sosim.check import parse_tolerances
+from sosim.answers.check import parse_tolerances
 from sosim.cli import main
-from sosim.errors import SosimError
+from sosim.inputs.errors import SosimError
 
 ROOT = Path(__file__).resolve().parents[1]
 GH200 = "gh200_zero_offload_4b"  # on the gh200 profile (its table: published values)

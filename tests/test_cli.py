@@ -62,7 +62,7 @@ def test_calibrate_passes_options_through_and_says_what_is_missing(
 def test_json_output_is_strict(capsys: pytest.CaptureFixture[str]) -> None:
     import numpy as np
 
-    from sosim.output import print_json
+    from sosim.formats.output import print_json
 
     print_json({"a": float("nan"), "b": np.float64(1.5), "c": [np.int64(2), float("inf")], "d": None})
     assert json.loads(capsys.readouterr().out) == {"a": None, "b": 1.5, "c": [2, None], "d": None}
@@ -138,12 +138,12 @@ def test_output_under_a_file_is_refused(tmp_path: Path, capsys: pytest.CaptureFi
 
 def test_write_failure_is_a_message(tmp_path: Path, capsys: pytest.CaptureFixture[str],
                                     monkeypatch: pytest.MonkeyPatch) -> None:
-    import sosim.trace
+    import sosim.formats.trace
 
     def fail(result: object, path: object, **kwargs: object) -> None:
         raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr(sosim.trace, "write_trace", fail)
+    monkeypatch.setattr(sosim.formats.trace, "write_trace", fail)
     code, _, err = _run(["run", "gh200_zero_offload_4b", "--trace", str(tmp_path / "t.json")], capsys)
     assert code == 2 and "cannot write: No space left on device" in err and "Traceback" not in err
 
@@ -208,7 +208,7 @@ def test_examples_lists_and_runs_by_name(capsys: pytest.CaptureFixture[str]) -> 
 
 
 def test_profiles_option_and_shadowing(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    from sosim.resources import shipped_profiles_dir
+    from sosim.inputs.resources import shipped_profiles_dir
 
     (tmp_path / "gh200.yaml").write_text((shipped_profiles_dir() / "gh200.yaml").read_text())
     code, out, _ = _run(["profiles", "--profiles", str(tmp_path), "--format", "json"], capsys)
@@ -235,7 +235,7 @@ def test_validate_malformed_row_is_exit_2_with_location(tmp_path: Path, capsys: 
 
 def test_run_says_which_profile_it_used_when_a_name_is_ambiguous(tmp_path: Path,
                                                                  capsys: pytest.CaptureFixture[str]) -> None:
-    from sosim.resources import shipped_profiles_dir
+    from sosim.inputs.resources import shipped_profiles_dir
 
     (tmp_path / "gh200.yaml").write_text((shipped_profiles_dir() / "gh200.yaml").read_text())
     code, _, err = _run(["run", "gh200_zero_offload_4b", "--profiles", str(tmp_path), "--format", "json"], capsys)
@@ -264,7 +264,7 @@ def test_other_inputs_that_could_hurt(tmp_path: Path, capsys: pytest.CaptureFixt
 def test_mfu_definition_printed_is_the_one_computed() -> None:
     """The table's definition, by hand: (6 N tokens + 6 L h s tokens) / step / peak equals the metric."""
     from sosim import load_scenario, simulate
-    from sosim.model import flop_params
+    from sosim.hardware.model import flop_params
 
     sc = load_scenario("gh200_zero_offload_4b")
     r = simulate(sc)

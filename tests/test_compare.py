@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from sosim import load_scenario, simulate
+from sosim.answers.compare import KEY_METRICS, compare_frame, format_table
 from sosim.cli import main
-from sosim.compare import KEY_METRICS, compare_frame, format_table
 
 
 def test_compare_json_speedups_relative_to_first(root: Path, capsys: pytest.CaptureFixture[str]) -> None:

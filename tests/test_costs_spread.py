@@ -8,10 +8,10 @@ import numpy as np
 import pytest
 
 from sosim import load_scenario
-from sosim.calibration_table import CalibrationTable, quantile_times
-from sosim.costs import AnalyticCostModel
+from sosim.costs.analytic import AnalyticCostModel
+from sosim.costs.calibration_table import CalibrationTable, quantile_times
+from sosim.costs.table import TableCostModel
 from sosim.schedules.layout import tokens_per_gpu
-from sosim.table_costs import TableCostModel
 
 ROOT = Path(__file__).resolve().parents[1]
 H200_CSV = ROOT / "calibration" / "nvidia-h200-2026-11-29" / "measurements.csv"

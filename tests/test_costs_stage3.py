@@ -8,12 +8,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from sosim import costs as c
-from sosim.calibration_table import CalibrationTable
-from sosim.costs import AnalyticCostModel
-from sosim.loader import load_profile
-from sosim.table_costs import TableCostModel
-from sosim.units import GB
+from sosim.costs import analytic as c
+from sosim.costs.analytic import AnalyticCostModel
+from sosim.costs.calibration_table import CalibrationTable
+from sosim.costs.table import TableCostModel
+from sosim.inputs.loader import load_profile
+from sosim.inputs.units import GB
 from tests.test_calibration_table import HEADER as BASE_HEADER
 from tests.test_calibration_table import row as base_row
 
@@ -131,8 +131,8 @@ def test_superoffload_flush_affine(table: CalibrationTable) -> None:
 def test_the_superoffload_plan_times_its_flush_as_measured() -> None:
     # On the calibrated H200 (so_grads rows): the fp32 copy of each flush is the measured whole flush minus the
     # bf16 round trip and the cast before it, so the four ops of a flush add up to the measured flush.
-    from sosim.simulate import make_cost_model, simulate
-    from sosim.validate_measured import read_runs, scenario_for
+    from sosim.answers.simulate import make_cost_model, simulate
+    from sosim.answers.validate_measured import read_runs, scenario_for
 
     runs, _ = read_runs(Path(__file__).resolve().parents[1] / "calibration" / "nvidia-h200-2026-11-30b")
     run = next(r for r in runs if r.run_id == "1.1b-s2048-mb4-superoffload-clip0")
@@ -172,7 +172,7 @@ def test_collective_and_disk(table: CalibrationTable) -> None:
 
 @pytest.fixture
 def analytic() -> AnalyticCostModel:
-    from sosim.config import ModelSpec, TrainingSpec
+    from sosim.inputs.config import ModelSpec, TrainingSpec
 
     hw = load_profile("h200-pcie-gen5-x86").model_copy(update={"calibration": None})
     model = ModelSpec(layers=2, hidden=2048, heads=16, kv_heads=4, ffn=5632, ffn_kind="swiglu", vocab=32000)
@@ -203,7 +203,7 @@ def test_analytic_fallbacks_by_hand(analytic: AnalyticCostModel) -> None:
 
 
 def test_collectives_generalise_the_old_methods(analytic: AnalyticCostModel) -> None:
-    from sosim.config import InterconnectSpec
+    from sosim.inputs.config import InterconnectSpec
 
     ic = InterconnectSpec(gpu_gpu_GBps=100, node_node_GBps=25, gpus_per_node=4, latency_us=5,
                           sources={"gpu_gpu_GBps": "t", "node_node_GBps": "t", "gpus_per_node": "t", "latency_us": "t"})

@@ -123,8 +123,8 @@ def test_history_pages_cite_only_what_a_user_can_open() -> None:
 
 def test_every_scenario_and_profile_key_is_in_the_reference() -> None:
     """Each key of the scenario's model / training / cluster sections and of the hardware profile's sections
-    is named in docs/scenarios.md (the schema is in sosim/config.py)."""
-    from sosim import config
+    is named in docs/scenarios.md (the schema is in sosim/inputs/config.py)."""
+    from sosim.inputs import config
 
     text = SCENARIOS_MD.read_text()
     models = [config.Scenario, config.ModelSpec, config.TrainingSpec, config.ClusterSpec, config.HardwareProfile,

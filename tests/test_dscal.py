@@ -9,15 +9,15 @@ import pytest
 from helpers import tiny_scenario
 
 from sosim import load_scenario
-from sosim.calibration_table import CalibrationTable
-from sosim.costs import AnalyticCostModel, model_parameter_tensors
-from sosim.engine import run_plan
-from sosim.plan import Category, Phase, Plan, ResourceKind
+from sosim.costs.analytic import AnalyticCostModel, model_parameter_tensors
+from sosim.costs.calibration_table import CalibrationTable
+from sosim.costs.table import STEP_FIXED_MEASURED_TENSORS, TableCostModel
+from sosim.engine.plan import Category, Phase, Plan, ResourceKind
+from sosim.engine.simpy_engine import run_plan
 from sosim.schedules import cpu
 from sosim.schedules.driver import Ctx
 from sosim.schedules.layout import Tensor, Unit, make_flushes, make_layout, subgroups, tokens_per_gpu
 from sosim.schedules.steps import Stage2Step, Stage3Step
-from sosim.table_costs import STEP_FIXED_MEASURED_TENSORS, TableCostModel
 from tests.test_whatif import H200, costs_of
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -10,10 +10,10 @@ import pytest
 
 from sosim import load_scenario, simulate
 from sosim.cli import main
-from sosim.dsconfig import DsMapping, RunInputs, map_ds_config, prefetch_layers_for
-from sosim.errors import ConfigError
-from sosim.hf_model import HfModel
-from sosim.jsonio import Note, parse_json
+from sosim.formats.dsconfig import DsMapping, RunInputs, map_ds_config, prefetch_layers_for
+from sosim.formats.hf_model import HfModel
+from sosim.formats.jsonio import Note, parse_json
+from sosim.inputs.errors import ConfigError
 
 ROOT = Path(__file__).resolve().parent.parent
 DS = ROOT / "scenarios" / "deepspeed"
@@ -45,8 +45,8 @@ def note(m: DsMapping, key: str) -> Note:
 
 
 def test_layer_params_constant_is_the_model_arithmetic() -> None:
-    from sosim import model as tm
-    from sosim.config import ModelSpec
+    from sosim.hardware import model as tm
+    from sosim.inputs.config import ModelSpec
 
     assert tm.layer_params(ModelSpec.model_validate(LLAMA)) == LAYER_PARAMS
 

@@ -7,11 +7,11 @@ from pathlib import Path
 
 import pytest
 
-from sosim import model as tm
-from sosim.config import ModelSpec
-from sosim.errors import ConfigError
-from sosim.hf_model import load_hf_model, model_from_hf
-from sosim.jsonio import parse_json
+from sosim.formats.hf_model import load_hf_model, model_from_hf
+from sosim.formats.jsonio import parse_json
+from sosim.hardware import model as tm
+from sosim.inputs.config import ModelSpec
+from sosim.inputs.errors import ConfigError
 
 MODELS = Path(__file__).resolve().parent.parent / "scenarios" / "deepspeed" / "models"
 

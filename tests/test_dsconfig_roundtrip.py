@@ -12,8 +12,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from sosim import load_scenario, simulate
-from sosim.config import Scenario
-from sosim.dsconfig import (
+from sosim.formats.dsconfig import (
     _TOP_IGNORED,
     _TOP_MAPPED,
     DS_KEYS,
@@ -23,9 +22,10 @@ from sosim.dsconfig import (
     load_ds_mapping,
     map_ds_config,
 )
-from sosim.hf_model import HfModel
-from sosim.jsonio import parse_json
-from sosim.loader import load_profile, scenario_from_data
+from sosim.formats.hf_model import HfModel
+from sosim.formats.jsonio import parse_json
+from sosim.inputs.config import Scenario
+from sosim.inputs.loader import load_profile, scenario_from_data
 from sosim.schedules import superoffload
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -34,7 +34,8 @@ HW = "h200-pcie-gen5-x86"
 MEASURED = sorted((DS / "measured").glob("*.ds_config.json"))
 SHIPPED = sorted((ROOT / "scenarios").glob("*.yaml"))
 # The hand-written knobs that predicted each measured DeepSpeed run (formerly validation rows in
-# validation/references.yaml; the measured runs are now read from data by sosim/validate_measured.py), by run name.
+# validation/references.yaml; the measured runs are now read from data by sosim/answers/validate_measured.py),
+# by run name.
 _SO = ["schedule.system=superoffload", "schedule.sub_group_elements=1e8", "schedule.cpu_adam_core_fraction=0.8"]
 _HAND_SET = {"zero2-clip0": [], "zero2-clip1": ["training.gradient_clipping=1.0"],
              "zero3-clip0": ["schedule.system=zero3_offload", "schedule.sub_group_elements=1e8"],
@@ -263,7 +264,7 @@ def test_schema_data_matches_the_installed_deepspeed() -> None:
     def names(model: Any) -> set[str]:
         return {n for n, f in model.model_fields.items()} | {f.alias for f in model.model_fields.values() if f.alias}
 
-    from sosim.dsconfig import DS_KEYS_ONE_VERSION
+    from sosim.formats.dsconfig import DS_KEYS_ONE_VERSION
 
     zero = names(DeepSpeedZeroConfig)
     assert DS_KEYS["zero_optimization"] <= zero
@@ -337,7 +338,7 @@ def test_schema_data_matches_the_deepspeed_source() -> None:
     def names(model: Any) -> set[str]:
         return set(model.model_fields) | {f.alias for f in model.model_fields.values() if f.alias}
 
-    from sosim.dsconfig import DS_KEYS_ONE_VERSION
+    from sosim.formats.dsconfig import DS_KEYS_ONE_VERSION
 
     zero = names(zc.DeepSpeedZeroConfig)
     assert DS_KEYS["zero_optimization"] <= zero

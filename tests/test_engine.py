@@ -10,8 +10,8 @@ from helpers import random_plan_strategy
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sosim.engine import Contention, run_plan
-from sosim.plan import CPU_OPT, D2H, GPU, H2D, Phase, Plan, critical_path_s, list_schedule
+from sosim.engine.plan import CPU_OPT, D2H, GPU, H2D, Phase, Plan, critical_path_s, list_schedule
+from sosim.engine.simpy_engine import Contention, run_plan
 
 F = Phase.FORWARD
 

@@ -9,8 +9,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sosim.engine import Contention, effective_contention, run_plan, run_plan_detailed
-from sosim.plan import CPU_OPT, D2H, GPU, H2D, Phase, Plan, Resource, ResourceKind, list_schedule
+from sosim.engine.plan import CPU_OPT, D2H, GPU, H2D, Phase, Plan, Resource, ResourceKind, list_schedule
+from sosim.engine.simpy_engine import Contention, effective_contention, run_plan, run_plan_detailed
 
 F = Phase.FORWARD
 H2D_1 = Resource(ResourceKind.H2D, 1)

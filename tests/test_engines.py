@@ -1,4 +1,4 @@
-"""The fast engine (sosim/engine_fast.py) gives the SimPy reference engine's run bit for bit: one property over
+"""The fast engine (sosim/engine/fast.py) gives the SimPy reference engine's run bit for bit: one property over
 random plans with random shared resources (contended or not; durations from a small set so that ties are
 frequent), and every shipped scenario through ``simulate(sc, engine=...)``. Plus a hand case of the shared
 fluid model and the engine's name in every result's provenance."""
@@ -12,10 +12,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sosim import engine, engine_fast, load_scenario, simulate
-from sosim.fluid import Contention, effective_contention
-from sosim.plan import CPU_MAIN, CPU_OPT, D2H, GPU, H2D, Phase, Plan, Resource, ResourceKind
-from sosim.simulate import DEFAULT_ENGINE, ENGINES
+from sosim import load_scenario, simulate
+from sosim.answers.simulate import DEFAULT_ENGINE, ENGINES
+from sosim.engine import fast as engine_fast
+from sosim.engine import simpy_engine as engine
+from sosim.engine.fluid import Contention, effective_contention
+from sosim.engine.plan import CPU_MAIN, CPU_OPT, D2H, GPU, H2D, Phase, Plan, Resource, ResourceKind
 
 ROOT = Path(__file__).resolve().parent.parent
 SCENARIOS = sorted((ROOT / "scenarios").glob("*.yaml"))
@@ -74,8 +76,8 @@ def test_both_ways_of_the_fast_engine_are_taken_by_shipped_scenarios() -> None:
     """Not vacuous: a single-GPU GH200 on the spec-sheet C2C (450 + 450 <= 900 GB/s) never oversubscribes
     anything (the list schedule); a PCIe host's link directions, and the GH200 on its published copy rates
     (377 + 297 GB/s > a 450 GB/s two-way total, docs/gh200.md), contend (the event loop with the fluid model)."""
-    from sosim.contention import node_plan
-    from sosim.machine import Machine
+    from sosim.engine.contention import node_plan
+    from sosim.hardware.machine import Machine
 
     spec_c2c = ["hardware.link.h2d_GBps=450", "hardware.link.d2h_GBps=450", "hardware.link.bidir_GBps=900"]
 
@@ -109,7 +111,7 @@ def test_every_result_names_its_engine() -> None:
     with pytest.raises(ValueError, match="engine must be one of simpy, fast"):
         simulate(sc, engine="replay")
     # sosim run --format json names it beside the other provenance columns.
-    from sosim.output import provenance_fields
+    from sosim.formats.output import provenance_fields
 
     assert provenance_fields(sc, "simpy")["engine"] == "simpy"
 

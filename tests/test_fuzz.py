@@ -38,10 +38,10 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 from sosim import load_scenario, simulate
+from sosim.answers.sweep import ERROR_COLUMN, load_sweep, point_id, sweep
 from sosim.cli import main
-from sosim.errors import ConfigError, SosimError
-from sosim.output import non_finite_metrics
-from sosim.sweep import ERROR_COLUMN, load_sweep, point_id, sweep
+from sosim.formats.output import non_finite_metrics
+from sosim.inputs.errors import ConfigError, SosimError
 
 FAST_EXAMPLES = 40
 SLOW_EXAMPLES = int(os.environ.get("FUZZ_EXAMPLES", "2500"))
@@ -549,14 +549,14 @@ def _alarm(signum: int, frame: object) -> None:
 def thread_pools(monkeypatch: pytest.MonkeyPatch) -> None:
     from concurrent.futures import ThreadPoolExecutor
 
-    import sosim.workers
+    import sosim.answers.workers
 
     class ThreadPool(ThreadPoolExecutor):
         def __init__(self, workers: int) -> None:
             super().__init__(max_workers=min(2, max(1, workers)))
 
-    monkeypatch.setattr(sosim.workers, "WorkerPool", ThreadPool)
-    monkeypatch.setattr(sosim.workers, "start_pool", ThreadPool)
+    monkeypatch.setattr(sosim.answers.workers, "WorkerPool", ThreadPool)
+    monkeypatch.setattr(sosim.answers.workers, "start_pool", ThreadPool)
 
 
 def _cli_case(args: list[str], capsys: pytest.CaptureFixture[str]) -> None:

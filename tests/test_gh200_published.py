@@ -5,14 +5,15 @@ from __future__ import annotations
 
 import pytest
 
-from sosim import costs as c
-from sosim import grace_host, load_profile, load_scenario, simulate
-from sosim.bands import TRANSFERRED_SPREADS, has_transferred_costs, simulate_band
-from sosim.published import table_origin
-from sosim.result import BREAKDOWN_KEYS
-from sosim.simulate import make_cost_model
-from sosim.table_costs import load_tables
-from sosim.units import GB
+from sosim import load_profile, load_scenario, simulate
+from sosim.answers.bands import TRANSFERRED_SPREADS, has_transferred_costs, simulate_band
+from sosim.answers.result import BREAKDOWN_KEYS
+from sosim.answers.simulate import make_cost_model
+from sosim.costs import analytic as c
+from sosim.costs import grace_host
+from sosim.costs.published import table_origin
+from sosim.costs.table import load_tables
+from sosim.inputs.units import GB
 
 ALPS = "scenarios/alps_gh200x4_superoffload_6.7b.yaml"
 GPT8B = "scenarios/gh200_superoffload_deepspeed_8b.yaml"
@@ -124,7 +125,7 @@ def test_every_published_row_says_published_or_transferred() -> None:
 def test_alps_scenario_is_the_model_the_study_ran() -> None:
     # The LSAIE study's logs print 8,053,329,920 parameters for its "6.7B" (src/train.py: 32 x 4096, GQA 8,
     # SwiGLU 14336, vocab 131072, untied) and train.py has no activation checkpointing.
-    from sosim.model import total_params
+    from sosim.hardware.model import total_params
 
     sc = load_scenario(ALPS)
     assert total_params(sc.model) == 8_053_329_920
@@ -134,7 +135,7 @@ def test_alps_scenario_is_the_model_the_study_ran() -> None:
 def test_without_stv_the_next_forward_waits_for_the_whole_step() -> None:
     # The paper's SuperOffload without STV is ZeRO-3's synchronous step(): every CPU sub-group's Adam (and its
     # refresh) is on the critical path. With STV it overlaps backward.
-    from sosim.model import total_params
+    from sosim.hardware.model import total_params
 
     base = ["schedule.cpu_adam=grace_adam", "schedule.cast=gpu", "schedule.bucket_mb=1000",
             "schedule.gpu_optimizer_fraction=0", "schedule.weight_placement=stationary"]

@@ -15,8 +15,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from sosim import load_scenario, simulate
-from sosim.errors import ConfigError
-from sosim.loader import available_profiles
+from sosim.inputs.errors import ConfigError
+from sosim.inputs.loader import available_profiles
 
 ROOT = Path(__file__).resolve().parents[1]
 SCENARIOS = sorted((ROOT / "scenarios").glob("*.yaml"))

@@ -11,8 +11,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sosim.errors import SosimError
-from sosim.loader import load_derived, load_scenario
+from sosim.inputs.errors import SosimError
+from sosim.inputs.loader import load_derived, load_scenario
 
 ROOT = Path(__file__).resolve().parent.parent
 SHIPPED = sorted(p for p in (ROOT / "scenarios").glob("*.yaml"))

@@ -251,7 +251,7 @@ def test_control_character_names_its_line(tmp_path: Path) -> None:
 
 
 def test_user_profile_folder_shadows_the_shipped_profile_and_says_so(tmp_path: Path) -> None:
-    from sosim.resources import shipped_profiles_dir
+    from sosim.inputs.resources import shipped_profiles_dir
 
     mine = tmp_path / "profiles"
     mine.mkdir()
@@ -274,7 +274,7 @@ def test_profiles_from_the_environment(tmp_path: Path, monkeypatch: pytest.Monke
 
 def test_copied_calibrated_profile_keeps_its_table(tmp_path: Path) -> None:
     """A shipped profile copied elsewhere names its table relative to the shipped folder: still found."""
-    from sosim.resources import shipped_profiles_dir
+    from sosim.inputs.resources import shipped_profiles_dir
 
     (tmp_path / "mine.yaml").write_text((shipped_profiles_dir() / "h200-pcie-gen5-x86.yaml").read_text())
     sc = load_scenario("h200_x86_llama1.1b_zero2_measured", ["hardware=" + str(tmp_path / "mine.yaml")])

@@ -9,13 +9,13 @@ import pytest
 from helpers import SRC, TINY_PROFILE, tiny_scenario
 
 from sosim import load_scenario, simulate
-from sosim.collectives import analytic_s, collective_s, inter_node_bytes
-from sosim.contention import expand_ranks, node_plan, ranks_share_host
-from sosim.errors import ConfigError
-from sosim.loader import load_profile
-from sosim.machine import Machine, SharedId
-from sosim.plan import GPU, H2D, NET, Phase, Plan
-from sosim.units import MIB
+from sosim.costs.collectives import analytic_s, collective_s, inter_node_bytes
+from sosim.engine.contention import expand_ranks, node_plan, ranks_share_host
+from sosim.engine.plan import GPU, H2D, NET, Phase, Plan
+from sosim.hardware.machine import Machine, SharedId
+from sosim.inputs.errors import ConfigError
+from sosim.inputs.loader import load_profile
+from sosim.inputs.units import MIB
 
 NODE_PROFILES = ["h200x2-pcie-gen5-x86", "gh200x4-alps", "gh200-480gb", "hgx-h100x8-x86"]
 SCENARIO = "scenarios/gh200_zero3_offload_4b.yaml"
@@ -191,8 +191,8 @@ def test_shared_uplink_costs_time_and_is_attributed() -> None:
 def test_node_plan_simulates_one_rank_when_ranks_share_nothing() -> None:
     sc = load_scenario(SCENARIO, ["hardware=gh200x4-alps", "cluster.gpus=8", "model.layers=4"])
     m = Machine.from_scenario(sc)
+    from sosim.answers.simulate import make_cost_model
     from sosim.schedules import SCHEDULES
-    from sosim.simulate import make_cost_model
 
     plan = SCHEDULES[sc.schedule.system].build_plan(sc, make_cost_model(sc))
     node, _, ranks = node_plan(sc, m, plan)
@@ -203,7 +203,7 @@ def test_nvme_throughput_follows_littles_law() -> None:
     """HGX volume: 8 drives, 48 GB/s read, 100 us per I/O. A 1 MiB block on one drive (6 GB/s) takes
     100 us + 174.8 us; 8 in flight move 8 MiB per 274.8 us = 30.5 GB/s, below the volume's 48: DeepSpeed's
     default queue depth leaves drives idle. Depth 32 saturates the volume."""
-    from sosim.machine import nvme_s, nvme_throughput_Bps
+    from sosim.hardware.machine import nvme_s, nvme_throughput_Bps
 
     m = _machine("hgx-h100x8-x86", "cluster.gpus=8")
     block = 1 << 20

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from sosim import model as tm
-from sosim.config import ModelSpec, TrainingSpec
+from sosim.hardware import model as tm
+from sosim.inputs.config import ModelSpec, TrainingSpec
 
 
 def test_gpt2_small_parameter_count() -> None:

@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 
 from sosim import load_scenario, simulate
-from sosim.model import layer_params, total_params
-from sosim.plan import ResourceKind
-from sosim.result import Result
+from sosim.answers.result import Result
+from sosim.engine.plan import ResourceKind
+from sosim.hardware.model import layer_params, total_params
 
 ROOT = Path(__file__).resolve().parent.parent
 NVME = ROOT / "scenarios" / "hgx_zero_infinity_nvme_13b.yaml"
@@ -35,7 +35,7 @@ def test_bytes_per_step_are_deepspeeds() -> None:
 
 
 def test_nvme_time_is_in_the_breakdown_and_the_trace(tmp_path: Path) -> None:
-    from sosim.trace import write_trace
+    from sosim.formats.trace import write_trace
 
     r = simulate(load_scenario(NVME, SMALL))
     assert r.metrics["exposed_nvme_s"] > 0
@@ -71,7 +71,7 @@ def test_state_that_does_not_fit_the_volume_is_infeasible() -> None:
 
 
 def test_nvme_system_on_a_profile_without_nvme_is_a_clear_error() -> None:
-    from sosim.errors import ConfigError
+    from sosim.inputs.errors import ConfigError
 
     with pytest.raises(ConfigError, match=r"no 'node\.nvme' volume"):
         load_scenario(NVME, ["hardware=gh200x4-alps", "cluster.gpus=4"])

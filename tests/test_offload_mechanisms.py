@@ -9,20 +9,20 @@ from types import SimpleNamespace
 
 import pytest
 
+from sosim.answers.simulate import make_cost_model, simulate
+from sosim.answers.validate_measured import read_runs, scenario_for
 from sosim.calibrate.records import COLUMNS
-from sosim.calibration_table import CalibrationTable
-from sosim.costs import model_parameter_tensors
-from sosim.offload_mechanisms import (
+from sosim.costs.analytic import model_parameter_tensors
+from sosim.costs.calibration_table import CalibrationTable
+from sosim.costs.offload_mechanisms import (
     Z2_FLUSH_H200,
     ZINF_FETCH_H200_S_PER_TENSOR,
     fetched_tensors_per_layer,
     z2_flush_costs,
     zinf_fetch_s_per_tensor,
 )
-from sosim.simulate import make_cost_model, simulate
-from sosim.table_costs import CPU_CAST_BYTES_PER_ELEMENT, beyond_measured_threads_s
-from sosim.units import MB
-from sosim.validate_measured import read_runs, scenario_for
+from sosim.costs.table import CPU_CAST_BYTES_PER_ELEMENT, beyond_measured_threads_s
+from sosim.inputs.units import MB
 
 ROOT = Path(__file__).resolve().parents[1]
 LEASE = ROOT / "calibration" / "nvidia-h200-2026-12-01"

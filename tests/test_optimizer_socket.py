@@ -13,14 +13,14 @@ import pytest
 from helpers import SRC, tiny_scenario
 
 from sosim import load_scenario
-from sosim.config import Scenario
-from sosim.contention import node_plan, ranks_share_host
-from sosim.engine import run_plan
-from sosim.errors import ConfigError
-from sosim.machine import Machine
-from sosim.plan import CPU_OPT, H2D, Category, Phase, Plan
+from sosim.answers.simulate import make_cost_model
+from sosim.engine.contention import node_plan, ranks_share_host
+from sosim.engine.plan import CPU_OPT, H2D, Category, Phase, Plan
+from sosim.engine.simpy_engine import run_plan
+from sosim.hardware.machine import Machine
+from sosim.inputs.config import Scenario
+from sosim.inputs.errors import ConfigError
 from sosim.schedules import SCHEDULES
-from sosim.simulate import make_cost_model
 
 GB = 1e9
 F = Phase.FORWARD

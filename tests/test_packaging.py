@@ -1,4 +1,4 @@
-"""What ships: the data folders the wheel carries (setup.py), how sosim finds them (sosim/resources.py), and
+"""What ships: the data folders the wheel carries (setup.py), how sosim finds them (sosim/inputs/resources.py), and
 that shipped files cite only what a user can open.
 
 The full check (build the wheel, install it into a clean virtual environment, run shipped examples from
@@ -23,9 +23,9 @@ from pathlib import Path
 
 import pytest
 
-from sosim.loader import load_profile, read_yaml
-from sosim.resources import data_root, example_scenarios, find_example, shipped_profiles_dir
-from sosim.resources import shipped as shipped_file
+from sosim.inputs.loader import load_profile, read_yaml
+from sosim.inputs.resources import data_root, example_scenarios, find_example, shipped_profiles_dir
+from sosim.inputs.resources import shipped as shipped_file
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -78,7 +78,7 @@ def test_everything_the_shipped_files_point_at_is_shipped() -> None:
         assert shipped(ROOT / row["scenario"]), row["id"]
     for sweep in (ROOT / "scenarios/sweeps").glob("*.yaml"):
         assert shipped(sweep.parent / read_yaml(sweep).data["base"])
-    # What the notebooks read ships too: they name it through sosim.resources.shipped("scenarios/x.yaml"), which
+    # What the notebooks read ships too: they name it through sosim.inputs.resources.shipped("scenarios/x.yaml"), which
     # finds it in a checkout and in an installed sosim alike, never as "../scenarios/x.yaml" (checkout only).
     named = re.compile(r"""shipped\(["']((?:{})/[^"']+)["']\)""".format("|".join(dirs)))
     for notebook in (ROOT / "notebooks").glob("*.ipynb"):

@@ -8,9 +8,8 @@ import pytest
 from helpers import tiny_scenario
 
 from sosim import load_scenario, simulate
-from sosim import model as tm
-from sosim.engine import Contention, run_plan
-from sosim.plan import (
+from sosim.answers.result import METRIC_NAMES, METRICS, link_bytes, metric_schema
+from sosim.engine.plan import (
     D2H,
     H2D,
     Category,
@@ -19,7 +18,8 @@ from sosim.plan import (
     Resource,
     ResourceKind,
 )
-from sosim.result import METRIC_NAMES, METRICS, link_bytes, metric_schema
+from sosim.engine.simpy_engine import Contention, run_plan
+from sosim.hardware import model as tm
 from sosim.schedules.layout import tokens_per_gpu
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -109,7 +109,7 @@ def test_phases_of_a_zero_offload_step() -> None:
 
 
 def test_duplex_slowdown_only_between_directions_of_the_same_link_instance() -> None:
-    """A link's bidirectional total is a shared resource of that link only (sosim/contention.py builds one
+    """A link's bidirectional total is a shared resource of that link only (sosim/engine/contention.py builds one
     per rank's link); the engine contends it. Directions 1 GB/s each, 1 GB/s together: 'down' and 'up link
     0' share it at half speed until 'up' is done (2 s); 'down' then runs its last second alone (3 s)."""
     f = Phase.GRADIENT

@@ -12,12 +12,12 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from sosim import load_scenario
-from sosim.config import Scenario
-from sosim.errors import SosimError
-from sosim.plan import GPU, H2D, Category, Op, Phase, Plan, Template
+from sosim.answers.simulate import make_cost_model
+from sosim.engine.plan import GPU, H2D, Category, Op, Phase, Plan, Template
+from sosim.inputs.config import Scenario
+from sosim.inputs.errors import SosimError
 from sosim.schedules import SCHEDULES, driver
 from sosim.schedules.driver import Ctx, Recipe
-from sosim.simulate import make_cost_model
 
 ROOT = Path(__file__).resolve().parent.parent
 SCENARIOS = sorted((ROOT / "scenarios").glob("*.yaml"))
@@ -118,7 +118,7 @@ def test_simulate_reads_the_template_without_making_the_ops() -> None:
     (the spans), and are then the same timeline's. (On the published copy rates its link contends, and the
     event loop needs the ops: tests/test_engines.py.)"""
     from sosim import simulate
-    from sosim.engine_fast import list_times
+    from sosim.engine.fast import list_times
 
     spec_c2c = ["hardware.link.h2d_GBps=450", "hardware.link.d2h_GBps=450", "hardware.link.bidir_GBps=900"]
     result = simulate(load_scenario("gh200_superoffload_8b", ["model.layers=4", *spec_c2c]))

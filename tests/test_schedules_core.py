@@ -8,8 +8,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from sosim import load_scenario, simulate
-from sosim.costs import AnalyticCostModel
-from sosim.model import total_params
+from sosim.costs.analytic import AnalyticCostModel
+from sosim.hardware.model import total_params
 from sosim.schedules.layout import build_units, tokens_per_gpu
 
 

@@ -11,10 +11,10 @@ import pytest
 from helpers import tiny_scenario
 
 from sosim import ConfigError, load_scenario, simulate
-from sosim.costs import AnalyticCostModel
-from sosim.model import total_params
-from sosim.plan import Phase, ResourceKind
-from sosim.result import Result
+from sosim.answers.result import Result
+from sosim.costs.analytic import AnalyticCostModel
+from sosim.engine.plan import Phase, ResourceKind
+from sosim.hardware.model import total_params
 from sosim.schedules.layout import tokens_per_gpu
 from sosim.schedules.zero3_offload import Zero3OffloadKnobs
 

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from sosim.workers import kill_workers, start_pool, stop_pool, worker_pids
+from sosim.answers.workers import kill_workers, start_pool, stop_pool, worker_pids
 
 pytestmark = pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads /proc (Linux)")
 

@@ -7,9 +7,9 @@ import pytest
 from helpers import tiny_scenario
 
 from sosim import load_scenario
-from sosim.costs import AnalyticCostModel, parameter_tensors_per_layer
-from sosim.engine import run_plan
-from sosim.plan import GPU, Category, Phase, Plan
+from sosim.costs.analytic import AnalyticCostModel, parameter_tensors_per_layer
+from sosim.engine.plan import GPU, Category, Phase, Plan
+from sosim.engine.simpy_engine import run_plan
 from sosim.schedules import cpu, stage3
 from sosim.schedules.driver import Ctx, pass_op
 from sosim.schedules.layout import Tensor, Unit, make_flushes, make_layout, subgroups, tokens_per_gpu

@@ -18,9 +18,9 @@ import pytest
 import yaml
 
 from sosim import load_scenario, simulate, sweep
+from sosim.answers.sweep import expand_grid, load_sweep, point_id, run_sweep
 from sosim.cli import main
-from sosim.errors import ConfigError
-from sosim.sweep import expand_grid, load_sweep, point_id, run_sweep
+from sosim.inputs.errors import ConfigError
 
 # Refusals are checked for being quick, not timed: building what they refuse would take hours, so a
 # bound 100x above the ~0.1 s they take on a loaded 2-core machine cannot flake and still catches them.
@@ -393,7 +393,7 @@ def test_fastest_point_of_a_tie_is_the_earlier_point_whatever_the_completion_ord
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     import importlib
 
-    sweep_module = importlib.import_module("sosim.sweep")  # the package's 'sweep' attribute is the function
+    sweep_module = importlib.import_module("sosim.answers.sweep")  # the package's 'sweep' attribute is the function
     # Three points that differ only in their description: the same result, a three-way tie.
     spec = load_sweep(_write(tmp_path, f"base: {BASE}\nset:\n  model.layers: 2\ngrid:\n  description: [a, b, c]\n"))
     real = sweep_module.run_items
@@ -456,8 +456,8 @@ def test_every_shipped_sweep_has_valid_points() -> None:
     points of each (every 97th, the first and the last) as the workers would."""
     from pathlib import Path
 
-    from sosim.loader import load_scenario
-    from sosim.sweep import load_sweep
+    from sosim.answers.sweep import load_sweep
+    from sosim.inputs.loader import load_scenario
 
     for path in sorted((Path(__file__).resolve().parent.parent / "scenarios" / "sweeps").glob("*.yaml")):
         spec = load_sweep(path)

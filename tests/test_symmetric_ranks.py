@@ -1,5 +1,5 @@
 """Interchangeable ranks are simulated as rank 0 with its share of every shared resource
-(sosim.contention.symmetric_shares): the same timeline as every rank of the node simulated, up to the
+(sosim.engine.contention.symmetric_shares): the same timeline as every rank of the node simulated, up to the
 rounding of summed shares, on the shipped scenarios whose ranks share their host and on a sample of
 others; and machines whose ranks are not interchangeable are simulated rank by rank."""
 
@@ -13,10 +13,11 @@ import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from sosim import contention, load_scenario, simulate
-from sosim.config import Scenario
-from sosim.errors import SosimError
-from sosim.machine import Machine
+from sosim import load_scenario, simulate
+from sosim.engine import contention
+from sosim.hardware.machine import Machine
+from sosim.inputs.config import Scenario
+from sosim.inputs.errors import SosimError
 
 ROOT = Path(__file__).resolve().parent.parent
 SHIPPED = ["h200x2_zero3_offload_llama2.0b", "hgx_zero_infinity_nvme_13b"]

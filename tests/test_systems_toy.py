@@ -9,13 +9,13 @@ from typing import Any
 import pytest
 
 from sosim import load_scenario
-from sosim.dsconfig import RunInputs, ds_config_from_scenario, map_ds_config
-from sosim.errors import ConfigError
-from sosim.hf_model import HfModel
-from sosim.jsonio import parse_json
+from sosim.answers.tune import TuneOptions, tune
+from sosim.answers.tune_space import search_space
+from sosim.formats.dsconfig import RunInputs, ds_config_from_scenario, map_ds_config
+from sosim.formats.hf_model import HfModel
+from sosim.formats.jsonio import parse_json
+from sosim.inputs.errors import ConfigError
 from sosim.schedules import registry
-from sosim.tune import TuneOptions, tune
-from sosim.tune_space import search_space
 from tests import toy_system
 from tests.helpers import tiny_scenario
 
@@ -73,8 +73,9 @@ def test_the_tuner_searches_the_toys_knobs(toy: None) -> None:
 
 # ----------------------------------------------------------------- the shipped systems carry theirs, too
 
-SYSTEM_FREE = ["sosim/dsconfig/read.py", "sosim/dsconfig/read_training.py", "sosim/dsconfig/mapper.py",
-               "sosim/dsconfig/emit.py", "sosim/dsconfig/cli.py", "sosim/dsconfig/schema.py", "sosim/tune_space.py"]
+SYSTEM_FREE = ["sosim/formats/dsconfig/read.py", "sosim/formats/dsconfig/read_training.py",
+               "sosim/formats/dsconfig/mapper.py", "sosim/formats/dsconfig/emit.py", "sosim/formats/dsconfig/cli.py",
+               "sosim/formats/dsconfig/schema.py", "sosim/answers/tune_space.py"]
 
 
 def test_dsconfig_and_the_tune_space_name_no_system() -> None:

@@ -1,4 +1,4 @@
-"""The training stack as a scenario input (sosim/training_stack.py): Hugging Face FlashAttention-2 on padded
+"""The training stack as a scenario input (sosim/costs/training_stack.py): Hugging Face FlashAttention-2 on padded
 batches runs attention over the real tokens only; nothing else changes."""
 
 from __future__ import annotations
@@ -7,10 +7,10 @@ import pytest
 from helpers import tiny_scenario
 
 from sosim import load_scenario
-from sosim.costs import AnalyticCostModel
-from sosim.errors import ConfigError
+from sosim.costs.analytic import AnalyticCostModel
+from sosim.costs.training_stack import attention_work_fraction, uses_timed_layers
+from sosim.inputs.errors import ConfigError
 from sosim.schedules.layout import tokens_per_gpu
-from sosim.training_stack import attention_work_fraction, uses_timed_layers
 
 
 def _costs(**training: object) -> AnalyticCostModel:

@@ -13,14 +13,15 @@ from typing import Any
 
 import pytest
 
-from sosim import dsconfig, load_scenario, simulate
+from sosim import load_scenario, simulate
+from sosim.answers.tune import SCORE_DIGITS, TuneOptions, Tuner, memory_check, tune
+from sosim.answers.tune_report import bottleneck, format_text, to_json, why_loses
+from sosim.answers.tune_space import Knob, refine_values, search_space
 from sosim.cli import main
-from sosim.hf_model import HfModel
-from sosim.jsonio import read_json
+from sosim.formats import dsconfig
+from sosim.formats.hf_model import HfModel
+from sosim.formats.jsonio import read_json
 from sosim.schedules import registry
-from sosim.tune import SCORE_DIGITS, TuneOptions, Tuner, memory_check, tune
-from sosim.tune_report import bottleneck, format_text, to_json, why_loses
-from sosim.tune_space import Knob, refine_values, search_space
 from tests.helpers import SRC, tiny_scenario
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -154,7 +155,7 @@ def test_memory_check_is_the_simulations_verdict_without_simulating(monkeypatch:
 
     import sys
 
-    monkeypatch.setattr(sys.modules["sosim.simulate"], "simulate", boom)
+    monkeypatch.setattr(sys.modules["sosim.answers.simulate"], "simulate", boom)
     gpu, cpu, fits, _, klass = memory_check(sc)
     assert fits == expected["feasible"]
     assert gpu == pytest.approx(expected["gpu_mem_peak_gib"])
@@ -217,7 +218,7 @@ def test_a_global_batch_no_split_can_make_is_a_clear_error() -> None:
     # 3 sequences over 4 GPUs: data parallel 4 or 2 does not divide 3, and an odd sequence rules out
     # sequence parallel 2 and 4.
     data = _with_interconnect(_tiny(micro_batch=2, seq_len=511))
-    from sosim.errors import ConfigError
+    from sosim.inputs.errors import ConfigError
 
     with pytest.raises(ConfigError, match="global batch 3"):
         tune(data, TuneOptions(gpus=4, global_batch=3))
@@ -300,7 +301,7 @@ def test_ctrl_c_keeps_the_best_so_far() -> None:
 
 def test_cli_ctrl_c_prints_best_so_far_and_exits_130(monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
                                                      capsys: pytest.CaptureFixture[str]) -> None:
-    import sosim.tune_eval as tune_module
+    import sosim.answers.tune_eval as tune_module
 
     real = tune_module.simulate_metrics
     count = [0]
@@ -411,7 +412,7 @@ def test_bottleneck_and_runner_up_in_words() -> None:
                              "(GPU compute 58%)")
     compute = {**m, "exposed_cpu_optimizer_s": 0.0, "exposed_d2h_s": 0.0, "gpu_compute_s": 1.2}
     assert bottleneck(compute).startswith("compute-bound: GPU compute 1.2 s of 1.2 s (100%)")
-    from sosim.tune import Evaluation
+    from sosim.answers.tune import Evaluation
 
     fast = Evaluation("superoffload", {"schedule.gpu_optimizer_fraction": 0.1}, "a",
                       metrics={**compute, "tokens_per_s": 1000.0}, score=1000.0)

@@ -13,9 +13,10 @@ from typing import Any
 import pandas as pd
 import pytest
 
-from sosim import dsconfig, load_scenario, simulate
-from sosim.hf_model import HfModel
-from sosim.jsonio import read_json
+from sosim import load_scenario, simulate
+from sosim.formats import dsconfig
+from sosim.formats.hf_model import HfModel
+from sosim.formats.jsonio import read_json
 
 ROOT = Path(__file__).resolve().parent.parent
 MEASURED = ROOT / "scenarios" / "deepspeed" / "measured"

@@ -1,4 +1,4 @@
-"""The tuner's reuse key (sosim/tune_key.py): a search that reuses results by simulation key answers exactly as
+"""The tuner's reuse key (sosim/answers/tune_key.py): a search that reuses results by simulation key answers exactly as
 the same search simulating every candidate; the key is the resolved inputs (defaults resolved, types and
 float bits kept); the one input it replaces (the launcher's core binding) is read by nothing but the machine."""
 
@@ -14,10 +14,10 @@ from typing import Any
 import pytest
 
 from sosim import load_scenario, simulate
-from sosim.loader import load_derived
-from sosim.tune import PARALLEL_MIN_BATCH, TuneOptions, Tuner, TuneResult, memory_check
-from sosim.tune_key import RESOLVED_BY_MACHINE, Reuse, simulation_key
-from sosim.tune_report import format_text, to_json
+from sosim.answers.tune import PARALLEL_MIN_BATCH, TuneOptions, Tuner, TuneResult, memory_check
+from sosim.answers.tune_key import RESOLVED_BY_MACHINE, Reuse, simulation_key
+from sosim.answers.tune_report import format_text, to_json
+from sosim.inputs.loader import load_derived
 from tests.helpers import SRC, tiny_scenario
 
 SOSIM = Path(__file__).resolve().parents[1] / "sosim"
@@ -142,7 +142,7 @@ def test_key_is_the_resolved_inputs() -> None:
 
 
 def test_key_tells_types_and_zero_signs_apart() -> None:
-    from sosim.tune_key import freeze
+    from sosim.answers.tune_key import freeze
 
     assert freeze(0.0) != freeze(-0.0)
     assert len({freeze(1), freeze(1.0), freeze(True)}) == 3
@@ -169,7 +169,7 @@ def test_launcher_flag_is_read_only_by_the_machine() -> None:
             readers = sorted(str(p.relative_to(SOSIM)) for p in SOSIM.rglob("*.py")
                              if re.search(rf"\.{name}\b", p.read_text())
                              and not p.name.startswith("tune") and p.parent.name != "dsconfig")
-            assert readers == ["machine.py"], (section, name, readers)
+            assert readers == ["hardware/machine.py"], (section, name, readers)
 
 
 def test_other_hardware_is_not_eligible() -> None:
@@ -183,7 +183,7 @@ def test_other_hardware_is_not_eligible() -> None:
 
 
 def test_section_keys_tell_types_and_zero_signs_apart() -> None:
-    from sosim.tune_eval import section_keys
+    from sosim.answers.tune_eval import section_keys
 
     a = section_keys("zero_offload", {"schedule.bucket_mb": 0.0, "training.micro_batch": 1})
     b = section_keys("zero_offload", {"schedule.bucket_mb": -0.0, "training.micro_batch": True})
@@ -199,7 +199,7 @@ def test_section_keys_tell_types_and_zero_signs_apart() -> None:
 def test_load_derived_checked_sections_are_kept_and_the_others_still_scanned() -> None:
     import math
 
-    from sosim.errors import ConfigError
+    from sosim.inputs.errors import ConfigError
 
     base = load_scenario(_base())
     sc = load_derived(base, {"training": base.training, "cluster": {"gpus": 2}}, checked=["training"])

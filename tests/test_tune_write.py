@@ -12,10 +12,10 @@ from typing import Any
 import pytest
 
 from sosim import load_scenario, simulate
+from sosim.answers.tune import TuneOptions, tune
+from sosim.answers.tune_write import outside_changes, read_back
 from sosim.cli import main
-from sosim.dsconfig import ds_config_from_scenario
-from sosim.tune import TuneOptions, tune
-from sosim.tune_write import outside_changes, read_back
+from sosim.formats.dsconfig import ds_config_from_scenario
 
 ROOT = Path(__file__).resolve().parent.parent
 SHIPPED = sorted((ROOT / "scenarios").glob("*.yaml"))

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from sosim.ablation import STEPS, run_ablation
+from sosim.answers.ablation import STEPS, run_ablation
+from sosim.answers.validate import run_validation
 from sosim.cli import main
-from sosim.validate import run_validation
 
 ROOT = Path(__file__).resolve().parent.parent
 SCEN = ROOT / "scenarios" / "gh200_superoffload_8b.yaml"

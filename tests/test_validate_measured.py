@@ -10,11 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from sosim import model as tm
-from sosim.cli import main
-from sosim.errors import ConfigError
-from sosim.plan import CPU_OPT, D2H, GPU, H2D, Category, Phase, Plan
-from sosim.validate_measured import (
+from sosim.answers.validate_measured import (
     BACKWARD,
     FORWARD,
     STEP,
@@ -32,6 +28,10 @@ from sosim.validate_measured import (
     validate_measured,
     with_barriers,
 )
+from sosim.cli import main
+from sosim.engine.plan import CPU_OPT, D2H, GPU, H2D, Category, Phase, Plan
+from sosim.hardware import model as tm
+from sosim.inputs.errors import ConfigError
 
 ROOT = Path(__file__).resolve().parents[1]
 RUNS_1129 = ROOT / "calibration" / "nvidia-h200-2026-11-29"
@@ -288,7 +288,7 @@ def test_cli_validate_without_shipped_runs_is_an_error(tmp_path: Path, monkeypat
                                                       capsys: pytest.CaptureFixture[str]) -> None:
     """Where the shipped calibration folders are not found (the installed-wheel bug of issue 15), validate
     says so and exits 2 instead of checking 0 measured runs."""
-    from sosim import validate_measured as vm
+    from sosim.answers import validate_measured as vm
 
     empty = tmp_path / "calibration"
     empty.mkdir()
@@ -300,8 +300,8 @@ def test_cli_validate_without_shipped_runs_is_an_error(tmp_path: Path, monkeypat
 
 
 def test_shipped_runs_are_found_from_the_data_root() -> None:
-    from sosim import validate_measured as vm
-    from sosim.resources import data_root
+    from sosim.answers import validate_measured as vm
+    from sosim.inputs.resources import data_root
 
     assert data_root() / "calibration" == vm.CALIBRATION_DIR
     folders = vm.find_run_folders()
@@ -348,7 +348,7 @@ def test_runs_of_2026_11_30_with_timers_and_sessions() -> None:
 def test_timer_counterparts_use_the_time_an_op_really_ran() -> None:
     """Ranks sharing a host stretch their CPU ops: a timer around an op measures its run time (end - start),
     not its uncontended duration."""
-    from sosim.validate_measured import PhasedView
+    from sosim.answers.validate_measured import PhasedView
 
     plan = Plan()
     plan.add(CPU_OPT, "adam", 1.0, phase=Phase.OPTIMIZER, category=Category.OPTIMIZER)

@@ -14,7 +14,7 @@ from typing import Any, Literal
 
 from pydantic import Field
 
-from sosim.config import Scenario
+from sosim.inputs.config import Scenario
 from sosim.schedules import offload_ds, zero3_offload
 from sosim.schedules.system_api import PARAM, DeepSpeedForm, DsReader, Emitted, ZeroView
 from sosim.schedules.tuning import SUB_GROUP, Knob

@@ -3,7 +3,7 @@ measured with the profile ``NAME`` (the user's own validation of a calibration).
 
 The steps run through ``scripts/ds_run_all.py`` (one process per job, a checkout is needed: the step script is
 not part of the installed package) into ``DIR/NAME.calibration/check/``; the predictions use the simulator's
-measured-run replay (:mod:`sosim.validate_measured`: same DeepSpeed config, same shape, the harness's barriers).
+measured-run replay (:mod:`sosim.answers.validate_measured`: same DeepSpeed config, same shape, the harness's barriers).
 The simulator part imports no torch; the DeepSpeed part runs in child processes.
 """
 
@@ -42,7 +42,7 @@ def run_jobs(jobs: list[str], out: Path, deadline_s: float) -> int:
 
 def format_check(check_dir: Path, profile: str, bands: int = 40) -> str:
     """Predicted vs measured for every run in ``check_dir`` with ``profile`` (plus its p10-p90 band)."""
-    from sosim.validate_measured import predict, read_runs
+    from sosim.answers.validate_measured import predict, read_runs
 
     runs, skipped = read_runs(check_dir)
     lines = [f"sosim calibrate --check: {len(runs)} DeepSpeed runs on this machine, predicted with profile {profile}",

@@ -137,11 +137,11 @@ def main(argv: list[str] | None = None) -> int:
     return _run(torch, args.out, args.quick, sections, args.append)
 
 
-PROFILES_ENV = "SOSIM_PROFILES"  # the same variable sosim.loader reads (tests/test_calibrate_profile.py)
+PROFILES_ENV = "SOSIM_PROFILES"  # the same variable sosim.inputs.loader reads (tests/test_calibrate_profile.py)
 
 
 def default_profiles_folder() -> Path:
-    """``$XDG_CONFIG_HOME/sosim/profiles`` or ``~/.config/sosim/profiles`` (sosim.loader searches it too)."""
+    """``$XDG_CONFIG_HOME/sosim/profiles`` or ``~/.config/sosim/profiles`` (sosim.inputs.loader searches it too)."""
     import os
 
     base = os.environ.get("XDG_CONFIG_HOME") or str(Path.home() / ".config")

@@ -25,7 +25,7 @@ _DONE = "__done__"
 
 def die_with_parent() -> None:
     """Linux: have the kernel SIGKILL this process when its parent dies (a killed ``sosim calibrate`` must not
-    leave a child measuring on the GPU). Elsewhere a no-op. Inlined, not sosim.workers: this folder runs
+    leave a child measuring on the GPU). Elsewhere a no-op. Inlined, not sosim.answers.workers: this folder runs
     standalone on GPU machines without the simulator."""
     if not sys.platform.startswith("linux"):
         return

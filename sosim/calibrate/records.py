@@ -7,7 +7,7 @@ import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
 
-# The exact column order of measurements.csv; sosim.calibration_table reads these names.
+# The exact column order of measurements.csv; sosim.costs.calibration_table reads these names.
 # Why "n_samples" and not "n" for the repeat count: "n" is already the GEMM's output width, and a CSV
 # with two columns named "n" loses one of them in csv.DictReader and becomes "n.1" in pandas.
 COLUMNS: tuple[str, ...] = (

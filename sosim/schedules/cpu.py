@@ -26,10 +26,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from sosim.plan import CPU_MAIN, CPU_OPT, Resource
+from sosim.engine.plan import CPU_MAIN, CPU_OPT, Resource
 
 if TYPE_CHECKING:
-    from sosim.config import AdamImpl
+    from sosim.inputs.config import AdamImpl
 
 
 @dataclass(frozen=True)

@@ -13,8 +13,8 @@ A system is a :class:`Recipe`: a layout (what is moved and updated as one piece)
 * ``activations``: activation checkpoints kept in host memory (weight-flow), or on the GPU.
 
 The driver builds one iteration (its micro-batches: forward over the units, backward in reverse calling the
-gradient path after each unit, then the step) as a :class:`~sosim.plan.Template` whose ties to earlier
-iterations are typed carry slots, and repeats it (:meth:`~sosim.plan.Plan.repeat`): a unit's first forward
+gradient path after each unit, then the step) as a :class:`~sosim.engine.plan.Template` whose ties to earlier
+iterations are typed carry slots, and repeats it (:meth:`~sosim.engine.plan.Plan.repeat`): a unit's first forward
 waits for the groups holding its parameters (``staleness`` iterations back: 1, or 2 with delayed parameter
 update), GPU work for the host thread's last blocking call and the compute stream's queue. Blocks keep no
 other state from one iteration to the next (docs/engines.md).
@@ -26,12 +26,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol, cast
 
-from sosim.machine import zero_group
-from sosim.plan import COMPUTE, GPU, NET, SYNC, Category, Op, Phase, Plan, Resource, Template
+from sosim.engine.plan import COMPUTE, GPU, NET, SYNC, Category, Op, Phase, Plan, Resource, Template
+from sosim.hardware.machine import zero_group
 
 if TYPE_CHECKING:
-    from sosim.config import Scenario
-    from sosim.costs import CostModel
+    from sosim.costs.analytic import CostModel
+    from sosim.inputs.config import Scenario
     from sosim.schedules.cpu import CpuPlan
     from sosim.schedules.layout import Group, Layout, Unit
 
@@ -227,7 +227,7 @@ def pass_op(ctx: Ctx, u: Unit, phase: Phase, deps: Sequence[int]) -> int:
 
 
 # --- one iteration as a template, repeated ---------------------------------------------------------------------
-# What flows from one iteration into the next (the typed carries of sosim.plan.Template): the training process's
+# What flows from one iteration into the next (the typed carries of sosim.engine.plan.Template): the training process's
 # last blocking call (GPU work issued later waits for it), the work queued on the compute stream before the next
 # compute op, and what each optimizer group's next use waits for (its update and refresh, ``staleness``
 # iterations back). Each is a negative op id, a slot, while the template is built; everything else a block
@@ -248,7 +248,7 @@ def build(ctx: Ctx, r: Recipe) -> Plan:
 
 
 def build_template(ctx: Ctx, r: Recipe) -> Template:
-    """One iteration, built on slots where earlier iterations' ops would be (see :class:`sosim.plan.Template`)."""
+    """One iteration, built on slots where earlier iterations' ops would be (:class:`sosim.engine.plan.Template`)."""
     groups = sorted({g for gs in r.layout.unit_groups.values() for g in gs})
     ctx.host_issue, ctx.compute_gate = HOST_SLOT, [GATE_SLOT]
     ready = run_iteration(ctx, r, {g: [group_slot(g)] for g in groups})

@@ -9,20 +9,20 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Literal
 
-from sosim import model as tm
-from sosim.config import PosFloat, ScheduleKnobs
-from sosim.machine import rank_threads
-from sosim.memory import MemoryUsage
-from sosim.plan import NET, Category, Phase, Plan
+from sosim.engine.plan import NET, Category, Phase, Plan
+from sosim.hardware import model as tm
+from sosim.hardware.machine import rank_threads
+from sosim.hardware.memory import MemoryUsage
+from sosim.inputs.config import PosFloat, ScheduleKnobs
+from sosim.inputs.units import BF16_BYTES
 from sosim.schedules import cpu, layout
 from sosim.schedules.driver import Ctx, DoneCallback, Recipe, plan_for
 from sosim.schedules.layout import Group, Unit
 from sosim.schedules.weights import Replicated
-from sosim.units import BF16_BYTES
 
 if TYPE_CHECKING:
-    from sosim.config import Scenario
-    from sosim.costs import CostModel
+    from sosim.costs.analytic import CostModel
+    from sosim.inputs.config import Scenario
 
 # PyTorch DDP's default bucket_cap_mb.
 DDP_BUCKET_MB = 25.0

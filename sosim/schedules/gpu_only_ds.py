@@ -18,7 +18,7 @@ from sosim.schedules.system_api import DELETE, OPT, PARAM, ZERO, DeepSpeedForm, 
 from sosim.schedules.tuning import Knob, fmt_float
 
 if TYPE_CHECKING:
-    from sosim.config import Scenario
+    from sosim.inputs.config import Scenario
 
 GPU_ONLY_STAGES = (0, 1, 2)
 

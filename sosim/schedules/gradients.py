@@ -9,11 +9,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from sosim.offload_mechanisms import Z2FlushCosts
-from sosim.plan import D2H, GPU_CAST, H2D, NET, Category, Phase
+from sosim.costs.offload_mechanisms import Z2FlushCosts
+from sosim.engine.plan import D2H, GPU_CAST, H2D, NET, Category, Phase
+from sosim.inputs.units import BF16_BYTES, FP32_BYTES
 from sosim.schedules.driver import Ctx, DoneCallback, Stream
 from sosim.schedules.layout import Flush, Unit
-from sosim.units import BF16_BYTES, FP32_BYTES
 
 G = Phase.GRADIENT
 CAST, TRANSFER = Category.CAST, Category.TRANSFER
@@ -116,7 +116,7 @@ class Stage2Gradients(_PerFlush):
     # the backward instead of beside it.
     host_waits_for_copies: bool = False
     # Measured per-parameter costs of ``copy_grads_in_partition`` beyond the cast and the copy (the fp32 norm and
-    # the overflow kernels per element, the host's wait per tensor: sosim/offload_mechanisms.py); None: not
+    # the overflow kernels per element, the host's wait per tensor: sosim/costs/offload_mechanisms.py); None: not
     # modelled (the host's wait then takes no time of its own).
     flush_costs: Z2FlushCosts | None = None
 

@@ -22,12 +22,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Literal, NamedTuple
 
-from sosim import model as tm
-from sosim.units import BF16_BYTES, MB
+from sosim.hardware import model as tm
+from sosim.inputs.units import BF16_BYTES, MB
 
 if TYPE_CHECKING:
-    from sosim.config import ModelSpec, Scenario
-    from sosim.costs import CostModel
+    from sosim.costs.analytic import CostModel
+    from sosim.inputs.config import ModelSpec, Scenario
 
 FlushRule = Literal["fill", "overflow"]
 
@@ -197,7 +197,7 @@ def layer_tensor_sizes(m: ModelSpec) -> list[int]:
 
     GPT (Megatron/GPT-2): LayerNorm scale+bias, fused QKV weight+bias, output weight+bias, LayerNorm,
     MLP up weight+bias, down weight+bias. Llama (Hugging Face): RMSNorm, q, k, v, o, RMSNorm, gate, up, down.
-    The sizes add up to :func:`sosim.model.layer_params`.
+    The sizes add up to :func:`sosim.hardware.model.layer_params`.
     """
     h, f = m.hidden, m.ffn_dim
     kv = m.n_kv_heads * (h // m.heads)

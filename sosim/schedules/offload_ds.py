@@ -4,7 +4,7 @@ The offload systems (zero_offload, zero3_offload, zero_infinity, superoffload, z
 most of their DeepSpeed keys: ``offload_optimizer.pin_memory``, ``overlap_comm``, ``reduce_bucket_size``,
 the CPU optimizer, ``sub_group_size`` and ``stage3_prefetch_bucket_size``. Each step below reads (or writes)
 one of them; a system's own module (``<system>_ds.py``) composes the steps it uses, in this order, and adds
-its own keys. What each key does was read in DeepSpeed 0.19's sources (see sosim/dsconfig/__init__.py).
+its own keys. What each key does was read in DeepSpeed 0.19's sources (see sosim/formats/dsconfig/__init__.py).
 
 A read step returns False when it recorded an error (the caller stops, as the reader collects every problem
 and raises them at once).
@@ -16,13 +16,13 @@ import math
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from sosim import model as tm
-from sosim.config import ModelSpec
-from sosim.dsconfig.schema import _ADAM_TYPES, _OFFLOAD_NVME_ONLY, BF16_BYTES_PER_ELEMENT, DS_DEFAULTS
+from sosim.formats.dsconfig.schema import _ADAM_TYPES, _OFFLOAD_NVME_ONLY, BF16_BYTES_PER_ELEMENT, DS_DEFAULTS
+from sosim.hardware import model as tm
+from sosim.inputs.config import ModelSpec
 from sosim.schedules.system_api import DELETE, OPT, PARAM, ZERO, DsReader, Emitted, ZeroView
 
 if TYPE_CHECKING:
-    from sosim.config import Scenario
+    from sosim.inputs.config import Scenario
 
 STAGE3_BUCKET_NOTE = "kept for the 'ideal' variant; sosim's stage-3 DeepSpeed paths move gradients per sub-group"
 

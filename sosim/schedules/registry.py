@@ -5,8 +5,8 @@ A system is everything sosim knows about it, carried in its :class:`System` entr
 optionally ``choices(scenario) -> dict[str, str]`` (what it decided, for the result's provenance) and
 ``PRESETS`` (implementation -> recipe), its DeepSpeed form (``DEEPSPEED``: how it reads from and writes to a
 DeepSpeed config, sosim/schedules/system_api.py; None for a system DeepSpeed cannot run) and its tuning space
-(``TUNE_SPACE``: the knobs ``sosim tune`` moves). sosim.dsconfig and sosim.tune_space ask this registry; they
-name no system.
+(``TUNE_SPACE``: the knobs ``sosim tune`` moves). sosim.formats.dsconfig and sosim.answers.tune_space ask this
+registry; they name no system.
 
 The shipped systems keep their DeepSpeed form and tuning space in a sibling module ``<system>_ds.py`` (the
 plan modules are long enough); a new system may keep all of it in one module (docs/systems.md).
@@ -39,10 +39,10 @@ from sosim.schedules import (
 )
 
 if TYPE_CHECKING:
-    from sosim.config import Scenario, ScheduleKnobs
-    from sosim.costs import CostModel
-    from sosim.memory import MemoryUsage
-    from sosim.plan import Plan
+    from sosim.costs.analytic import CostModel
+    from sosim.engine.plan import Plan
+    from sosim.hardware.memory import MemoryUsage
+    from sosim.inputs.config import Scenario, ScheduleKnobs
     from sosim.schedules.system_api import DeepSpeedForm
     from sosim.schedules.tuning import Knob
 
@@ -98,7 +98,7 @@ def _adapter(knobs: tuple[type[ScheduleKnobs], ...]) -> TypeAdapter[Any]:
 
 def validate_knobs(value: object) -> ScheduleKnobs:
     """The knobs model of the system ``value`` names (errors carry the key path, as pydantic's do)."""
-    from sosim.config import ScheduleKnobs
+    from sosim.inputs.config import ScheduleKnobs
 
     if isinstance(value, ScheduleKnobs) and type(value) is not ScheduleKnobs:
         return value

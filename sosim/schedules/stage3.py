@@ -7,17 +7,17 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from sosim import model as tm
-from sosim.costs import parameter_tensors_per_layer
-from sosim.machine import zero_group
-from sosim.memory import MemoryUsage
-from sosim.plan import Category, Phase
+from sosim.costs.analytic import parameter_tensors_per_layer
+from sosim.engine.plan import Category, Phase
+from sosim.hardware import model as tm
+from sosim.hardware.machine import zero_group
+from sosim.hardware.memory import MemoryUsage
+from sosim.inputs.units import BF16_BYTES, FP32_BYTES
 from sosim.schedules import layout
-from sosim.units import BF16_BYTES, FP32_BYTES
 
 if TYPE_CHECKING:
-    from sosim.config import Scenario
-    from sosim.costs import CostModel
+    from sosim.costs.analytic import CostModel
+    from sosim.inputs.config import Scenario
     from sosim.schedules.driver import Ctx
     from sosim.schedules.layout import Unit
 

@@ -10,10 +10,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from sosim.plan import H2D, NET, Category, Phase, Resource, ResourceKind
+from sosim.engine.plan import H2D, NET, Category, Phase, Resource, ResourceKind
+from sosim.inputs.units import BF16_BYTES, FP32_BYTES
 from sosim.schedules.driver import Ctx
 from sosim.schedules.layout import Group
-from sosim.units import BF16_BYTES, FP32_BYTES
 
 OPT, R = Phase.OPTIMIZER, Phase.REFRESH
 CAST, OPTIMIZER, TRANSFER = Category.CAST, Category.OPTIMIZER, Category.TRANSFER

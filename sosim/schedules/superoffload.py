@@ -23,21 +23,21 @@ from typing import TYPE_CHECKING, ClassVar, Literal
 
 from pydantic import BaseModel, model_validator
 
-from sosim import model as tm
-from sosim.config import AdamImpl, Fraction, OffloadKnobs, PosFloat, UnitInterval
-from sosim.machine import rank_threads
-from sosim.memory import MemoryUsage, check_fit
-from sosim.plan import Plan
+from sosim.engine.plan import Plan
+from sosim.hardware import model as tm
+from sosim.hardware.machine import rank_threads
+from sosim.hardware.memory import MemoryUsage, check_fit
+from sosim.inputs.config import AdamImpl, Fraction, OffloadKnobs, PosFloat, UnitInterval
+from sosim.inputs.units import BF16_BYTES, FP32_BYTES
 from sosim.schedules import cpu, layout, stage3
 from sosim.schedules.driver import ActivationsOnGpu, Recipe, plan_for
 from sosim.schedules.gradients import HostGradients, Stage3Gradients
 from sosim.schedules.steps import AfterBackward, BlockingCopy, CastAndCopy, HostCopyOnly, Speculative, Stage3Step
 from sosim.schedules.weights import CheckpointsOnHost, HostStreamed, Partitioned
-from sosim.units import BF16_BYTES, FP32_BYTES
 
 if TYPE_CHECKING:
-    from sosim.config import Scenario
-    from sosim.costs import CostModel
+    from sosim.costs.analytic import CostModel
+    from sosim.inputs.config import Scenario
 
 
 class _Defaults(BaseModel):

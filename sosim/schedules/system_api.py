@@ -1,4 +1,4 @@
-"""The contract between a system and the DeepSpeed config reader / writer (sosim.dsconfig).
+"""The contract between a system and the DeepSpeed config reader / writer (sosim.formats.dsconfig).
 
 A system says, through a :class:`DeepSpeedForm` in its registry entry (sosim/schedules/registry.py):
 
@@ -10,7 +10,7 @@ A system says, through a :class:`DeepSpeedForm` in its registry entry (sosim/sch
 * ``emit(sc, base, out)``: the DeepSpeed keys the system decides for scenario ``sc`` into ``out`` (an
   :class:`Emitted`: key path -> value or :data:`DELETE`, and what the config cannot express).
 
-This module imports nothing from sosim.dsconfig or sosim.loader, so that system modules can be loaded by
+This module imports nothing from sosim.formats.dsconfig or sosim.inputs.loader, so that system modules can be loaded by
 the registry without an import circle; the reader's type is a Protocol that ``dsconfig.mapper._Mapper`` meets.
 """
 
@@ -21,9 +21,9 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
-    from sosim.config import Scenario
+    from sosim.inputs.config import Scenario
 
-KeyPath = tuple[str | int, ...]  # as sosim.loader.KeyPath (list indices are ints)
+KeyPath = tuple[str | int, ...]  # as sosim.inputs.loader.KeyPath (list indices are ints)
 ZERO: KeyPath = ("zero_optimization",)
 OPT: KeyPath = (*ZERO, "offload_optimizer")
 PARAM: KeyPath = (*ZERO, "offload_param")
@@ -40,7 +40,7 @@ DELETE: Any = _Delete()
 
 
 class DsReader(Protocol):
-    """What a system's ``read`` may call on the DeepSpeed config reader (sosim.dsconfig.mapper._Mapper)."""
+    """What a system's ``read`` may call on the DeepSpeed config reader (sosim.formats.dsconfig.mapper._Mapper)."""
 
     handled: set[KeyPath]
     dp: int
@@ -76,7 +76,7 @@ class ZeroView:
 
     def key(self, *names: str) -> tuple[KeyPath, Any]:
         """The first of ``names`` present in the ZeRO section (aliases), and its value (MISSING: absent)."""
-        from sosim.dsconfig.schema import _MISSING
+        from sosim.formats.dsconfig.schema import _MISSING
 
         for name in names:
             if name in self.zero:

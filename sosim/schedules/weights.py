@@ -8,10 +8,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from sosim.plan import D2H, H2D, NET, Category, Phase
+from sosim.engine.plan import D2H, H2D, NET, Category, Phase
+from sosim.inputs.units import BF16_BYTES
 from sosim.schedules.driver import Ctx
 from sosim.schedules.layout import Unit
-from sosim.units import BF16_BYTES
 
 
 def _gather(ctx: Ctx, u: Unit, phase: Phase, deps: list[int]) -> list[int]:
@@ -87,7 +87,7 @@ class CpuParamsFetched:
     copies each parameter from the pinned flat host buffer (``ds_tensor.data.to(device, non_blocking=True)``,
     on the fetch stream, prefetched ahead of use) and then ``synchronize()``s that stream: the host, which
     issues the layer's kernels, waits until the layer's copy has landed and pays a per-tensor cost
-    (``s_per_tensor``, measured: sosim/offload_mechanisms.py). Norm scales and biases are below
+    (``s_per_tensor``, measured: sosim/costs/offload_mechanisms.py). Norm scales and biases are below
     ``stage3_param_persistence_threshold`` and stay on the GPU (``tensors_per_layer`` counts the others).
     With activation checkpointing the backward's recompute fetches the layer again; without it the layer
     measured (rows ``layer z3_offload_param``) showed no fetch cost in backward. With dp ranks each copies its

@@ -37,21 +37,21 @@ from typing import TYPE_CHECKING, ClassVar, Literal
 
 from pydantic import BaseModel, Field
 
-from sosim import collectives
-from sosim import model as tm
-from sosim.config import PosFloat, ScheduleKnobs
-from sosim.machine import Machine, rank_threads, zero_group
-from sosim.memory import MemoryUsage
-from sosim.plan import GPU_CAST, NET, Category, Phase, Plan
+from sosim.costs import collectives
+from sosim.engine.plan import GPU_CAST, NET, Category, Phase, Plan
+from sosim.hardware import model as tm
+from sosim.hardware.machine import Machine, rank_threads, zero_group
+from sosim.hardware.memory import MemoryUsage
+from sosim.inputs.config import PosFloat, ScheduleKnobs
+from sosim.inputs.units import BF16_BYTES, FP32_BYTES
 from sosim.schedules import cpu, stage3
 from sosim.schedules.driver import Ctx, DoneCallback, Recipe, plan_for
 from sosim.schedules.layout import Flush, Group, Unit
 from sosim.schedules.steps import gpu_adam
-from sosim.units import BF16_BYTES, FP32_BYTES
 
 if TYPE_CHECKING:
-    from sosim.config import Scenario
-    from sosim.costs import CostModel
+    from sosim.costs.analytic import CostModel
+    from sosim.inputs.config import Scenario
 
 # Seconds per element of each quantization kernel on an H200 (4.8 TB/s): measured, torch implementation,
 # 99,999,744 elements (calibration/nvidia-h200-2026-11-30/measurements.csv): int8 quantize 1.521 ms, dequantize

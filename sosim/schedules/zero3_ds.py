@@ -9,13 +9,13 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from sosim.dsconfig.schema import BF16_BYTES_PER_ELEMENT
+from sosim.formats.dsconfig.schema import BF16_BYTES_PER_ELEMENT
 from sosim.schedules import offload_ds
 from sosim.schedules.system_api import DELETE, OPT, PARAM, ZERO, DeepSpeedForm, DsReader, Emitted, ZeroView
 from sosim.schedules.tuning import Knob, fmt_onoff
 
 if TYPE_CHECKING:
-    from sosim.config import Scenario
+    from sosim.inputs.config import Scenario
 
 ZEROPP_KEYS: tuple[tuple[str, type], ...] = (
     ("zero_quantized_weights", bool), ("zero_hpz_partition_size", int), ("zero_quantized_gradients", bool))

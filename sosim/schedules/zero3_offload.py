@@ -16,10 +16,10 @@ from typing import TYPE_CHECKING, ClassVar, Literal
 
 from pydantic import BaseModel, model_validator
 
-from sosim.config import AdamImpl, Fraction, OffloadKnobs, PosFloat
-from sosim.machine import rank_threads, zero_group
-from sosim.memory import MemoryUsage
-from sosim.plan import Plan
+from sosim.engine.plan import Plan
+from sosim.hardware.machine import rank_threads, zero_group
+from sosim.hardware.memory import MemoryUsage
+from sosim.inputs.config import AdamImpl, Fraction, OffloadKnobs, PosFloat
 from sosim.schedules import cpu, layout, stage3
 from sosim.schedules.driver import Recipe, plan_for
 from sosim.schedules.gradients import HostGradients, Stage3Gradients
@@ -27,8 +27,8 @@ from sosim.schedules.steps import AfterBackward, BlockingCopy, CastAndCopy, Stag
 from sosim.schedules.weights import Partitioned
 
 if TYPE_CHECKING:
-    from sosim.config import Scenario
-    from sosim.costs import CostModel
+    from sosim.costs.analytic import CostModel
+    from sosim.inputs.config import Scenario
 
 
 class Stage3Defaults(BaseModel):

@@ -13,7 +13,7 @@ from sosim.schedules.system_api import DELETE, PARAM, ZERO, DeepSpeedForm, DsRea
 from sosim.schedules.tuning import OVERLAP, SUB_GROUP, Knob
 
 if TYPE_CHECKING:
-    from sosim.config import Scenario
+    from sosim.inputs.config import Scenario
 
 
 def claims(v: ZeroView) -> str | None:

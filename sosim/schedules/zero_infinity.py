@@ -14,9 +14,10 @@ from typing import TYPE_CHECKING, Literal
 
 from pydantic import Field
 
-from sosim.memory import MemoryUsage
-from sosim.offload_mechanisms import fetched_tensors_per_layer, zinf_fetch_s_per_tensor
-from sosim.plan import Plan
+from sosim.costs.offload_mechanisms import fetched_tensors_per_layer, zinf_fetch_s_per_tensor
+from sosim.engine.plan import Plan
+from sosim.hardware.memory import MemoryUsage
+from sosim.inputs.units import BF16_BYTES
 from sosim.schedules import stage3
 from sosim.schedules.driver import Recipe, plan_for
 from sosim.schedules.steps import AfterBackward, HostCopyOnly, Stage3Step
@@ -24,11 +25,10 @@ from sosim.schedules.weights import CpuParamsFetched, HostStreamed
 from sosim.schedules.zero3_offload import Stage3OffloadKnobs
 from sosim.schedules.zero3_offload import deepspeed as zero3_deepspeed
 from sosim.schedules.zero3_offload import ideal as zero3_ideal
-from sosim.units import BF16_BYTES
 
 if TYPE_CHECKING:
-    from sosim.config import Scenario
-    from sosim.costs import CostModel
+    from sosim.costs.analytic import CostModel
+    from sosim.inputs.config import Scenario
 
 
 class ZeroInfinityKnobs(Stage3OffloadKnobs):

@@ -16,7 +16,7 @@ from sosim.schedules.tuning import OVERLAP, PREFETCH, SUB_GROUP, Knob
 from sosim.schedules.zero3_offload_ds import emit_stage3
 
 if TYPE_CHECKING:
-    from sosim.config import Scenario
+    from sosim.inputs.config import Scenario
 
 
 def claims(v: ZeroView) -> str | None:

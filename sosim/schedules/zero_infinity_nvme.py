@@ -21,7 +21,7 @@ What DeepSpeed does, and what this recipe replays:
   (``AsyncPartitionedParameterSwapper``); with ``cpu`` it is copied from host memory (ZeRO-Infinity's CPU
   tier); with ``none`` the bf16 partition stays in HBM.
 * **aio settings that matter**: ``aio_block_size``, ``aio_queue_depth`` and ``aio_intra_op_parallelism`` set
-  how many bytes one rank keeps in flight on the volume (Little's law, :func:`sosim.machine.nvme_s`); the
+  how many bytes one rank keeps in flight on the volume (Little's law, :func:`sosim.hardware.machine.nvme_s`); the
   volume's aggregate read and write rates are the profile's (``node.nvme``), shared by the node's ranks in
   the engine.
 """
@@ -33,9 +33,10 @@ from typing import TYPE_CHECKING, ClassVar, Literal
 
 from pydantic import Field
 
-from sosim import model as tm
-from sosim.machine import Machine, nvme_s, nvme_throughput_Bps, rank_threads, zero_group
-from sosim.plan import H2D, NET, NVME_READ, NVME_WRITE, Category, Phase, Plan
+from sosim.engine.plan import H2D, NET, NVME_READ, NVME_WRITE, Category, Phase, Plan
+from sosim.hardware import model as tm
+from sosim.hardware.machine import Machine, nvme_s, nvme_throughput_Bps, rank_threads, zero_group
+from sosim.inputs.units import BF16_BYTES, FP32_BYTES
 from sosim.schedules import cpu, stage3
 from sosim.schedules.driver import Ctx, DoneCallback, Recipe, plan_for
 from sosim.schedules.gradients import Stage3Gradients
@@ -43,12 +44,11 @@ from sosim.schedules.layout import Group, Unit
 from sosim.schedules.steps import BlockingCopy, cpu_adam, cpu_pass
 from sosim.schedules.weights import HostStreamed, Partitioned
 from sosim.schedules.zero3_offload import STAGE3_DEFAULTS, Stage3OffloadKnobs
-from sosim.units import BF16_BYTES, FP32_BYTES
 
 if TYPE_CHECKING:
-    from sosim.config import Scenario
-    from sosim.costs import CostModel
-    from sosim.memory import MemoryUsage
+    from sosim.costs.analytic import CostModel
+    from sosim.hardware.memory import MemoryUsage
+    from sosim.inputs.config import Scenario
 
 OPT, R = Phase.OPTIMIZER, Phase.REFRESH
 # Bytes per parameter of one sub-group read from NVMe (fp32 master, m, v and the fp32 gradient) and written

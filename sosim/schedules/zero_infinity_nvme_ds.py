@@ -22,7 +22,7 @@ from sosim.schedules.tuning import OVERLAP, PREFETCH, SUB_GROUP, Knob, fmt_onoff
 from sosim.schedules.zero3_offload_ds import emit_stage3
 
 if TYPE_CHECKING:
-    from sosim.config import Scenario
+    from sosim.inputs.config import Scenario
 
 AIO_KEYS = (("block_size", "aio_block_size"), ("queue_depth", "aio_queue_depth"),
             ("intra_op_parallelism", "aio_intra_op_parallelism"), ("thread_count", "aio_intra_op_parallelism"))

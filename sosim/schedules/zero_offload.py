@@ -22,28 +22,28 @@ from typing import TYPE_CHECKING, ClassVar, Literal
 
 from pydantic import BaseModel, model_validator
 
-from sosim import model as tm
-from sosim.config import AdamImpl, Fraction, OffloadKnobs, PosFloat
-from sosim.machine import rank_threads
-from sosim.memory import MemoryUsage
-from sosim.offload_mechanisms import z2_flush_costs
-from sosim.plan import Plan
+from sosim.costs.offload_mechanisms import z2_flush_costs
+from sosim.engine.plan import Plan
+from sosim.hardware import model as tm
+from sosim.hardware.machine import rank_threads
+from sosim.hardware.memory import MemoryUsage
+from sosim.inputs.config import AdamImpl, Fraction, OffloadKnobs, PosFloat
+from sosim.inputs.units import BF16_BYTES, FP32_BYTES, MB
 from sosim.schedules import cpu, layout
 from sosim.schedules.driver import NoHooks, Recipe, plan_for
 from sosim.schedules.gradients import HostGradients, Stage2Gradients
 from sosim.schedules.steps import AfterBackward, CastAndCopy, CopyBf16, Stage2Step
 from sosim.schedules.weights import HostSyncsInBackward, Replicated
-from sosim.units import BF16_BYTES, FP32_BYTES, MB
 
-# Estimate kept for profiles whose tables lack the z2_flush rows (sosim/offload_mechanisms.py measures it):
+# Estimate kept for profiles whose tables lack the z2_flush rows (sosim/costs/offload_mechanisms.py measures it):
 # DeepSpeed's overflow tracker truth-tests a CUDA scalar per parameter; ~20 us of GPU idle each, ~10 tensors
 # per layer.
 SYNC_S_PER_TENSOR = 20e-6
 TENSORS_PER_LAYER = 10
 
 if TYPE_CHECKING:
-    from sosim.config import Scenario
-    from sosim.costs import CostModel
+    from sosim.costs.analytic import CostModel
+    from sosim.inputs.config import Scenario
 
 
 

@@ -15,7 +15,7 @@ from sosim.schedules.system_api import DELETE, PARAM, DeepSpeedForm, DsReader, E
 from sosim.schedules.tuning import BUCKET, IDEAL_ONLY, OVERLAP, Knob, fmt_onoff
 
 if TYPE_CHECKING:
-    from sosim.config import Scenario
+    from sosim.inputs.config import Scenario
 
 
 def claims(v: ZeroView) -> str | None:

@@ -1,0 +1,98 @@
+"""``simulate(scenario) -> Result``: the one pure entry point (no files written, no global state)."""
+
+from __future__ import annotations
+
+import gc
+from collections.abc import Callable
+from typing import cast
+
+from sosim.answers.result import Result, compute_metrics
+from sosim.costs.analytic import AnalyticCostModel, CostModel
+from sosim.costs.collectives import TopologyCosts
+from sosim.engine import fast as engine_fast
+from sosim.engine import simpy_engine
+from sosim.engine.contention import node_plan
+from sosim.engine.fluid import Contention, EngineRun
+from sosim.engine.plan import Plan
+from sosim.hardware.machine import Machine
+from sosim.hardware.memory import check_fit
+from sosim.inputs.config import Scenario
+from sosim.schedules import SCHEDULES
+from sosim.schedules.layout import tokens_per_gpu
+
+# The engine's contract: a node plan and its contention in, every op's start and end (and stretch) out.
+Engine = Callable[[Plan, Contention | None], EngineRun]
+
+# The engines, by name: SimPy is the reference; "fast" is the same run without SimPy (sosim/engine/fast.py,
+# held equal to SimPy by tests/test_engines.py), the default. docs/engines.md describes both.
+ENGINES: dict[str, Engine] = {"simpy": simpy_engine.run_plan_detailed, "fast": engine_fast.run_plan_detailed}
+DEFAULT_ENGINE = "fast"
+
+
+def make_cost_model(sc: Scenario) -> CostModel:
+    analytic = AnalyticCostModel(sc.hardware, sc.model, sc.training, tokens_per_gpu(sc))
+    if sc.hardware.calibration is None:
+        return analytic
+    # Imported here so that profiles without a calibration table never touch its reader.
+    from sosim.costs.table import TableCostModel
+
+    return TableCostModel.from_profile(analytic)
+
+
+def simulate(sc: Scenario, costs: CostModel | None = None, engine: str = DEFAULT_ENGINE) -> Result:
+    """Simulate ``sc`` and return its metrics, spans and memory. Deterministic for a given scenario.
+
+    ``costs``: another cost model for the same scenario (error bands replay sampled costs, sosim.answers.bands);
+    default: the profile's own (:func:`make_cost_model`). ``engine``: a name in :data:`ENGINES` ("simpy",
+    the reference, or "fast", the default); the result's provenance names it."""
+    if engine not in ENGINES:
+        raise ValueError(f"engine must be one of {', '.join(ENGINES)}, not {engine!r}")
+    # A simulation allocates many small, acyclic objects (ops, tuples, events) and frees them all at once:
+    # the cyclic garbage collector would only walk them again and again. Paused here, restored after.
+    paused = gc.isenabled()
+    gc.disable()
+    try:
+        return simulate_with(sc, costs, engine)
+    finally:
+        if paused:
+            gc.enable()
+
+
+def simulate_with(sc: Scenario, costs: CostModel | None, engine: str) -> Result:
+    """:func:`simulate` without the garbage-collector pause: the engine named ``engine`` runs the node plan."""
+    machine = Machine.from_scenario(sc)
+    base = make_cost_model(sc) if costs is None else costs
+    costs = base if machine.legacy else cast(CostModel, TopologyCosts(base, machine))
+    module = SCHEDULES[sc.schedule.system]
+    usage = module.memory_usage(sc)
+    # One rank's plan, expanded to the ranks of one node that share a host, with the node's shared resources
+    # handed to the engine (sosim/engine/contention.py).
+    plan = module.build_plan(sc, costs)
+    node, contention, ranks = node_plan(sc, machine, plan)
+    run = ENGINES[engine](node, contention)
+    # Metrics, spans and trace are rank 0's view (its ops are every ranks-th op of the node plan).
+    start, end = run.start_s[::ranks], run.end_s[::ranks]
+    fit = check_fit(usage, sc.hardware, machine)
+    metrics = compute_metrics(sc, plan, start, end, usage, fit)
+    prov = provenance(sc, costs, module.choices(sc))
+    prov["engine"] = engine
+    prov.update({k: str(v) for k, v in machine.describe().items()})
+    # The FLOP convention behind model_tflops / mfu (sosim/hardware/model.py): long-sequence anchors hinge on it.
+    prov["attention_flops"] = "causal (half the s x s matrix; x2 for Megatron/paper-style full counting)"
+    prov.update({f"contention_{k}_s": f"{v:.6g}" for k, v in run.stretch_s.items()})
+    return Result(sc, metrics, plan, start, end, usage, prov)
+
+
+def provenance(sc: Scenario, costs: CostModel, choices: dict[str, str]) -> dict[str, str]:
+    """What produced a result: system, implementation, hardware profile, cost model and calibration table,
+    then the cost model's own notes and the choices the system made for this scenario."""
+    sched = sc.schedule
+    out = {
+        "system": sched.system,
+        "implementation": str(getattr(sched, "implementation", "n/a")),
+        "profile": sc.hardware.name,
+        "calibration": "none",
+    }
+    out.update(costs.provenance)
+    out.update(choices)
+    return out

@@ -1,0 +1,291 @@
+"""The shared-resource (fluid) model both engines run: contention as data, progressive filling, stretch.
+
+*Shared* resources (a link direction and its bidirectional total, a PCIe uplink, a socket's DRAM bandwidth,
+a NIC, an NVMe volume) are not walked by anyone: they are capacities that the ops running at the same time
+draw on. A :class:`Contention` says which ops draw on which shared resource and how much per second at full
+speed. While ops compete, each runs at a *rate* r <= 1 of its full speed, chosen by progressive filling
+(max-min fairness): every op's throughput, in the unit of its first listed resource (bytes/s, or threads),
+rises together with the others'; an op reaching full speed stops there; the first resource to fill freezes
+its remaining users at an equal share; the rest continue. Every user of a saturated resource that could use
+more gets the same bytes per second, as the round-robin arbitration of a DMA engine, a PCIe switch or a
+memory controller gives it. Rates are recomputed whenever an op starts or ends, so an op's duration depends
+on what overlaps it, not on a factor fixed up front. An op's time beyond its full-speed duration is
+attributed to the resource that limited it (:attr:`EngineRun.stretch_s`).
+
+A shared resource that can never be oversubscribed (the largest demand of each serial resource that uses
+it, summed, fits its capacity) is dropped before the run (:func:`effective_contention`), and ops left with
+no contended resource take the plain path: without contention the result is bit for bit
+:func:`sosim.engine.plan.list_schedule`.
+
+:class:`Fluid` runs on any event clock with SimPy's interface (``now``, ``timeout(delay)``, ``event()``, an
+event's ``callbacks`` and ``succeed()``): the SimPy engine (:mod:`sosim.engine.simpy_engine`) hands it a
+``simpy.Environment``, the fast engine (:mod:`sosim.engine.fast`) its own loop ordered like SimPy's. Both
+engines import it from here; neither imports the other.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import numpy as np
+
+from sosim.engine.plan import Plan
+
+# Two finish times closer than this (relative) complete together (float noise of repeated rate changes).
+REL_EPS = 1e-12
+
+
+class ClockEvent(Protocol):
+    """What the fluid model needs of an event: callbacks run when it is processed, and a trigger."""
+
+    @property
+    def callbacks(self) -> list[Callable[..., None]] | None: ...
+
+    def succeed(self) -> object: ...
+
+
+class Clock(Protocol):
+    """What the fluid model needs of an event loop (``simpy.Environment`` has it)."""
+
+    @property
+    def now(self) -> float: ...
+
+    def timeout(self, delay: float) -> ClockEvent: ...
+
+    def event(self) -> ClockEvent: ...
+
+
+@dataclass(frozen=True)
+class Contention:
+    """Shared resources and the ops that draw on them.
+
+    ``capacity[k]`` is resource k's capacity in its own unit per second (bytes/s for links and memory, cores
+    for a core pool). ``uses[op_id]`` lists ``(k, demand)``: what the op draws from k per second when it runs
+    at full speed (its duration in the plan). An op alone never exceeds a capacity by construction of the
+    plan's durations; if it would, it is slowed to fit.
+    """
+
+    names: tuple[str, ...]
+    capacity: tuple[float, ...]
+    uses: Mapping[int, tuple[tuple[int, float], ...]] = field(default_factory=dict)
+    # Ranks each op stands for (interchangeable ranks simulated as one, sosim.engine.contention.symmetric_shares):
+    # the time lost to contention is that of all of them, reported on every instance of the resource that
+    # limited it (``report_as[k]``: the other sockets' DRAM for rank 0's, ...), in equal parts.
+    stands_for: int = 1
+    report_as: Mapping[int, tuple[int, ...]] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if len(self.names) != len(self.capacity):
+            raise ValueError("Contention: one capacity per resource name")
+        for k, cap in enumerate(self.capacity):
+            if not cap > 0 or math.isinf(cap):
+                raise ValueError(f"Contention: capacity of {self.names[k]} must be positive and finite, got {cap}")
+        for op_id, ks in self.uses.items():
+            for k, demand in ks:
+                if not 0 <= k < len(self.names) or not demand >= 0:
+                    raise ValueError(f"Contention: op {op_id} uses resource {k} with demand {demand}")
+
+
+@dataclass(frozen=True)
+class EngineRun:
+    start_s: np.ndarray
+    end_s: np.ndarray
+    # Seconds by which contention lengthened ops, summed over ops, by the shared resource that limited them.
+    stretch_s: dict[str, float]
+
+
+def effective_contention(plan: Plan, contention: Contention | None) -> Contention | None:
+    """``contention`` without the resources that can never be oversubscribed (None if nothing is left).
+
+    Ops on one serial resource never overlap, so at most one op per serial resource draws on a shared
+    resource at any time: if the largest demand of each serial resource, summed, fits the capacity, the
+    resource never limits anyone.
+    """
+    if contention is None or not contention.uses:
+        return None
+    ops = plan.ops
+    n = len(ops)
+    # The largest demand of each (shared resource, serial resource), in first-seen order. A serial resource
+    # is keyed by its kind's identity and its instance (what Resource equality compares; kinds are enum
+    # singletons): hashing a Resource runs Python code, hashing this tuple does not.
+    worst: dict[tuple[int, int, int], float] = {}
+    get = worst.get
+    for op_id, ks in contention.uses.items():
+        if op_id >= n:
+            raise ValueError(f"Contention: op {op_id} is not in the plan")
+        queue = ops[op_id].resource
+        kind, instance = id(queue.kind), queue.instance
+        for k, demand in ks:
+            key = (k, kind, instance)
+            # max(worst.get(key, 0.0), demand) without the call: the same value (demands are >= 0).
+            w = get(key, 0.0)
+            worst[key] = demand if demand > w else w
+    # Summed per shared resource by sum() over the queues in first-seen order, as one dict per resource would.
+    per_resource: dict[int, list[float]] = {}
+    for (k, _kind, _instance), demand in worst.items():
+        per_resource.setdefault(k, []).append(demand)
+    capacity = contention.capacity
+    contended = {k for k, demands in per_resource.items() if sum(demands) > capacity[k] * (1 + REL_EPS)}
+    if not contended:
+        return None
+    uses = {}
+    for op_id, ks in contention.uses.items():
+        kept = tuple((k, d) for k, d in ks if k in contended and d > 0)
+        if kept and ops[op_id].duration_s > 0:
+            uses[op_id] = kept
+    if not uses:
+        return None
+    return Contention(contention.names, contention.capacity, uses, contention.stands_for, contention.report_as)
+
+
+# Stretch below this is float noise of repeated rate changes, not time lost to contention.
+STRETCH_NOISE_S = 1e-12
+
+
+def stretch_by_name(by_index: dict[int, float], active: Contention) -> dict[str, float]:
+    """Time lost to each shared resource, by its name, over every rank the ops stand for (the one rule
+    both engines report with)."""
+    out: dict[str, float] = {}
+    names = active.names
+    for k, s in by_index.items():
+        if s > STRETCH_NOISE_S:
+            targets = active.report_as.get(k, (k,))
+            part = s * active.stands_for / len(targets)
+            for t in targets:
+                out[names[t]] = out.get(names[t], 0.0) + part
+    return out
+
+
+class Job:
+    """An op drawing on shared resources: its rate, projected finish and limiting resource."""
+
+    __slots__ = ("event", "finish", "limit", "rate", "since", "uses")
+
+    def __init__(self, event: ClockEvent, finish: float, uses: tuple[tuple[int, float], ...], now: float) -> None:
+        self.event = event
+        self.uses = uses
+        self.rate = 1.0
+        self.finish = finish  # absolute time at which it completes if its rate stays as it is
+        self.limit = -1  # resource that holds its rate below 1 (-1: none)
+        self.since = now  # when the current rate took effect (for the stretch attribution)
+
+
+class Fluid:
+    """Progressive filling over the ops currently drawing on shared resources."""
+
+    def __init__(self, env: Clock, contention: Contention) -> None:
+        self.env = env
+        self.capacity = contention.capacity
+        self.jobs: dict[int, Job] = {}
+        self.generation = 0  # a wake-up scheduled before the last reallocation is stale
+        self.stretch: dict[int, float] = {}
+        # Rates and limits of every set of running jobs met in this run, by their demands in start order: the
+        # same sets recur (every layer, every iteration, every rank's copy), and the filling is a pure function.
+        self._filled: dict[tuple[tuple[tuple[int, float], ...], ...], tuple[list[float], list[int]]] = {}
+
+    def run(self, op_id: int, duration_s: float, uses: tuple[tuple[int, float], ...]) -> ClockEvent:
+        now = self.env.now
+        job = Job(self.env.event(), now + duration_s, uses, now)
+        self.jobs[op_id] = job
+        self._reallocate(now)
+        return job.event
+
+    def _close_interval(self, job: Job, now: float) -> None:
+        if job.rate < 1.0 and job.limit >= 0:
+            self.stretch[job.limit] = self.stretch.get(job.limit, 0.0) + (1.0 - job.rate) * (now - job.since)
+        job.since = now
+
+    def _reallocate(self, now: float) -> None:
+        key = tuple([job.uses for job in self.jobs.values()])
+        filled = self._filled.get(key)
+        if filled is None:
+            filled = self._filled[key] = progressive_filling(key, self.capacity)
+        rates, limits = filled
+        for job, rate, limit in zip(self.jobs.values(), rates, limits):
+            if rate != job.rate:
+                self._close_interval(job, now)
+                remaining = (job.finish - now) * job.rate  # full-speed seconds of work left
+                job.finish = now + remaining / rate
+                job.rate = rate
+            job.limit = limit
+        self.generation += 1
+        if self.jobs:
+            first = min(job.finish for job in self.jobs.values())
+            wake = self.env.timeout(max(0.0, first - now))
+            generation = self.generation
+            callbacks = wake.callbacks
+            assert callbacks is not None  # a fresh timeout has not been processed yet
+            callbacks.append(lambda _ev: self._wake(generation))
+
+    def _wake(self, generation: int) -> None:
+        if generation != self.generation:
+            return  # rates changed since this wake-up was scheduled
+        now = self.env.now
+        tol = REL_EPS * max(1.0, abs(now))
+        finished = [op_id for op_id, job in self.jobs.items() if job.finish <= now + tol]
+        for op_id in finished:
+            job = self.jobs.pop(op_id)
+            self._close_interval(job, now)
+            job.event.succeed()
+        self._reallocate(now)
+
+
+def progressive_filling(
+    uses: Sequence[tuple[tuple[int, float], ...]], capacity: Sequence[float]
+) -> tuple[list[float], list[int]]:
+    """Rates (fraction of full speed) and limiting resource of each job (by its position in ``uses``, its
+    demands): max-min fair in each op's own unit. A pure function of ``uses`` (:class:`Fluid` remembers it).
+
+    Each op's throughput is measured in the unit of its first listed resource (bytes/s for a copy or a
+    memory-bound CPU kernel, threads for a kernel that only needs cores). All unfrozen ops' throughputs
+    rise together; an op that reaches its full speed is frozen at rate 1; the first resource to fill
+    freezes its remaining users; repeat. On a saturated resource every op still rising gets the same
+    throughput (a fair share in bytes/s, not in fraction of speed): an op that asks for more than its share
+    is held to it and does not take a slower neighbour's bytes.
+    """
+    n = len(uses)
+    unit = [ks[0][1] for ks in uses]
+    # Per shared resource: its users (position, demand per unit of the user's throughput) and what is left.
+    users: dict[int, list[tuple[int, float]]] = {}
+    left: dict[int, float] = {}
+    for p, ks in enumerate(uses):
+        per = unit[p]
+        for k, demand in ks:
+            users.setdefault(k, []).append((p, demand / per))
+            left[k] = capacity[k]
+    rates = [1.0] * n
+    limits = [-1] * n
+    unfrozen = [True] * n
+    remaining = n
+
+    def freeze(p: int, rate: float, limit: int) -> None:
+        rates[p] = rate
+        limits[p] = limit
+        unfrozen[p] = False
+        for k, demand in uses[p]:
+            left[k] -= rate * demand
+
+    while remaining:
+        # Throughput at which each resource fills if every unfrozen op runs at that throughput.
+        fill, fill_k = math.inf, -1
+        for k, us in users.items():
+            slope = sum([s for p, s in us if unfrozen[p]])
+            if slope > 0:
+                level = max(left[k], 0.0) / slope
+                if level < fill:
+                    fill, fill_k = level, k
+        full = min([unit[p] for p in range(n) if unfrozen[p]])
+        if full <= fill:
+            for p in range(n):
+                if unfrozen[p] and unit[p] <= full:
+                    freeze(p, 1.0, -1)
+                    remaining -= 1
+            continue
+        for p, _ in users[fill_k]:
+            if unfrozen[p]:
+                freeze(p, max(fill / unit[p], 1e-12), fill_k)
+                remaining -= 1
+    return rates, limits

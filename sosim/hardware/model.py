@@ -1,0 +1,186 @@
+"""Transformer arithmetic for GPT- and Llama-style decoders: parameters, FLOPs, activation bytes.
+
+Conventions (stated once, used everywhere):
+
+* A GEMM of (m x k) @ (k x n) costs 2*m*n*k FLOPs.
+* Attention score and value products: 4*s*h FLOPs per token per layer in the forward pass over the full
+  s x s matrix (:func:`attention_flops_fwd`). A decoder is causal: its flash-attention kernels skip the
+  masked half, so the FLOPs *counted* in the metrics are the causal half, 2*s*h per token per layer
+  (:data:`CAUSAL_ATTENTION_FRACTION`), the same work the cost model times. Why: counting the full matrix
+  credits the GPU with work it never does; at long sequences that alone pushed the 1M-token scenario to
+  876 of 989 TF/s "hardware" FLOP/s (attention at 2 x its real rate), and MFU could pass 1.
+  Megatron-LM's and the SuperOffload paper's formulas count the full matrix: their MFU at sequence s is
+  ours x (6N + 12*L*h*s) / (6N + 6*L*h*s) (:func:`model_flops_per_step` with ``causal=False``).
+* Backward = 2 x forward FLOPs. Activation checkpointing re-runs one forward per layer: it adds hardware
+  FLOPs, not model FLOPs.
+* Model FLOPs per step = 6*N*tokens + 6*L*h*s*tokens, N = the parameters that do FLOPs (all but an untied
+  input-embedding table, :func:`flop_params`), attention causal (docs/model.md, "Metrics").
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+
+from sosim.inputs.config import ModelSpec, TrainingSpec
+from sosim.inputs.units import BF16_BYTES
+
+# Fraction of the full s x s attention work a causal (decoder) attention kernel performs, and counts.
+CAUSAL_ATTENTION_FRACTION = 0.5
+
+
+@dataclass(frozen=True)
+class Gemm:
+    """One weight GEMM of a layer: tokens x k_in @ k_in x n_out."""
+
+    name: str
+    k_in: int
+    n_out: int
+
+    def flops(self, tokens: int) -> float:
+        return 2.0 * tokens * self.k_in * self.n_out
+
+
+def layer_gemms(m: ModelSpec) -> list[Gemm]:
+    """The weight GEMMs of one decoder layer (forward), in execution order."""
+    h = m.hidden
+    kv_dim = m.n_kv_heads * (h // m.heads)
+    gemms = [Gemm("qkv", h, h + 2 * kv_dim), Gemm("attn_out", h, h)]
+    if m.ffn_kind == "swiglu":
+        gemms += [Gemm("mlp_gate_up", h, 2 * m.ffn_dim), Gemm("mlp_down", m.ffn_dim, h)]
+    else:
+        gemms += [Gemm("mlp_up", h, m.ffn_dim), Gemm("mlp_down", m.ffn_dim, h)]
+    return gemms
+
+
+@functools.lru_cache(maxsize=64)
+def layer_params(m: ModelSpec) -> int:
+    """Parameters of one decoder layer (weights, GPT-style biases, norm scales)."""
+    weights = sum(g.k_in * g.n_out for g in layer_gemms(m))
+    if m.ffn_kind == "gelu":
+        # GPT-2/Megatron: biases on every linear, two LayerNorms with scale and bias.
+        biases = sum(g.n_out for g in layer_gemms(m))
+        norms = 4 * m.hidden
+    else:
+        # Llama: no biases, two RMSNorm scales.
+        biases = 0
+        norms = 2 * m.hidden
+    return weights + biases + norms
+
+
+def embedding_params(m: ModelSpec) -> int:
+    """Token embedding, final norm and (unless tied) the output projection."""
+    emb = m.vocab * m.hidden
+    head = 0 if m.tied_embeddings else m.vocab * m.hidden
+    final_norm = 2 * m.hidden if m.ffn_kind == "gelu" else m.hidden
+    return emb + head + final_norm
+
+
+def total_params(m: ModelSpec) -> int:
+    return m.layers * layer_params(m) + embedding_params(m)
+
+
+def layer_gemm_flops_fwd(m: ModelSpec, tokens: int) -> float:
+    return sum(g.flops(tokens) for g in layer_gemms(m))
+
+
+def attention_flops_fwd(m: ModelSpec, tokens: int, seq_len: int) -> float:
+    """Score (QK^T) and value (PV) products, full s x s convention: 4*s*h per token."""
+    return 4.0 * tokens * seq_len * m.hidden
+
+
+def head_flops_fwd(m: ModelSpec, tokens: int) -> float:
+    """Output projection to the vocabulary (the logits GEMM) and the final norm, 2 FLOPs per parameter per
+    token like every other parameter of the 6N convention."""
+    final_norm = 2 * m.hidden if m.ffn_kind == "gelu" else m.hidden
+    return 2.0 * tokens * (m.hidden * m.vocab + final_norm)
+
+
+def flop_params(m: ModelSpec) -> int:
+    """Parameters that do FLOPs: every parameter except the input embedding table of an untied model.
+
+    The input embedding is a lookup (no FLOPs); its matrix does FLOPs only as the logits GEMM when tied.
+    Megatron's count (Narayanan et al., SC'21, https://arxiv.org/abs/2104.04473, eq. 3) likewise counts the
+    logits GEMM once and no embedding lookup. Counting the untied table too would credit the GPU with work it
+    never does, and a step at the peak would report more than the peak.
+    """
+    return total_params(m) - (0 if m.tied_embeddings else m.vocab * m.hidden)
+
+
+def layer_flops_fwd(m: ModelSpec, tokens: int, seq_len: int) -> float:
+    """One decoder layer's forward FLOPs as counted everywhere (metrics, ops, roofline): 2 per parameter per
+    token (GEMM weights, biases, norm scales) plus causal attention."""
+    return 2.0 * tokens * layer_params(m) + attention_flops_fwd(m, tokens, seq_len) * CAUSAL_ATTENTION_FRACTION
+
+
+def elementwise_bytes_fwd_per_token(m: ModelSpec) -> float:
+    """HBM bytes moved by the memory-bound kernels of one layer's forward, per token.
+
+    Counted for bf16: two norms (read+write h each), two residual adds (read 2h, write h), rotary or bias
+    work on q/k (read+write), the MLP activation (gelu: read+write f; swiglu: read 2f, write f), softmax
+    statistics are inside flash attention. Dropout is not modelled (LLM pre-training runs without it).
+    """
+    h, f = m.hidden, m.ffn_dim
+    kv_dim = m.n_kv_heads * (h // m.heads)
+    act = 2 * f if m.ffn_kind == "gelu" else 3 * f
+    elems = 2 * 2 * h + 2 * 3 * h + 2 * (h + kv_dim) + act
+    return float(elems * BF16_BYTES)
+
+
+def model_flops_per_step(m: ModelSpec, t: TrainingSpec, global_tokens: int, causal: bool = True) -> float:
+    """Model FLOPs: 6*N*tokens + 3 passes x attention (causal: 6*L*h*s*tokens; full: 12*L*h*s*tokens)."""
+    n = flop_params(m)
+    attention = 3.0 * m.layers * attention_flops_fwd(m, global_tokens, t.seq_len)
+    return 6.0 * n * global_tokens + attention * (CAUSAL_ATTENTION_FRACTION if causal else 1.0)
+
+
+def hardware_flops_per_step(m: ModelSpec, t: TrainingSpec, global_tokens: int, causal: bool = True) -> float:
+    """Model FLOPs plus the recomputed forward of every layer when activations are checkpointed."""
+    base = model_flops_per_step(m, t, global_tokens, causal)
+    if not t.activation_checkpointing:
+        return base
+    attention = attention_flops_fwd(m, global_tokens, t.seq_len) * (CAUSAL_ATTENTION_FRACTION if causal else 1.0)
+    return base + m.layers * (2.0 * global_tokens * layer_params(m) + attention)
+
+
+def deepspeed_convention_flops_per_step(m: ModelSpec, t: TrainingSpec, global_tokens: int) -> float:
+    """FLOPs as DeepSpeed's examples and the ZeRO-Offload paper count them: per sample
+    2*c*P*s + 4*c*L*h*s^2 with c = 4 when activations are checkpointed, else 3; P = all parameters (embedding
+    table included), full (not causal) attention. Used only to compare with numbers published that way.
+    """
+    c = 4.0 if t.activation_checkpointing else 3.0
+    samples = global_tokens / t.seq_len
+    return samples * (2.0 * c * total_params(m) * t.seq_len + 4.0 * c * m.layers * m.hidden * t.seq_len**2)
+
+
+def activation_bytes_per_token_layer(m: ModelSpec) -> float:
+    """Bytes a layer keeps for backward per token without checkpointing (bf16, flash attention).
+
+    Korthikanti et al. 2022 ("Reducing Activation Recomputation") count 34*h bytes per token for a GPT layer
+    with a 4h MLP; flash attention removes their 5*a*s/h term. Generalised to any ffn width and GQA:
+    attention 7h + 4*kv_dim (inputs of QKV, q, k, v, projection input, its dropout mask),
+    MLP gelu 3h + 4f / swiglu 3h + 6f, norms 4h.
+    """
+    h, f = m.hidden, m.ffn_dim
+    kv_dim = m.n_kv_heads * (h // m.heads)
+    attention = 7 * h + 4 * kv_dim
+    mlp = 3 * h + (4 * f if m.ffn_kind == "gelu" else 6 * f)
+    return float(attention + mlp + 4 * h)
+
+
+def activation_bytes_peak(
+    m: ModelSpec, t: TrainingSpec, layers_on_gpu: int | None = None, sequence_parallel: int = 1
+) -> float:
+    """Peak activation memory of one micro-batch on one GPU (bytes); Ulysses splits the tokens.
+
+    With checkpointing: every layer's bf16 input (2h bytes per token) plus one layer's full activations
+    during its recompute+backward. Without: every layer's full activations. Both add the logits (bf16
+    logits + fp32 softmax/loss workspace: 6 bytes per token per vocabulary entry).
+    """
+    tokens = t.micro_batch * t.seq_len // sequence_parallel
+    layers = m.layers if layers_on_gpu is None else layers_on_gpu
+    full_layer = activation_bytes_per_token_layer(m) * tokens
+    kept = layers * m.hidden * BF16_BYTES * tokens + full_layer if t.activation_checkpointing else layers * full_layer
+    logit_tokens = tokens if t.loss_chunk_tokens is None else min(tokens, t.loss_chunk_tokens)
+    logits = 6.0 * logit_tokens * m.vocab
+    return kept + logits
