@@ -101,3 +101,49 @@ def test_function_level_imports_are_edges() -> None:
 def test_no_import_cycle_among_sosim_modules() -> None:
     found = [c for c in cycles(graph()) if c not in KNOWN]
     assert not found, "import cycles: " + "; ".join(", ".join(sorted(c)) for c in found)
+
+
+# The packages, lowest first: a module may import from its own package and from those before it. What sosim is
+# made of (inputs: the schema; hardware; costs), what runs it (engine; schedules: the systems), what it answers
+# and the formats it reads and writes, and the calibration harness, which runs on GPU machines.
+LAYERS = ("inputs", "hardware", "costs", "engine", "schedules", "formats", "answers", "calibrate")
+# Imports that still reach up a layer, each with why; nothing else may join (remove an entry once it is gone).
+KNOWN_UPWARD = {
+    # Loading resolves a scenario completely (issue 17: knob validation belongs to loading; the cost model never
+    # searches folders): the loader asks the registry for the knobs and reads the profile's tables.
+    ("sosim.inputs.loader", "sosim.schedules.registry"),
+    ("sosim.inputs.loader", "sosim.costs.table"),
+    # Per-tensor sizes of a layer, which the measured ZeRO-2 flush is scaled by, live with the layout.
+    ("sosim.costs.offload_mechanisms", "sosim.schedules.layout"),
+    # The calibration CSV's column names are the harness's (it runs standalone on GPU machines).
+    ("sosim.costs.calibration_table", "sosim.calibrate.records"),
+    # DeepSpeed's key names and defaults (data) are read by each system's DeepSpeed form.
+    ("sosim.schedules.offload_ds", "sosim.formats.dsconfig.schema"),
+    ("sosim.schedules.superoffload_ds", "sosim.formats.dsconfig.schema"),
+    ("sosim.schedules.system_api", "sosim.formats.dsconfig.schema"),
+    ("sosim.schedules.zero3_ds", "sosim.formats.dsconfig.schema"),
+    # Traces and plots draw a Result.
+    ("sosim.formats.plot", "sosim.answers.result"),
+    ("sosim.formats.trace", "sosim.answers.result"),
+}
+
+
+def _layer(module: str) -> int | None:
+    parts = module.split(".")
+    return LAYERS.index(parts[1]) if len(parts) > 2 and parts[1] in LAYERS else None
+
+
+def test_the_layout_shows_the_architecture() -> None:
+    """Every module of sosim/ but the entry points (__init__, __main__, cli) lives in one of the packages."""
+    top = sorted(p.name for p in PKG.glob("*.py"))
+    assert top == ["__init__.py", "__main__.py", "cli.py"]
+    assert {p.name for p in PKG.iterdir() if (p / "__init__.py").is_file()} == {*LAYERS, "schedules"}
+
+
+def test_no_package_reaches_up_a_layer() -> None:
+    g = graph()
+    upward = {(src, dst) for src, dsts in g.items() for dst in dsts
+              if (a := _layer(src)) is not None and (b := _layer(dst)) is not None and b > a}
+    assert upward <= KNOWN_UPWARD, "imports that reach up a layer: " + "; ".join(
+        f"{s} -> {d}" for s, d in sorted(upward - KNOWN_UPWARD))
+    assert upward == KNOWN_UPWARD, f"gone, remove from KNOWN_UPWARD: {sorted(KNOWN_UPWARD - upward)}"
