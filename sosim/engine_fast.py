@@ -20,14 +20,15 @@ scenario). This is the engine ``simulate()`` runs by default (``engine="fast"``)
 
 from __future__ import annotations
 
-import functools
 import heapq
-from collections.abc import Callable
+import itertools
+from collections import deque
+from collections.abc import Mapping
 
 import numpy as np
 
-from sosim.fluid import Contention, EngineRun, Fluid, effective_contention, stretch_by_name
-from sosim.plan import Plan, Resource
+from sosim.fluid import Contention, EngineRun, FluidState, RepeatedUses, effective_contention, stretch_by_name
+from sosim.plan import Op, Plan, Resource, ops_by_resource
 
 
 def list_times(plan: Plan) -> tuple[list[float], list[float]]:
@@ -131,135 +132,157 @@ def run_plan_detailed(plan: Plan, contention: Contention | None = None) -> Engin
 
 
 # --- the engine's run under shared-resource contention, without SimPy -------------------------------------------
-# SimPy's event priorities (simpy.events.URGENT / NORMAL): process start-up events go first at equal times.
-_URGENT, _NORMAL = 0, 1
 
 
-class _Event:
-    """What the engine's fluid model needs of a SimPy event: callbacks, run once when it is processed."""
-
-    __slots__ = ("_loop", "callbacks")
-
-    def __init__(self, loop: _Loop) -> None:
-        self.callbacks: list[Callable[[_Event], None]] | None = []
-        self._loop = loop
-
-    def succeed(self) -> None:
-        self._loop.push(self._loop.now, self)
-
-
-class _Loop:
-    """A SimPy environment reduced to what the engine uses: a clock and a queue ordered like SimPy's
-    (time, priority, insertion order); it hands the engine's fluid model ``now``, ``timeout`` and ``event``."""
-
-    def __init__(self) -> None:
-        self.now = 0.0
-        self.queue: list[tuple[float, int, int, int | _Event]] = []
-        self._eid = 0
-
-    def push(self, at: float, what: int | _Event, priority: int = _NORMAL) -> None:
-        heapq.heappush(self.queue, (at, priority, self._eid, what))
-        self._eid += 1
-
-    def timeout(self, delay: float) -> _Event:
-        ev = _Event(self)
-        self.push(self.now + delay, ev)  # SimPy: schedule(event, NORMAL, delay) at now + delay
-        return ev
-
-    def event(self) -> _Event:
-        return _Event(self)
+def _template_view(plan: Plan, active: Contention) -> tuple[list[Op], int, list[dict[int, tuple[int, ...]]],
+                                                            Mapping[int, tuple[tuple[int, float], ...]]]:
+    """The plan as ``copies`` copies of one list of ops: a repeated template read as its template (each copy's
+    carried dependencies in :attr:`Plan.copy_deps`, the demands of the template's ops), or any other plan
+    as one copy of its own ops."""
+    t = plan.template_if_current()
+    uses = active.uses
+    if t is not None and isinstance(uses, RepeatedUses) and uses.period == len(t.ops):
+        return t.ops, plan.copies, plan.copy_deps, uses.template
+    return plan.ops, 1, [{}], uses
 
 
 def _event_loop_run(plan: Plan, active: Contention) -> tuple[list[float], list[float], dict[int, float]]:
     """The SimPy engine's run of ``plan`` under the (effective) contention ``active``, event for event.
 
     The engine's workers (one per serial resource: wait for each dependency that is not yet processed, start,
-    wait for a timeout or for the fluid model, end, trigger the op's event) are replayed as state machines on
-    :class:`_Loop`, which orders events exactly as SimPy does (time, then priority, then the order in which
-    they were scheduled); the shared fluid model (:class:`sosim.fluid.Fluid`) runs unchanged on it, so
-    every rate and every float is computed by the same code in the same order. The only SimPy event left
-    out is a process's termination, which nothing waits for. Returns start and end of every op and the fluid
-    model's stretch by shared resource index.
-    """
-    loop = _Loop()
-    fluid = Fluid(loop, active)
-    uses = active.uses
-    ops = plan.ops
-    n = len(ops)
-    start = [0.0] * n
-    end = [0.0] * n
-    processed = [False] * n  # op i's completion event has been processed (its waiters resumed)
-    waiters: list[list[int]] = [[] for _ in range(n)]  # workers waiting on op i, in the order they began to
-    queues = list(plan.ops_by_resource().values())  # the engine's worker order (its env.process order)
-    pos = [0] * len(queues)  # the op each worker is at
-    dep_at = [0] * len(queues)  # the next dependency it checks
-    busy = [False] * len(queues)  # it waits for its op's timeout or fluid completion
-    push = loop.push
+    wait for a timeout or for the fluid model, end, trigger the op's event) are replayed as state machines,
+    their events ordered exactly as SimPy orders them (time, then priority, then the order in which they were
+    scheduled), and the fluid model's arithmetic (:class:`sosim.fluid.FluidState`) is the SimPy engine's, so
+    every rate and every float is computed by the same code in the same order. Two queues stand for SimPy's
+    one: a heap of events at later times, and a first-in first-out list of events scheduled for *now* (an op's
+    completion, a fluid job's end, a zero delay). Every event in the heap at the current time was scheduled
+    at an earlier time, so before anything in the list: the heap's are taken first, then the list's in order.
+    A process's start-up (SimPy's urgent initialisation) is each worker's first step at time 0, and its
+    termination, which nothing waits for, is left out.
 
-    def resume(w: int) -> None:
+    A repeated plan runs on its template's arrays (duration, dependencies, demands per template op; a copy's
+    op ``i`` has id ``copy * len(template) + i``), without making its ops. Returns start and end of every op
+    and the fluid model's stretch by shared resource index.
+    """
+    tops, copies, specials, tuses = _template_view(plan, active)
+    m = len(tops)
+    total = m * copies
+    dur = [op.duration_s for op in tops]
+    tdeps = [op.deps for op in tops]
+    use = [tuses.get(i) for i in range(m)]
+    slotted = [False] * m  # template ops that wait for a carry slot: their deps are per copy (global ids)
+    for i in specials[0]:
+        slotted[i] = True
+    queues = list(ops_by_resource(tops).values())  # the engine's worker order (its env.process order)
+    n_workers = len(queues)
+    fluid = FluidState(active)
+    start = [0.0] * total
+    end = [0.0] * total
+    processed = [False] * total  # op g's completion event has been processed (its waiters resumed)
+    waiters: dict[int, list[int]] = {}  # workers waiting on op g, in the order they began to
+    pos = [0] * n_workers  # the template op each worker is at
+    copy_of = [0] * n_workers  # and the copy
+    dep_at = [0] * n_workers  # the next dependency it checks
+    busy = [False] * n_workers  # it waits for its op's timeout or fluid completion
+    # Tokens: a worker's resumption w (0 <= w < n_workers), op g's completion n_workers + g, a fluid wake-up
+    # of generation v: -1 - v. Heap entries (time, order of scheduling, token).
+    heap: list[tuple[float, int, int]] = []
+    now_list: deque[int] = deque()
+    order = itertools.count()
+    push_now = now_list.append
+    heappush = heapq.heappush
+
+    def schedule_wake(delay: float | None, now: float) -> None:
+        if delay is None:
+            return
+        at = now + delay  # SimPy's timeout: now + delay
+        if at == now:
+            push_now(-1 - fluid.generation)
+        else:
+            heappush(heap, (at, next(order), -1 - fluid.generation))
+
+    def resume(w: int, now: float) -> None:
         q = queues[w]
-        now = loop.now
-        while pos[w] < len(q):
-            i = q[pos[w]]
+        last = len(q)
+        p, k = pos[w], copy_of[w]
+        base = k * m
+        while True:
+            i = q[p]
             if not busy[w]:
-                deps = ops[i].deps
-                k = dep_at[w]
-                while k < len(deps):
-                    d = deps[k]
-                    k += 1
+                if slotted[i]:
+                    deps, off = specials[k][i], 0
+                else:
+                    deps, off = tdeps[i], base
+                j = dep_at[w]
+                while j < len(deps):
+                    d = deps[j] + off
+                    j += 1
                     if not processed[d]:
-                        dep_at[w] = k
-                        waiters[d].append(w)
+                        dep_at[w] = j
+                        waiting = waiters.get(d)
+                        if waiting is None:
+                            waiters[d] = [w]
+                        else:
+                            waiting.append(w)
+                        pos[w], copy_of[w] = p, k
                         return
-                dep_at[w] = k
-                start[i] = now
-                duration = ops[i].duration_s
-                if i in uses:
+                start[base + i] = now
+                duration = dur[i]
+                u = use[i]
+                if u is not None:
                     busy[w] = True
-                    callbacks = fluid.run(i, duration, uses[i]).callbacks
-                    assert callbacks is not None  # a fresh event has not been processed yet
-                    callbacks.append(resumers[w])
+                    pos[w], copy_of[w] = p, k
+                    schedule_wake(fluid.add(w, duration, u, now), now)
                     return
                 if duration > 0.0:
                     busy[w] = True
-                    push(now + duration, w)
+                    pos[w], copy_of[w] = p, k
+                    at = now + duration
+                    if at == now:
+                        push_now(w)
+                    else:
+                        heappush(heap, (at, next(order), w))
                     return
             busy[w] = False
-            end[i] = now
-            push(now, -1 - i)  # the op's completion event: done[i].succeed()
-            pos[w] += 1
+            end[base + i] = now
+            push_now(n_workers + base + i)  # the op's completion event: done[g].succeed()
             dep_at[w] = 0
+            p += 1
+            if p == last:
+                p, k, base = 0, k + 1, base + m
+                if k == copies:
+                    pos[w], copy_of[w] = p, k
+                    return
 
-    resumers: list[Callable[[_Event], None]] = [functools.partial(_resume_on_event, resume, w)
-                                                for w in range(len(queues))]
-    for w in range(len(queues)):
-        push(0.0, w, _URGENT)  # SimPy starts each process with an urgent initialisation event
-    queue = loop.queue
-    pop = heapq.heappop
-    while queue:
-        at, _priority, _eid, what = pop(queue)
-        loop.now = at
-        if type(what) is int:
-            if what >= 0:
-                resume(what)
-            else:
-                i = -1 - what
-                processed[i] = True
-                waiting = waiters[i]
-                if waiting:
-                    waiters[i] = []
-                    for w in waiting:
-                        resume(w)
+    for w in range(n_workers):
+        resume(w, 0.0)  # SimPy starts each process with an urgent initialisation event, before anything else
+    now = 0.0
+    pop_now = now_list.popleft
+    heappop = heapq.heappop
+    while True:
+        if heap and heap[0][0] == now:
+            token = heappop(heap)[2]
+        elif now_list:
+            token = pop_now()
+        elif heap:
+            now, _order, token = heappop(heap)
         else:
-            assert isinstance(what, _Event)
-            callbacks, what.callbacks = what.callbacks, None
-            for callback in callbacks or ():
-                callback(what)
+            break
+        if token >= n_workers:
+            g = token - n_workers
+            processed[g] = True
+            waiting = waiters.pop(g, None)
+            if waiting:
+                for w in waiting:
+                    resume(w, now)
+        elif token >= 0:
+            resume(token, now)
+        elif -1 - token == fluid.generation:  # a wake-up scheduled before the last reallocation is stale
+            finished, delay = fluid.due(now)
+            for w in finished:
+                push_now(w)  # the fluid job's event: it resumes its worker
+            schedule_wake(delay, now)
     if not all(processed):
-        first = next(op.name for op in ops if not processed[op.id])
-        raise RuntimeError(f"deadlock: {processed.count(False)} ops never ran, first: {first}")
+        first = next(g for g in range(total) if not processed[g])
+        raise RuntimeError(f"deadlock: {processed.count(False)} ops never ran, first: {tops[first % m].name}")
     return start, end, dict(fluid.stretch)
-
-
-def _resume_on_event(resume: Callable[[int], None], w: int, _ev: _Event) -> None:
-    resume(w)

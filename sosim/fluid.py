@@ -26,7 +26,7 @@ engines import it from here; neither imports the other.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -58,6 +58,38 @@ class Clock(Protocol):
     def event(self) -> ClockEvent: ...
 
 
+UsesOf = tuple[tuple[int, float], ...]
+
+
+class RepeatedUses(Mapping[int, UsesOf]):
+    """What the ops of a repeated plan (:meth:`sosim.plan.Plan.repeat`) draw on, read from its template:
+    op ``k * period + i`` draws what template op ``i`` does (an op's demands depend on its resource,
+    duration, bytes and category, which every copy shares). Built once per template, not once per copy; the
+    fast engine reads :attr:`template` directly, anything else reads it as the mapping by global op id."""
+
+    __slots__ = ("copies", "period", "template")
+
+    def __init__(self, template: dict[int, UsesOf], period: int, copies: int) -> None:
+        self.template = template
+        self.period = period
+        self.copies = copies
+
+    def __getitem__(self, op_id: int) -> UsesOf:
+        if 0 <= op_id < self.period * self.copies:
+            return self.template[op_id % self.period]
+        raise KeyError(op_id)
+
+    def __contains__(self, op_id: object) -> bool:
+        return isinstance(op_id, int) and 0 <= op_id < self.period * self.copies \
+            and op_id % self.period in self.template
+
+    def __iter__(self) -> Iterator[int]:
+        return (k * self.period + i for k in range(self.copies) for i in self.template)
+
+    def __len__(self) -> int:
+        return len(self.template) * self.copies
+
+
 @dataclass(frozen=True)
 class Contention:
     """Shared resources and the ops that draw on them.
@@ -83,7 +115,8 @@ class Contention:
         for k, cap in enumerate(self.capacity):
             if not cap > 0 or math.isinf(cap):
                 raise ValueError(f"Contention: capacity of {self.names[k]} must be positive and finite, got {cap}")
-        for op_id, ks in self.uses.items():
+        uses = self.uses.template if isinstance(self.uses, RepeatedUses) else self.uses
+        for op_id, ks in uses.items():
             for k, demand in ks:
                 if not 0 <= k < len(self.names) or not demand >= 0:
                     raise ValueError(f"Contention: op {op_id} uses resource {k} with demand {demand}")
@@ -106,14 +139,24 @@ def effective_contention(plan: Plan, contention: Contention | None) -> Contentio
     """
     if contention is None or not contention.uses:
         return None
-    ops = plan.ops
-    n = len(ops)
+    repeated = contention.uses if isinstance(contention.uses, RepeatedUses) else None
+    all_uses: Mapping[int, UsesOf]
+    if repeated is not None:
+        # Every copy of the template draws what the template does: its worst demands are the run's.
+        t = plan.template_if_current()
+        if t is None or len(t.ops) != repeated.period:
+            raise ValueError("Contention: repeated uses of another template than the plan's")
+        ops, all_uses = t.ops, repeated.template
+        n = repeated.period
+    else:
+        ops, all_uses = plan.ops, contention.uses
+        n = len(ops)
     # The largest demand of each (shared resource, serial resource), in first-seen order. A serial resource
     # is keyed by its kind's identity and its instance (what Resource equality compares; kinds are enum
     # singletons): hashing a Resource runs Python code, hashing this tuple does not.
     worst: dict[tuple[int, int, int], float] = {}
     get = worst.get
-    for op_id, ks in contention.uses.items():
+    for op_id, ks in all_uses.items():
         if op_id >= n:
             raise ValueError(f"Contention: op {op_id} is not in the plan")
         queue = ops[op_id].resource
@@ -131,14 +174,15 @@ def effective_contention(plan: Plan, contention: Contention | None) -> Contentio
     contended = {k for k, demands in per_resource.items() if sum(demands) > capacity[k] * (1 + REL_EPS)}
     if not contended:
         return None
-    uses = {}
-    for op_id, ks in contention.uses.items():
+    uses: dict[int, UsesOf] = {}
+    for op_id, ks in all_uses.items():
         kept = tuple((k, d) for k, d in ks if k in contended and d > 0)
         if kept and ops[op_id].duration_s > 0:
             uses[op_id] = kept
     if not uses:
         return None
-    return Contention(contention.names, contention.capacity, uses, contention.stands_for, contention.report_as)
+    out: Mapping[int, UsesOf] = uses if repeated is None else RepeatedUses(uses, repeated.period, repeated.copies)
+    return Contention(contention.names, contention.capacity, out, contention.stands_for, contention.report_as)
 
 
 # Stretch below this is float noise of repeated rate changes, not time lost to contention.
@@ -162,10 +206,9 @@ def stretch_by_name(by_index: dict[int, float], active: Contention) -> dict[str,
 class Job:
     """An op drawing on shared resources: its rate, projected finish and limiting resource."""
 
-    __slots__ = ("event", "finish", "limit", "rate", "since", "uses")
+    __slots__ = ("finish", "limit", "rate", "since", "uses")
 
-    def __init__(self, event: ClockEvent, finish: float, uses: tuple[tuple[int, float], ...], now: float) -> None:
-        self.event = event
+    def __init__(self, finish: float, uses: tuple[tuple[int, float], ...], now: float) -> None:
         self.uses = uses
         self.rate = 1.0
         self.finish = finish  # absolute time at which it completes if its rate stays as it is
@@ -173,11 +216,17 @@ class Job:
         self.since = now  # when the current rate took effect (for the stretch attribution)
 
 
-class Fluid:
-    """Progressive filling over the ops currently drawing on shared resources."""
+class FluidState:
+    """Progressive filling over the jobs currently drawing on shared resources, without a clock.
 
-    def __init__(self, env: Clock, contention: Contention) -> None:
-        self.env = env
+    The caller tells it when a job starts (:meth:`add`) and when its wake-up is due (:meth:`due`); each
+    returns the delay of the next wake-up (after the rates were recomputed), which the caller schedules on its
+    own event clock (:class:`Fluid` on SimPy's, the fast engine on its queue). A wake-up scheduled before the
+    latest reallocation is stale: the caller compares its :attr:`generation`. Jobs are keyed by anything the
+    caller likes (an op id, a worker): only their start order matters.
+    """
+
+    def __init__(self, contention: Contention) -> None:
         self.capacity = contention.capacity
         self.jobs: dict[int, Job] = {}
         self.generation = 0  # a wake-up scheduled before the last reallocation is stale
@@ -186,51 +235,84 @@ class Fluid:
         # same sets recur (every layer, every iteration, every rank's copy), and the filling is a pure function.
         self._filled: dict[tuple[tuple[tuple[int, float], ...], ...], tuple[list[float], list[int]]] = {}
 
-    def run(self, op_id: int, duration_s: float, uses: tuple[tuple[int, float], ...]) -> ClockEvent:
-        now = self.env.now
-        job = Job(self.env.event(), now + duration_s, uses, now)
-        self.jobs[op_id] = job
-        self._reallocate(now)
-        return job.event
+    def add(self, key: int, duration_s: float, uses: tuple[tuple[int, float], ...], now: float) -> float | None:
+        """Job ``key`` starts at ``now``; the delay of the next wake-up (None: no job left)."""
+        self.jobs[key] = Job(now + duration_s, uses, now)
+        return self._reallocate(now)
+
+    def due(self, now: float) -> tuple[list[int], float | None]:
+        """A current wake-up at ``now``: the jobs that finish now (in start order, removed), and the delay of
+        the next wake-up."""
+        tol = REL_EPS * max(1.0, abs(now))
+        jobs = self.jobs
+        finished = [key for key, job in jobs.items() if job.finish <= now + tol]
+        for key in finished:
+            job = jobs.pop(key)
+            self._close_interval(job, now)
+        return finished, self._reallocate(now)
 
     def _close_interval(self, job: Job, now: float) -> None:
         if job.rate < 1.0 and job.limit >= 0:
             self.stretch[job.limit] = self.stretch.get(job.limit, 0.0) + (1.0 - job.rate) * (now - job.since)
         job.since = now
 
-    def _reallocate(self, now: float) -> None:
-        key = tuple([job.uses for job in self.jobs.values()])
+    def _reallocate(self, now: float) -> float | None:
+        self.generation += 1
+        jobs = self.jobs
+        if not jobs:
+            return None
+        values = jobs.values()
+        key = tuple([job.uses for job in values])
         filled = self._filled.get(key)
         if filled is None:
             filled = self._filled[key] = progressive_filling(key, self.capacity)
         rates, limits = filled
-        for job, rate, limit in zip(self.jobs.values(), rates, limits):
+        first = math.inf
+        for job, rate, limit in zip(values, rates, limits):
             if rate != job.rate:
                 self._close_interval(job, now)
                 remaining = (job.finish - now) * job.rate  # full-speed seconds of work left
                 job.finish = now + remaining / rate
                 job.rate = rate
             job.limit = limit
-        self.generation += 1
-        if self.jobs:
-            first = min(job.finish for job in self.jobs.values())
-            wake = self.env.timeout(max(0.0, first - now))
-            generation = self.generation
-            callbacks = wake.callbacks
-            assert callbacks is not None  # a fresh timeout has not been processed yet
-            callbacks.append(lambda _ev: self._wake(generation))
+            if job.finish < first:
+                first = job.finish
+        return max(0.0, first - now)
+
+
+class Fluid:
+    """:class:`FluidState` driven by an event clock with SimPy's interface (the SimPy engine's)."""
+
+    def __init__(self, env: Clock, contention: Contention) -> None:
+        self.env = env
+        self.state = FluidState(contention)
+        self._events: dict[int, ClockEvent] = {}
+
+    @property
+    def stretch(self) -> dict[int, float]:
+        return self.state.stretch
+
+    def run(self, op_id: int, duration_s: float, uses: tuple[tuple[int, float], ...]) -> ClockEvent:
+        event = self._events[op_id] = self.env.event()
+        self._schedule(self.state.add(op_id, duration_s, uses, self.env.now))
+        return event
+
+    def _schedule(self, delay: float | None) -> None:
+        if delay is None:
+            return
+        wake = self.env.timeout(delay)
+        generation = self.state.generation
+        callbacks = wake.callbacks
+        assert callbacks is not None  # a fresh timeout has not been processed yet
+        callbacks.append(lambda _ev: self._wake(generation))
 
     def _wake(self, generation: int) -> None:
-        if generation != self.generation:
+        if generation != self.state.generation:
             return  # rates changed since this wake-up was scheduled
-        now = self.env.now
-        tol = REL_EPS * max(1.0, abs(now))
-        finished = [op_id for op_id, job in self.jobs.items() if job.finish <= now + tol]
+        finished, delay = self.state.due(self.env.now)
         for op_id in finished:
-            job = self.jobs.pop(op_id)
-            self._close_interval(job, now)
-            job.event.succeed()
-        self._reallocate(now)
+            self._events.pop(op_id).succeed()
+        self._schedule(delay)
 
 
 def progressive_filling(

@@ -167,6 +167,13 @@ class Plan:
             self._copy_deps = _copy_deps(self.template, self.copies)
         return self._copy_deps
 
+    def template_if_current(self) -> Template | None:
+        """The template this plan repeats, when its ops are (still) exactly its copies (None otherwise)."""
+        t = self.template
+        if t is None or (self._ops is not None and len(self._ops) != len(t.ops) * self.copies):
+            return None
+        return t
+
     def ops_like(self, ids: list[int]) -> list[Op]:
         """The ops at ``ids``, for fields every copy of a template shares (resource, category, name, duration,
         bytes, flops, phase, group, layer): a repeated plan answers with its template's ops without making
@@ -250,16 +257,7 @@ class Plan:
 
     def ops_by_resource(self) -> dict[Resource, list[int]]:
         """Each resource's ops in id order, resources in order of first use (the engines' worker order)."""
-        out: dict[Resource, list[int]] = {}
-        # By the resource object's identity first (ops share resource objects; hashing a Resource runs
-        # Python code); equal but distinct objects still meet in one list through the dict.
-        by_id: dict[int, list[int]] = {}
-        for op in self.ops:
-            queue = by_id.get(id(op.resource))
-            if queue is None:
-                queue = by_id[id(op.resource)] = out.setdefault(op.resource, [])
-            queue.append(op.id)
-        return out
+        return ops_by_resource(self.ops)
 
     @property
     def measured_iteration(self) -> int:
@@ -286,6 +284,21 @@ class Template:
     iteration_starts: list[int] = field(default_factory=list)
     lag: dict[int, int] = field(default_factory=dict)  # slot -> iterations between filling and use
     carry_out: dict[int, tuple[int, ...]] = field(default_factory=dict)  # slot -> refs it is filled with
+
+
+def ops_by_resource(ops: list[Op]) -> dict[Resource, list[int]]:
+    """Each resource's ops (by their ids) in list order, resources in order of first use (the engines'
+    worker order)."""
+    out: dict[Resource, list[int]] = {}
+    # By the resource object's identity first (ops share resource objects; hashing a Resource runs
+    # Python code); equal but distinct objects still meet in one list through the dict.
+    by_id: dict[int, list[int]] = {}
+    for op in ops:
+        queue = by_id.get(id(op.resource))
+        if queue is None:
+            queue = by_id[id(op.resource)] = out.setdefault(op.resource, [])
+        queue.append(op.id)
+    return out
 
 
 def _copy_deps(t: Template, n: int) -> list[dict[int, tuple[int, ...]]]:
