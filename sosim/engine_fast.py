@@ -22,12 +22,19 @@ from __future__ import annotations
 
 import heapq
 import itertools
-from collections import deque
 from collections.abc import Mapping
 
 import numpy as np
 
-from sosim.fluid import Contention, EngineRun, FluidState, RepeatedUses, effective_contention, stretch_by_name
+from sosim.fluid import (
+    Contention,
+    EngineRun,
+    FluidState,
+    RepeatedUses,
+    effective_contention,
+    never_throttled,
+    stretch_by_name,
+)
 from sosim.plan import Op, Plan, Resource, ops_by_resource
 
 
@@ -127,8 +134,39 @@ def run_plan_detailed(plan: Plan, contention: Contention | None = None) -> Engin
     if active is None:
         start, end = list_times(plan)
         return EngineRun(np.array(start), np.array(end), {})
+    # Most contended plans never oversubscribe anything in fact (copies in both directions that do not overlap):
+    # the list schedule is then the fluid model's timeline bit for bit (sosim.fluid.never_throttled).
+    start, end = list_times(plan)
+    if never_throttled(_contended_jobs(plan, active, start, end), active.capacity):
+        return EngineRun(np.array(start), np.array(end), {})
     start, end, by_index = _event_loop_run(plan, active)
     return EngineRun(np.array(start), np.array(end), stretch_by_name(by_index, active))
+
+
+def _contended_jobs(plan: Plan, active: Contention, start: list[float], end: list[float]
+                    ) -> list[tuple[int, float, float, tuple[tuple[int, float], ...], tuple[int, ...]]]:
+    """Op id, start, end, demands and the ops its start follows (dependencies and the resource's previous
+    op) of every op that draws on a contended shared resource (:func:`sosim.fluid.never_throttled`)."""
+    tops, copies, specials, tuses = _template_view(plan, active)
+    m = len(tops)
+    # Each template op's predecessor on its resource (-1: the first; in a later copy, the last of the copy before).
+    prev = [-1] * m
+    last = [-1] * m
+    for queue in ops_by_resource(tops).values():
+        for a, b in itertools.pairwise(queue):
+            prev[b] = a
+        last[queue[0]] = queue[-1]
+    items = list(tuses.items())
+    jobs = []
+    for k in range(copies):
+        base = k * m
+        special = specials[k]
+        for i, u in items:
+            g = base + i
+            p = base + prev[i] if prev[i] >= 0 else (base - m + last[i] if k else -1)
+            deps = special[i] if i in special else tuple([d + base for d in tops[i].deps])
+            jobs.append((g, start[g], end[g], u, (p, *deps)))
+    return jobs
 
 
 # --- the engine's run under shared-resource contention, without SimPy -------------------------------------------
@@ -187,7 +225,7 @@ def _event_loop_run(plan: Plan, active: Contention) -> tuple[list[float], list[f
     # Tokens: a worker's resumption w (0 <= w < n_workers), op g's completion n_workers + g, a fluid wake-up
     # of generation v: -1 - v. Heap entries (time, order of scheduling, token).
     heap: list[tuple[float, int, int]] = []
-    now_list: deque[int] = deque()
+    now_list: list[int] = []
     order = itertools.count()
     push_now = now_list.append
     heappush = heapq.heappush
@@ -257,31 +295,37 @@ def _event_loop_run(plan: Plan, active: Contention) -> tuple[list[float], list[f
     for w in range(n_workers):
         resume(w, 0.0)  # SimPy starts each process with an urgent initialisation event, before anything else
     now = 0.0
-    pop_now = now_list.popleft
     heappop = heapq.heappop
     while True:
-        if heap and heap[0][0] == now:
-            token = heappop(heap)[2]
-        elif now_list:
-            token = pop_now()
-        elif heap:
-            now, _order, token = heappop(heap)
-        else:
+        # Everything scheduled for now, in order (what it schedules for now joins the end of the list).
+        for token in now_list:
+            if token >= n_workers:
+                g = token - n_workers
+                processed[g] = True
+                waiting = waiters.pop(g, None)
+                if waiting:
+                    for w in waiting:
+                        resume(w, now)
+            elif token >= 0:
+                resume(token, now)
+            elif -1 - token == fluid.generation:  # a wake-up scheduled before the last reallocation is stale
+                finished, delay = fluid.due(now)
+                now_list += finished  # each fluid job's event resumes its worker
+                schedule_wake(delay, now)
+        now_list.clear()
+        if not heap:
             break
-        if token >= n_workers:
-            g = token - n_workers
-            processed[g] = True
-            waiting = waiters.pop(g, None)
-            if waiting:
-                for w in waiting:
-                    resume(w, now)
-        elif token >= 0:
-            resume(token, now)
-        elif -1 - token == fluid.generation:  # a wake-up scheduled before the last reallocation is stale
-            finished, delay = fluid.due(now)
-            for w in finished:
-                push_now(w)  # the fluid job's event: it resumes its worker
-            schedule_wake(delay, now)
+        # The next time: the heap's events at it, in order of scheduling (all before anything they schedule
+        # for that time, which goes to the list; nothing they schedule goes to the heap at that time).
+        now = heap[0][0]
+        while heap and heap[0][0] == now:
+            token = heappop(heap)[2]
+            if token >= 0:
+                resume(token, now)
+            elif -1 - token == fluid.generation:
+                finished, delay = fluid.due(now)
+                now_list += finished
+                schedule_wake(delay, now)
     if not all(processed):
         first = next(g for g in range(total) if not processed[g])
         raise RuntimeError(f"deadlock: {processed.count(False)} ops never ran, first: {tops[first % m].name}")

@@ -203,6 +203,69 @@ def stretch_by_name(by_index: dict[int, float], active: Contention) -> dict[str,
     return out
 
 
+# How far below its capacity every shared resource must stay for :func:`never_throttled` to vouch that
+# progressive filling leaves every rate at 1 whatever the order of the jobs (it absorbs the rounding of sums).
+FULL_SPEED_MARGIN = 1e-9
+
+
+def never_throttled(jobs: Sequence[tuple[int, float, float, UsesOf, tuple[int, ...]]],
+                    capacity: Sequence[float]) -> bool:
+    """Whether :class:`FluidState` would run these jobs exactly as a plain timeline does: each job ``(op id,
+    start, finish, uses, follows)`` ending at its ``finish`` (its start plus its full-speed duration), no stretch.
+    ``follows``: op ids whose completion the job's start waits for (its dependencies and its resource's
+    previous op): the fluid model hears of their end before it hears of this start.
+
+    Sufficient conditions, checked in one sweep over the jobs' starts and finishes (intervals closed, so that
+    a job ending when another starts counts as overlapping it, whichever the fluid model hears of first,
+    unless the start follows that end):
+
+    * every shared resource stays below ``(1 - FULL_SPEED_MARGIN)`` of its capacity, so every filling, in any
+      order of the jobs, gives every job rate 1 and no finish is ever recomputed;
+    * a wake-up scheduled at any reallocation time ``t`` (a start or a finish) lands on the running jobs'
+      earliest finish ``f`` exactly: ``t + (f - t) == f`` for every job running at ``t``;
+    * no job finishes within the wake-up tolerance after another running job's finish (it would end early,
+      with it).
+
+    Then each job ends at its finish and every other op where a plain list schedule puts it, whatever the
+    order of events at equal times (the fast engine's shortcut; tests/test_engines.py holds it to SimPy)."""
+    events = sorted([(s, 0, j) for j, (_g, s, _f, _u, _a) in enumerate(jobs)]
+                    + [(f, 1, j) for j, (_g, _s, f, _u, _a) in enumerate(jobs)])
+    limit = [c * (1.0 - FULL_SPEED_MARGIN) for c in capacity]
+    load = [0.0] * len(capacity)
+    running: dict[int, tuple[float, UsesOf]] = {}  # by op id: finish, uses
+    for t, kind, j in events:
+        op_id, _s, finish, uses, follows = jobs[j]
+        if kind == 0:
+            for k, d in uses:
+                load[k] += d
+                if load[k] > limit[k] and load[k] - _ended_before(running, follows, t, k) > limit[k]:
+                    return False
+            running[op_id] = (finish, uses)
+        for f, _u in running.values():
+            if t + (f - t) != f:
+                return False
+        if kind == 1:
+            tol = t + REL_EPS * max(1.0, abs(t))
+            for f, _u in running.values():
+                if f != t and f <= tol:
+                    return False
+            del running[op_id]
+            for k, d in uses:
+                load[k] -= d
+    return True
+
+
+def _ended_before(running: dict[int, tuple[float, UsesOf]], follows: tuple[int, ...], t: float, k: int) -> float:
+    """What the running jobs that end at ``t`` and that a start at ``t`` follows draw on ``k``: the fluid model
+    has let them go before that start."""
+    out = 0.0
+    for i in follows:
+        job = running.get(i)
+        if job is not None and job[0] == t:
+            out += sum(d for kk, d in job[1] if kk == k)
+    return out
+
+
 class Job:
     """An op drawing on shared resources: its rate, projected finish and limiting resource."""
 

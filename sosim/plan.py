@@ -319,17 +319,29 @@ def _copy_deps(t: Template, n: int) -> list[dict[int, tuple[int, ...]]]:
                 needed.add(r)
                 todo.append(r)
     lags = [(s, t.lag[s]) for s in sorted(needed)]
-    carry = [(s, t.carry_out.get(s, ())) for s in sorted(needed)]
+    # Per slot: the iteration's own ops it carries out (sorted, unique) and the slots it passes on.
+    carry = []
+    for s in sorted(needed):
+        refs = t.carry_out.get(s, ())
+        carry.append((s, sorted({r for r in refs if r >= 0}), [r for r in refs if r < 0]))
     out: list[dict[int, tuple[int, ...]]] = []
     # Per copy: slot -> the op ids it carries out, sorted, without duplicates.
     filled: list[dict[int, tuple[int, ...]]] = []
     for k in range(n):
         base = k * m
         held = {s: filled[k - lag][s] if k >= lag else () for s, lag in lags}
-        filled.append({s: tuple(sorted({x for r in refs for x in ((r + base,) if r >= 0 else held[r])}))
-                       for s, refs in carry})
-        # What a slot holds comes from earlier copies (lag >= 1): every such id is below ``base``, so the
-        # sorted dependencies are those ids sorted, then the op's own ones shifted (already sorted).
+        # What a slot passes on comes from earlier copies (lag >= 1): those ids are below ``base``, so the
+        # sorted union is the passed-on ids sorted, then the copy's own shifted (already sorted).
+        now: dict[int, tuple[int, ...]] = {}
+        for s, own_refs, passes in carry:
+            shifted = [r + base for r in own_refs]
+            if not passes:
+                now[s] = tuple(shifted)
+            elif len(passes) == 1:
+                now[s] = (*held[passes[0]], *shifted)
+            else:
+                now[s] = (*sorted({x for r in passes for x in held[r]}), *shifted)
+        filled.append(now)
         copy: dict[int, tuple[int, ...]] = {}
         for i, slots, own in split:
             earlier = held[slots[0]] if len(slots) == 1 else sorted({x for s in slots for x in held[s]})
