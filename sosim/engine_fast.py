@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import heapq
 import itertools
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 import numpy as np
 
@@ -33,6 +33,7 @@ from sosim.fluid import (
     RepeatedUses,
     effective_contention,
     never_throttled,
+    never_throttled_fast,
     stretch_by_name,
 )
 from sosim.plan import Op, Plan, Resource, ops_by_resource
@@ -137,36 +138,67 @@ def run_plan_detailed(plan: Plan, contention: Contention | None = None) -> Engin
     # Most contended plans never oversubscribe anything in fact (copies in both directions that do not overlap):
     # the list schedule is then the fluid model's timeline bit for bit (sosim.fluid.never_throttled).
     start, end = list_times(plan)
-    if never_throttled(_contended_jobs(plan, active, start, end), active.capacity):
+    if _full_speed(plan, active, start, end):
         return EngineRun(np.array(start), np.array(end), {})
     start, end, by_index = _event_loop_run(plan, active)
     return EngineRun(np.array(start), np.array(end), stretch_by_name(by_index, active))
 
 
-def _contended_jobs(plan: Plan, active: Contention, start: list[float], end: list[float]
-                    ) -> list[tuple[int, float, float, tuple[tuple[int, float], ...], tuple[int, ...]]]:
-    """Op id, start, end, demands and the ops its start follows (dependencies and the resource's previous
-    op) of every op that draws on a contended shared resource (:func:`sosim.fluid.never_throttled`)."""
+# Below this many contended ops, the sweep in Python is cheaper than numpy's fixed costs.
+_ARRAY_CHECK_FROM = 200
+
+
+def _full_speed(plan: Plan, active: Contention, start: list[float], end: list[float],
+                array_from: int = _ARRAY_CHECK_FROM) -> bool:
+    """Whether the fluid model would leave every contended op of the list schedule ``start``/``end`` at full
+    speed (:func:`sosim.fluid.never_throttled_fast` on many, else :func:`sosim.fluid.never_throttled`)."""
     tops, copies, specials, tuses = _template_view(plan, active)
     m = len(tops)
-    # Each template op's predecessor on its resource (-1: the first; in a later copy, the last of the copy before).
-    prev = [-1] * m
-    last = [-1] * m
-    for queue in ops_by_resource(tops).values():
-        for a, b in itertools.pairwise(queue):
-            prev[b] = a
-        last[queue[0]] = queue[-1]
-    items = list(tuses.items())
-    jobs = []
-    for k in range(copies):
+    queues = ops_by_resource(tops)
+    if len(tuses) * copies < array_from:
+        jobs = [(base + i, start[base + i], end[base + i], u)
+                for base in range(0, copies * m, m) for i, u in tuses.items()]
+        return never_throttled(jobs, active.capacity, _follows(tops, specials, queues))
+    worker_of = [0] * m
+    for w, queue in enumerate(queues.values()):
+        for i in queue:
+            worker_of[i] = w
+    template = np.fromiter(tuses.keys(), dtype=np.int64, count=len(tuses))
+    ids = (np.arange(copies, dtype=np.int64)[:, None] * m + template[None, :]).ravel()
+    per_k: dict[int, tuple[list[int], list[float]]] = {}
+    for j, u in enumerate(tuses.values()):
+        for k, d in u:
+            at, ds = per_k.setdefault(k, ([], []))
+            at.append(j)
+            ds.append(d)
+    n = len(template)
+    demand = {k: ((np.arange(copies, dtype=np.int64)[:, None] * n + np.array(at)[None, :]).ravel(),
+                  np.tile(np.array(ds), copies)) for k, (at, ds) in per_k.items()}
+    worker = np.tile(np.array([worker_of[i] for i in template.tolist()], dtype=np.int64), copies)
+    start_s, end_s = np.array(start), np.array(end)
+    if never_throttled_fast(start_s[ids], end_s[ids], demand, worker, active.capacity):
+        return True
+    uses = list(tuses.values()) * copies
+    jobs = list(zip(ids.tolist(), start_s[ids].tolist(), end_s[ids].tolist(), uses, strict=True))
+    return never_throttled(jobs, active.capacity, _follows(tops, specials, queues))
+
+
+def _follows(tops: list[Op], specials: list[dict[int, tuple[int, ...]]],
+             queues: dict[Resource, list[int]]) -> Callable[[int], tuple[int, ...]]:
+    """Op id -> the ops whose completion its start waits for: its dependencies and its resource's previous op
+    (asked only where two contended ops meet at one instant)."""
+    m = len(tops)
+
+    def follows(g: int) -> tuple[int, ...]:
+        k, i = divmod(g, m)
         base = k * m
-        special = specials[k]
-        for i, u in items:
-            g = base + i
-            p = base + prev[i] if prev[i] >= 0 else (base - m + last[i] if k else -1)
-            deps = special[i] if i in special else tuple([d + base for d in tops[i].deps])
-            jobs.append((g, start[g], end[g], u, (p, *deps)))
-    return jobs
+        deps = specials[k][i] if i in specials[k] else tuple([d + base for d in tops[i].deps])
+        queue = queues[tops[i].resource]
+        at = queue.index(i)
+        previous = base + queue[at - 1] if at else (base - m + queue[-1] if k else -1)
+        return (previous, *deps)
+
+    return follows
 
 
 # --- the engine's run under shared-resource contention, without SimPy -------------------------------------------

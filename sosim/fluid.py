@@ -208,12 +208,52 @@ def stretch_by_name(by_index: dict[int, float], active: Contention) -> dict[str,
 FULL_SPEED_MARGIN = 1e-9
 
 
-def never_throttled(jobs: Sequence[tuple[int, float, float, UsesOf, tuple[int, ...]]],
-                    capacity: Sequence[float]) -> bool:
+def never_throttled_fast(start: np.ndarray, finish: np.ndarray, demand: Mapping[int, tuple[np.ndarray, np.ndarray]],
+                         worker: np.ndarray, capacity: Sequence[float]) -> bool:
+    """:func:`never_throttled`'s conditions on arrays (one entry per job), with one causal order only: a
+    serial resource's (``worker``'s) next job starting when its previous one ends does not overlap it (the
+    worker's job ends before it starts the next). ``demand[k]``: the jobs drawing on shared resource ``k``
+    and what they draw. False where it cannot vouch (:func:`never_throttled` may still)."""
+    # Wake-ups land on finishes: t + (f - t) == f for every start or finish t inside a job's [start, finish].
+    times = np.sort(np.concatenate([start, finish]))
+    lo = np.searchsorted(times, start, "left")
+    hi = np.searchsorted(times, finish, "right")
+    counts = hi - lo
+    job = np.repeat(np.arange(len(start)), counts)
+    at = times[np.arange(counts.sum()) - np.repeat(np.cumsum(counts) - counts, counts) + np.repeat(lo, counts)]
+    f = finish[job]
+    if not np.array_equal(at + (f - at), f):
+        return False
+    # No finish within the wake-up tolerance after another (distinct) finish.
+    ends = np.unique(finish)
+    if np.any(ends[1:] <= ends[:-1] + REL_EPS * np.maximum(1.0, np.abs(ends[:-1]))):
+        return False
+    # Every resource below its capacity at every instant, intervals closed, a worker's hand-off counted once.
+    for k, (jobs, d) in demand.items():
+        w, s, e = worker[jobs], start[jobs], finish[jobs]
+        order = np.lexsort((s, w))
+        w, s, e, d = w[order], s[order], e[order], d[order]
+        handoff = np.zeros(len(s), dtype=bool)
+        handoff[1:] = (w[1:] == w[:-1]) & (s[1:] == e[:-1])
+        step = np.zeros(len(s))
+        step[1:] = d[1:] - d[:-1]
+        up = np.where(handoff, np.maximum(step, 0.0), d)  # at a start
+        down = -d  # at a finish
+        down[:-1] = np.where(handoff[1:], np.minimum(step[1:], 0.0), down[:-1])
+        phase = np.concatenate([np.zeros(len(s)), np.ones(len(s))])
+        t = np.concatenate([s, e])
+        delta = np.concatenate([up, down])
+        if np.cumsum(delta[np.lexsort((phase, t))]).max() > capacity[k] * (1.0 - FULL_SPEED_MARGIN):
+            return False
+    return True
+
+
+def never_throttled(jobs: Sequence[tuple[int, float, float, UsesOf]], capacity: Sequence[float],
+                    follows: Callable[[int], tuple[int, ...]]) -> bool:
     """Whether :class:`FluidState` would run these jobs exactly as a plain timeline does: each job ``(op id,
-    start, finish, uses, follows)`` ending at its ``finish`` (its start plus its full-speed duration), no stretch.
-    ``follows``: op ids whose completion the job's start waits for (its dependencies and its resource's
-    previous op): the fluid model hears of their end before it hears of this start.
+    start, finish, uses)`` ending at its ``finish`` (its start plus its full-speed duration), no stretch.
+    ``follows(op id)``: the op ids whose completion that job's start waits for (its dependencies and its
+    resource's previous op): the fluid model hears of their end before it hears of this start.
 
     Sufficient conditions, checked in one sweep over the jobs' starts and finishes (intervals closed, so that
     a job ending when another starts counts as overlapping it, whichever the fluid model hears of first,
@@ -228,30 +268,37 @@ def never_throttled(jobs: Sequence[tuple[int, float, float, UsesOf, tuple[int, .
 
     Then each job ends at its finish and every other op where a plain list schedule puts it, whatever the
     order of events at equal times (the fast engine's shortcut; tests/test_engines.py holds it to SimPy)."""
-    events = sorted([(s, 0, j) for j, (_g, s, _f, _u, _a) in enumerate(jobs)]
-                    + [(f, 1, j) for j, (_g, _s, f, _u, _a) in enumerate(jobs)])
+    n = len(jobs)
+    starts = [job[1] for job in jobs]
+    finishes = [job[2] for job in jobs]
+    # Starts before finishes at equal times (closed intervals): a merge of the two orders.
+    by_start = sorted(range(n), key=starts.__getitem__)
+    by_finish = sorted(range(n), key=finishes.__getitem__)
     limit = [c * (1.0 - FULL_SPEED_MARGIN) for c in capacity]
     load = [0.0] * len(capacity)
     running: dict[int, tuple[float, UsesOf]] = {}  # by op id: finish, uses
-    for t, kind, j in events:
-        op_id, _s, finish, uses, follows = jobs[j]
-        if kind == 0:
+    a = 0
+    for j in by_finish:
+        end_t = finishes[j]
+        while a < n and starts[by_start[a]] <= end_t:
+            op_id, t, finish, uses = jobs[by_start[a]]
+            a += 1
             for k, d in uses:
                 load[k] += d
-                if load[k] > limit[k] and load[k] - _ended_before(running, follows, t, k) > limit[k]:
+                if load[k] > limit[k] and load[k] - _ended_before(running, follows(op_id), t, k) > limit[k]:
                     return False
             running[op_id] = (finish, uses)
-        for f, _u in running.values():
-            if t + (f - t) != f:
-                return False
-        if kind == 1:
-            tol = t + REL_EPS * max(1.0, abs(t))
             for f, _u in running.values():
-                if f != t and f <= tol:
+                if t + (f - t) != f:
                     return False
-            del running[op_id]
-            for k, d in uses:
-                load[k] -= d
+        op_id, _s, t, uses = jobs[j]
+        tol = t + REL_EPS * max(1.0, abs(t))
+        for f, _u in running.values():
+            if f != t and (f <= tol or t + (f - t) != f):
+                return False
+        del running[op_id]
+        for k, d in uses:
+            load[k] -= d
     return True
 
 
@@ -259,7 +306,7 @@ def _ended_before(running: dict[int, tuple[float, UsesOf]], follows: tuple[int, 
     """What the running jobs that end at ``t`` and that a start at ``t`` follows draw on ``k``: the fluid model
     has let them go before that start."""
     out = 0.0
-    for i in follows:
+    for i in set(follows):  # once each (an op may be both a dependency and the resource's previous op)
         job = running.get(i)
         if job is not None and job[0] == t:
             out += sum(d for kk, d in job[1] if kk == k)
