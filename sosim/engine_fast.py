@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import heapq
 import itertools
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 
 import numpy as np
 
@@ -36,7 +36,7 @@ from sosim.fluid import (
     never_throttled_fast,
     stretch_by_name,
 )
-from sosim.plan import Op, Plan, Resource, ops_by_resource
+from sosim.plan import Op, Plan, Resource, Template, ops_by_resource
 
 
 def list_times(plan: Plan) -> tuple[list[float], list[float]]:
@@ -80,52 +80,80 @@ def list_times(plan: Plan) -> tuple[list[float], list[float]]:
 
 def _repeated_times(plan: Plan) -> tuple[list[float], list[float]]:
     """:func:`list_times` of ``plan.copies`` copies of ``plan.template``: per template op its resource slot,
-    duration and dependencies inside the iteration (shifted by each copy's first id), and for the ops that
-    wait for a carry slot the dependencies of that copy (:attr:`Plan.copy_deps`). The same floats in the
-    same order as over the made ops."""
+    duration and dependencies inside the iteration (a template index: each copy runs on its own lists).
+
+    An op waiting for a carry slot starts after the latest end among what the slot holds in that copy (the
+    ops of copy ``k - lag`` it carries out, or what it passes on): a list schedule takes the largest of its
+    dependencies' ends, in any order the same float, so only that largest end is carried per slot and copy,
+    not the sorted dependencies themselves (:attr:`Plan.copy_deps`, which the event loop needs for SimPy's
+    order of waiting). The same floats as over the made ops."""
     t = plan.template
     assert t is not None
     m = len(t.ops)
     # Resource slots by object identity first, as list_times does (hashing a Resource runs Python code).
     by_id: dict[int, int] = {}
     slot_of: dict[Resource, int] = {}
-    res = []
+    rows: list[tuple[int, int, float, tuple[int, ...], tuple[list[int], list[int]] | None]] = []
     for op in t.ops:
         k = by_id.get(id(op.resource))
         if k is None:
             k = by_id[id(op.resource)] = slot_of.setdefault(op.resource, len(slot_of))
-        res.append(k)
-    dur = [op.duration_s for op in t.ops]
-    own = [op.deps for op in t.ops]
-    # One copy at a time on its own lists (a dependency inside the copy is its template index, no shift);
-    # the ops waiting for a carry slot read the ends of earlier copies through ``end`` (global ids).
+        deps = op.deps
+        carried = ([d for d in deps if d < 0], [d for d in deps if d >= 0]) if deps and deps[0] < 0 else None
+        rows.append((op.id, k, op.duration_s, deps, carried))
+    carry = _slots_followed(t, {s for row in rows if row[4] is not None for s in row[4][0]})
     start: list[float] = []
     end: list[float] = []
     free = [0.0] * len(slot_of)
-    rows = list(zip(range(m), res, dur, own))
-    for k, special in enumerate(plan.copy_deps):
-        base = k * m
+    # Per copy: slot -> the latest end of what it carries out of that copy (None: nothing).
+    filled: list[dict[int, float | None]] = []
+    for k in range(plan.copies):
+        held = {s: filled[k - lag][s] if k >= lag else None for s, lag, _own, _passes in carry}
         s_k = [0.0] * m
         e_k = [0.0] * m
-        for i, r, du, deps in rows:
+        for i, r, du, deps, carried in rows:
             time = free[r]
-            if i in special:
-                for d in special[i]:
-                    e = end[d] if d < base else e_k[d - base]
-                    if e > time:
-                        time = e
+            inside: Sequence[int]
+            if carried is not None:
+                slots, inside = carried
+                for slot in slots:
+                    h = held[slot]
+                    if h is not None and h > time:
+                        time = h
             else:
-                for d in deps:
-                    e = e_k[d]
-                    if e > time:
-                        time = e
+                inside = deps
+            for d in inside:
+                e = e_k[d]
+                if e > time:
+                    time = e
             s_k[i] = time
             time += du
             e_k[i] = time
             free[r] = time
+        out: dict[int, float | None] = {}
+        for slot, _lag, own, passes in carry:
+            latest = None
+            for x in [e_k[r] for r in own] + [held[p] for p in passes]:
+                if x is not None and (latest is None or x > latest):
+                    latest = x
+            out[slot] = latest
+        filled.append(out)
         start += s_k
         end += e_k
     return start, end
+
+
+def _slots_followed(t: Template, needed: set[int]) -> list[tuple[int, int, list[int], list[int]]]:
+    """The carry slots that ops wait for, and those they pass on from: slot, lag, the template ops it carries
+    out, the slots it passes on."""
+    todo = list(needed)
+    while todo:
+        for r in t.carry_out.get(todo.pop(), ()):
+            if r < 0 and r not in needed:
+                needed.add(r)
+                todo.append(r)
+    return [(s, t.lag[s], [r for r in t.carry_out.get(s, ()) if r >= 0], [r for r in t.carry_out.get(s, ()) if r < 0])
+            for s in sorted(needed)]
 
 
 def run_plan_detailed(plan: Plan, contention: Contention | None = None) -> EngineRun:
@@ -152,13 +180,13 @@ def _full_speed(plan: Plan, active: Contention, start: list[float], end: list[fl
                 array_from: int = _ARRAY_CHECK_FROM) -> bool:
     """Whether the fluid model would leave every contended op of the list schedule ``start``/``end`` at full
     speed (:func:`sosim.fluid.never_throttled_fast` on many, else :func:`sosim.fluid.never_throttled`)."""
-    tops, copies, specials, tuses = _template_view(plan, active)
+    tops, copies, tuses = _template_view(plan, active)
     m = len(tops)
     queues = ops_by_resource(tops)
     if len(tuses) * copies < array_from:
         jobs = [(base + i, start[base + i], end[base + i], u)
                 for base in range(0, copies * m, m) for i, u in tuses.items()]
-        return never_throttled(jobs, active.capacity, _follows(tops, specials, queues))
+        return never_throttled(jobs, active.capacity, _follows(plan, tops, queues))
     worker_of = [0] * m
     for w, queue in enumerate(queues.values()):
         for i in queue:
@@ -180,19 +208,21 @@ def _full_speed(plan: Plan, active: Contention, start: list[float], end: list[fl
         return True
     uses = list(tuses.values()) * copies
     jobs = list(zip(ids.tolist(), start_s[ids].tolist(), end_s[ids].tolist(), uses, strict=True))
-    return never_throttled(jobs, active.capacity, _follows(tops, specials, queues))
+    return never_throttled(jobs, active.capacity, _follows(plan, tops, queues))
 
 
-def _follows(tops: list[Op], specials: list[dict[int, tuple[int, ...]]],
-             queues: dict[Resource, list[int]]) -> Callable[[int], tuple[int, ...]]:
+def _follows(plan: Plan, tops: list[Op], queues: dict[Resource, list[int]]) -> Callable[[int], tuple[int, ...]]:
     """Op id -> the ops whose completion its start waits for: its dependencies and its resource's previous op
-    (asked only where two contended ops meet at one instant)."""
+    (asked only where two contended ops meet at one instant: a repeated plan's carried dependencies are
+    resolved then, not before)."""
     m = len(tops)
+    repeated = _is_template(plan, tops)
 
     def follows(g: int) -> tuple[int, ...]:
         k, i = divmod(g, m)
         base = k * m
-        deps = specials[k][i] if i in specials[k] else tuple([d + base for d in tops[i].deps])
+        special = plan.copy_deps[k] if repeated else {}
+        deps = special[i] if i in special else tuple([d + base for d in tops[i].deps])
         queue = queues[tops[i].resource]
         at = queue.index(i)
         previous = base + queue[at - 1] if at else (base - m + queue[-1] if k else -1)
@@ -204,7 +234,12 @@ def _follows(tops: list[Op], specials: list[dict[int, tuple[int, ...]]],
 # --- the engine's run under shared-resource contention, without SimPy -------------------------------------------
 
 
-def _template_view(plan: Plan, active: Contention) -> tuple[list[Op], int, list[dict[int, tuple[int, ...]]],
+def _is_template(plan: Plan, ops: list[Op]) -> bool:
+    """Whether ``ops`` (from :func:`_template_view`) are ``plan``'s template (else its own ops)."""
+    return plan.template is not None and ops is plan.template.ops
+
+
+def _template_view(plan: Plan, active: Contention) -> tuple[list[Op], int,
                                                             Mapping[int, tuple[tuple[int, float], ...]]]:
     """The plan as ``copies`` copies of one list of ops: a repeated template read as its template (each copy's
     carried dependencies in :attr:`Plan.copy_deps`, the demands of the template's ops), or any other plan
@@ -212,8 +247,8 @@ def _template_view(plan: Plan, active: Contention) -> tuple[list[Op], int, list[
     t = plan.template_if_current()
     uses = active.uses
     if t is not None and isinstance(uses, RepeatedUses) and uses.period == len(t.ops):
-        return t.ops, plan.copies, plan.copy_deps, uses.template
-    return plan.ops, 1, [{}], uses
+        return t.ops, plan.copies, uses.template
+    return plan.ops, 1, uses
 
 
 def _event_loop_run(plan: Plan, active: Contention) -> tuple[list[float], list[float], dict[int, float]]:
@@ -234,7 +269,8 @@ def _event_loop_run(plan: Plan, active: Contention) -> tuple[list[float], list[f
     op ``i`` has id ``copy * len(template) + i``), without making its ops. Returns start and end of every op
     and the fluid model's stretch by shared resource index.
     """
-    tops, copies, specials, tuses = _template_view(plan, active)
+    tops, copies, tuses = _template_view(plan, active)
+    specials = plan.copy_deps if _is_template(plan, tops) else [{}]
     m = len(tops)
     total = m * copies
     dur = [op.duration_s for op in tops]
