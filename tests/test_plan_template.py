@@ -11,7 +11,7 @@ import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from sosim import load_scenario
+from sosim import engine_fast, load_scenario
 from sosim.config import Scenario
 from sosim.errors import SosimError
 from sosim.plan import GPU, H2D, Category, Op, Phase, Plan, Template
@@ -43,6 +43,9 @@ def built(sc: Scenario, monkeypatch: pytest.MonkeyPatch, oracle: bool) -> Plan:
 
 def assert_same_plan(sc: Scenario, monkeypatch: pytest.MonkeyPatch) -> None:
     a, b = built(sc, monkeypatch, False), built(sc, monkeypatch, True)
+    # The fast engine's list schedule of the repeated template (read as arrays, each carry slot as the latest
+    # end it holds) is that of the plan built in turn, float for float.
+    assert a.repeated and engine_fast.list_times(a) == engine_fast.list_times(b)
     assert len(a.ops) == len(b.ops)
     assert a.ops == b.ops  # every field: id, resource, name, duration, deps, layer, iteration, ...
     assert a.iteration_starts == b.iteration_starts
