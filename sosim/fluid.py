@@ -26,7 +26,7 @@ engines import it from here; neither imports the other.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -61,33 +61,20 @@ class Clock(Protocol):
 UsesOf = tuple[tuple[int, float], ...]
 
 
-class RepeatedUses(Mapping[int, UsesOf]):
-    """What the ops of a repeated plan (:meth:`sosim.plan.Plan.repeat`) draw on, read from its template:
+class RepeatedUses(dict[int, UsesOf]):
+    """What the ops of a repeated plan (:meth:`sosim.plan.Plan.repeat`) draw on, built from its template:
     op ``k * period + i`` draws what template op ``i`` does (an op's demands depend on its resource,
-    duration, bytes and category, which every copy shares). Built once per template, not once per copy; the
-    fast engine reads :attr:`template` directly, anything else reads it as the mapping by global op id."""
+    duration, bytes and category, which every copy shares). The demands are worked out once per template,
+    not once per copy; this is the plain mapping by global op id (what the SimPy engine reads), and
+    :attr:`template` is what the fast engine and :func:`effective_contention` read."""
 
     __slots__ = ("copies", "period", "template")
 
     def __init__(self, template: dict[int, UsesOf], period: int, copies: int) -> None:
+        super().__init__({k * period + i: u for k in range(copies) for i, u in template.items()})
         self.template = template
         self.period = period
         self.copies = copies
-
-    def __getitem__(self, op_id: int) -> UsesOf:
-        if 0 <= op_id < self.period * self.copies:
-            return self.template[op_id % self.period]
-        raise KeyError(op_id)
-
-    def __contains__(self, op_id: object) -> bool:
-        return isinstance(op_id, int) and 0 <= op_id < self.period * self.copies \
-            and op_id % self.period in self.template
-
-    def __iter__(self) -> Iterator[int]:
-        return (k * self.period + i for k in range(self.copies) for i in self.template)
-
-    def __len__(self) -> int:
-        return len(self.template) * self.copies
 
 
 @dataclass(frozen=True)
