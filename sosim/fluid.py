@@ -161,6 +161,9 @@ def effective_contention(plan: Plan, contention: Contention | None) -> Contentio
     contended = {k for k, demands in per_resource.items() if sum(demands) > capacity[k] * (1 + REL_EPS)}
     if not contended:
         return None
+    if len(contended) == len(per_resource) and all(ks and all(d > 0 for _k, d in ks) for ks in all_uses.values()) \
+            and all(ops[op_id].duration_s > 0 for op_id in all_uses):
+        return contention  # every resource drawn on can be oversubscribed: nothing to drop
     uses: dict[int, UsesOf] = {}
     for op_id, ks in all_uses.items():
         kept = tuple((k, d) for k, d in ks if k in contended and d > 0)
