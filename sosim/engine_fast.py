@@ -23,6 +23,7 @@ from __future__ import annotations
 import heapq
 import itertools
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -270,32 +271,54 @@ def _event_loop_run(plan: Plan, active: Contention) -> tuple[list[float], list[f
     and the fluid model's stretch by shared resource index.
     """
     tops, copies, tuses = _template_view(plan, active)
+    total = len(tops) * copies
+    loop = _Queues(FluidState(active), [False] * total, {}, [], [])
+    start = [0.0] * total
+    end = [0.0] * total
+    queues = list(ops_by_resource(tops).values())  # the engine's worker order (its env.process order)
     specials = plan.copy_deps if _is_template(plan, tops) else [{}]
+    resume, schedule_wake = _worker_steps(loop, tops, copies, specials, tuses, queues, start, end)
+    _drive(loop, len(queues), resume, schedule_wake)
+    if not all(loop.processed):
+        first = loop.processed.index(False)
+        raise RuntimeError(f"deadlock: {loop.processed.count(False)} ops never ran, first: "
+                           f"{tops[first % len(tops)].name}")
+    return start, end, dict(loop.fluid.stretch)
+
+
+@dataclass(slots=True)
+class _Queues:
+    """What the event loop's steps share. Tokens: a worker's resumption ``w`` (``0 <= w < workers``), op
+    ``g``'s completion ``workers + g``, a fluid wake-up of generation ``v``: ``-1 - v``. The heap holds
+    (time, order of scheduling, token) of later events; ``now`` the tokens scheduled for the current time."""
+
+    fluid: FluidState
+    processed: list[bool]  # op g's completion event has been processed (its waiters resumed)
+    waiters: dict[int, list[int]]  # workers waiting on op g, in the order they began to
+    heap: list[tuple[float, int, int]]
+    now: list[int]
+    order: itertools.count[int] = field(default_factory=itertools.count)
+
+
+def _worker_steps(loop: _Queues, tops: list[Op], copies: int, specials: list[dict[int, tuple[int, ...]]],
+                  tuses: Mapping[int, tuple[tuple[int, float], ...]], queues: list[list[int]], start: list[float],
+                  end: list[float]) -> tuple[Callable[[int, float], None], Callable[[float | None, float], None]]:
+    """The workers as state machines: ``resume(w, now)`` runs worker ``w`` until it waits (for a dependency,
+    a timeout or the fluid model) or has no op left; ``schedule_wake(delay, now)`` schedules the fluid
+    model's next wake-up."""
     m = len(tops)
-    total = m * copies
     dur = [op.duration_s for op in tops]
     tdeps = [op.deps for op in tops]
     use = [tuses.get(i) for i in range(m)]
-    slotted = [False] * m  # template ops that wait for a carry slot: their deps are per copy (global ids)
-    for i in specials[0]:
-        slotted[i] = True
-    queues = list(ops_by_resource(tops).values())  # the engine's worker order (its env.process order)
+    # Template ops that wait for a carry slot: their dependencies are per copy (global ids).
+    slotted = [i in specials[0] for i in range(m)]
     n_workers = len(queues)
-    fluid = FluidState(active)
-    start = [0.0] * total
-    end = [0.0] * total
-    processed = [False] * total  # op g's completion event has been processed (its waiters resumed)
-    waiters: dict[int, list[int]] = {}  # workers waiting on op g, in the order they began to
     pos = [0] * n_workers  # the template op each worker is at
     copy_of = [0] * n_workers  # and the copy
     dep_at = [0] * n_workers  # the next dependency it checks
     busy = [False] * n_workers  # it waits for its op's timeout or fluid completion
-    # Tokens: a worker's resumption w (0 <= w < n_workers), op g's completion n_workers + g, a fluid wake-up
-    # of generation v: -1 - v. Heap entries (time, order of scheduling, token).
-    heap: list[tuple[float, int, int]] = []
-    now_list: list[int] = []
-    order = itertools.count()
-    push_now = now_list.append
+    fluid, processed, waiters, heap, order = loop.fluid, loop.processed, loop.waiters, loop.heap, loop.order
+    push_now = loop.now.append
     heappush = heapq.heappush
 
     def schedule_wake(delay: float | None, now: float) -> None:
@@ -325,29 +348,21 @@ def _event_loop_run(plan: Plan, active: Contention) -> tuple[list[float], list[f
                     j += 1
                     if not processed[d]:
                         dep_at[w] = j
-                        waiting = waiters.get(d)
-                        if waiting is None:
-                            waiters[d] = [w]
-                        else:
-                            waiting.append(w)
+                        waiters.setdefault(d, []).append(w)
                         pos[w], copy_of[w] = p, k
                         return
                 start[base + i] = now
                 duration = dur[i]
                 u = use[i]
-                if u is not None:
+                if u is not None or duration > 0.0:
                     busy[w] = True
                     pos[w], copy_of[w] = p, k
-                    schedule_wake(fluid.add(w, duration, u, now), now)
-                    return
-                if duration > 0.0:
-                    busy[w] = True
-                    pos[w], copy_of[w] = p, k
-                    at = now + duration
-                    if at == now:
+                    if u is not None:
+                        schedule_wake(fluid.add(w, duration, u, now), now)
+                    elif now + duration == now:
                         push_now(w)
                     else:
-                        heappush(heap, (at, next(order), w))
+                        heappush(heap, (now + duration, next(order), w))
                     return
             busy[w] = False
             end[base + i] = now
@@ -360,20 +375,26 @@ def _event_loop_run(plan: Plan, active: Contention) -> tuple[list[float], list[f
                     pos[w], copy_of[w] = p, k
                     return
 
-    for w in range(n_workers):
-        resume(w, 0.0)  # SimPy starts each process with an urgent initialisation event, before anything else
-    now = 0.0
+    return resume, schedule_wake
+
+
+def _drive(loop: _Queues, n_workers: int, resume: Callable[[int, float], None],
+           schedule_wake: Callable[[float | None, float], None]) -> None:
+    """Run the events in SimPy's order: each worker's start-up at time 0 (SimPy's urgent initialisation events,
+    before anything else), then per time the heap's events at it, then what is scheduled for it, in order."""
+    fluid, processed, waiters, heap, now_list = loop.fluid, loop.processed, loop.waiters, loop.heap, loop.now
     heappop = heapq.heappop
+    for w in range(n_workers):
+        resume(w, 0.0)
+    now = 0.0
     while True:
         # Everything scheduled for now, in order (what it schedules for now joins the end of the list).
         for token in now_list:
             if token >= n_workers:
                 g = token - n_workers
                 processed[g] = True
-                waiting = waiters.pop(g, None)
-                if waiting:
-                    for w in waiting:
-                        resume(w, now)
+                for w in waiters.pop(g, ()):
+                    resume(w, now)
             elif token >= 0:
                 resume(token, now)
             elif -1 - token == fluid.generation:  # a wake-up scheduled before the last reallocation is stale
@@ -382,7 +403,7 @@ def _event_loop_run(plan: Plan, active: Contention) -> tuple[list[float], list[f
                 schedule_wake(delay, now)
         now_list.clear()
         if not heap:
-            break
+            return
         # The next time: the heap's events at it, in order of scheduling (all before anything they schedule
         # for that time, which goes to the list; nothing they schedule goes to the heap at that time).
         now = heap[0][0]
@@ -394,7 +415,3 @@ def _event_loop_run(plan: Plan, active: Contention) -> tuple[list[float], list[f
                 finished, delay = fluid.due(now)
                 now_list += finished
                 schedule_wake(delay, now)
-    if not all(processed):
-        first = next(g for g in range(total) if not processed[g])
-        raise RuntimeError(f"deadlock: {processed.count(False)} ops never ran, first: {tops[first % m].name}")
-    return start, end, dict(fluid.stretch)
