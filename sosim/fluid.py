@@ -143,12 +143,20 @@ def effective_contention(plan: Plan, contention: Contention | None) -> Contentio
     # singletons): hashing a Resource runs Python code, hashing this tuple does not.
     worst: dict[tuple[int, int, int], float] = {}
     get = worst.get
+    # Whether nothing would be dropped below even if every resource is contended: every op that draws lasts
+    # and draws something on each resource it lists.
+    clean = True
     for op_id, ks in all_uses.items():
         if op_id >= n:
             raise ValueError(f"Contention: op {op_id} is not in the plan")
-        queue = ops[op_id].resource
+        op = ops[op_id]
+        if not ks or not op.duration_s > 0:
+            clean = False
+        queue = op.resource
         kind, instance = id(queue.kind), queue.instance
         for k, demand in ks:
+            if not demand > 0:
+                clean = False
             key = (k, kind, instance)
             # max(worst.get(key, 0.0), demand) without the call: the same value (demands are >= 0).
             w = get(key, 0.0)
@@ -161,8 +169,7 @@ def effective_contention(plan: Plan, contention: Contention | None) -> Contentio
     contended = {k for k, demands in per_resource.items() if sum(demands) > capacity[k] * (1 + REL_EPS)}
     if not contended:
         return None
-    if len(contended) == len(per_resource) and all(ks and all(d > 0 for _k, d in ks) for ks in all_uses.values()) \
-            and all(ops[op_id].duration_s > 0 for op_id in all_uses):
+    if clean and len(contended) == len(per_resource):
         return contention  # every resource drawn on can be oversubscribed: nothing to drop
     uses: dict[int, UsesOf] = {}
     for op_id, ks in all_uses.items():
