@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 
 from sosim import load_scenario
 from sosim.answers.simulate import make_cost_model
+from sosim.engine import fast as engine_fast
 from sosim.engine.plan import GPU, H2D, Category, Op, Phase, Plan, Template
 from sosim.inputs.config import Scenario
 from sosim.inputs.errors import SosimError
@@ -43,6 +44,9 @@ def built(sc: Scenario, monkeypatch: pytest.MonkeyPatch, oracle: bool) -> Plan:
 
 def assert_same_plan(sc: Scenario, monkeypatch: pytest.MonkeyPatch) -> None:
     a, b = built(sc, monkeypatch, False), built(sc, monkeypatch, True)
+    # The fast engine's list schedule of the repeated template (read as arrays, each carry slot as the latest
+    # end it holds) is that of the plan built in turn, float for float.
+    assert a.repeated and engine_fast.list_times(a) == engine_fast.list_times(b)
     assert len(a.ops) == len(b.ops)
     assert a.ops == b.ops  # every field: id, resource, name, duration, deps, layer, iteration, ...
     assert a.iteration_starts == b.iteration_starts

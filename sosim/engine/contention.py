@@ -22,7 +22,7 @@ node is simulated and its collectives wait for all of them (a collective starts 
 
 from __future__ import annotations
 
-from sosim.engine.fluid import Contention
+from sosim.engine.fluid import Contention, RepeatedUses
 from sosim.engine.plan import Category, Op, Plan, Resource, ResourceKind
 from sosim.hardware.machine import Machine, SharedId, SharedResource, cores_id, dram_id, nvme_id
 from sosim.inputs.config import Scenario
@@ -227,7 +227,10 @@ def contention_for(sc: Scenario, m: Machine, plan: Plan, simulated_ranks: int) -
     # objects: the lookup is one dict read, where the kind tests hash an enum): _SKIP for resources that draw
     # on nothing shared (GPU streams, collectives, ranks not simulated).
     branch_of: dict[int, int] = {}
-    for op in plan.ops:
+    # A repeated plan's copies draw what its one-iteration template draws: the demands are built for the
+    # template's ops only (sosim.engine.fluid.RepeatedUses reads them for every copy).
+    template = plan.template_if_current()
+    for op in plan.ops if template is None else template.ops:
         duration = op.duration_s
         if duration <= 0:
             continue
@@ -333,4 +336,7 @@ def contention_for(sc: Scenario, m: Machine, plan: Plan, simulated_ranks: int) -
         scale = min(1.0, *(capacity[k] / d for k, d in ks if d > 0 and k not in bridge))
         if scale < 1.0:
             uses[op_id] = tuple((k, d * scale) for k, d in ks)
-    return Contention(tuple(s.name for s in shared), capacity, uses)
+    names = tuple(s.name for s in shared)
+    if template is not None:
+        return Contention(names, capacity, RepeatedUses(uses, len(template.ops), plan.copies))
+    return Contention(names, capacity, uses)

@@ -20,14 +20,24 @@ scenario). This is the engine ``simulate()`` runs by default (``engine="fast"``)
 
 from __future__ import annotations
 
-import functools
 import heapq
-from collections.abc import Callable
+import itertools
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 
 import numpy as np
 
-from sosim.engine.fluid import Contention, EngineRun, Fluid, effective_contention, stretch_by_name
-from sosim.engine.plan import Plan, Resource
+from sosim.engine.fluid import (
+    Contention,
+    EngineRun,
+    FluidState,
+    RepeatedUses,
+    effective_contention,
+    never_throttled,
+    never_throttled_fast,
+    stretch_by_name,
+)
+from sosim.engine.plan import Op, Plan, Resource, Template, ops_by_resource
 
 
 def list_times(plan: Plan) -> tuple[list[float], list[float]]:
@@ -71,52 +81,80 @@ def list_times(plan: Plan) -> tuple[list[float], list[float]]:
 
 def _repeated_times(plan: Plan) -> tuple[list[float], list[float]]:
     """:func:`list_times` of ``plan.copies`` copies of ``plan.template``: per template op its resource slot,
-    duration and dependencies inside the iteration (shifted by each copy's first id), and for the ops that
-    wait for a carry slot the dependencies of that copy (:attr:`Plan.copy_deps`). The same floats in the
-    same order as over the made ops."""
+    duration and dependencies inside the iteration (a template index: each copy runs on its own lists).
+
+    An op waiting for a carry slot starts after the latest end among what the slot holds in that copy (the
+    ops of copy ``k - lag`` it carries out, or what it passes on): a list schedule takes the largest of its
+    dependencies' ends, in any order the same float, so only that largest end is carried per slot and copy,
+    not the sorted dependencies themselves (:attr:`Plan.copy_deps`, which the event loop needs for SimPy's
+    order of waiting). The same floats as over the made ops."""
     t = plan.template
     assert t is not None
     m = len(t.ops)
     # Resource slots by object identity first, as list_times does (hashing a Resource runs Python code).
     by_id: dict[int, int] = {}
     slot_of: dict[Resource, int] = {}
-    res = []
+    rows: list[tuple[int, int, float, tuple[int, ...], tuple[list[int], list[int]] | None]] = []
     for op in t.ops:
         k = by_id.get(id(op.resource))
         if k is None:
             k = by_id[id(op.resource)] = slot_of.setdefault(op.resource, len(slot_of))
-        res.append(k)
-    dur = [op.duration_s for op in t.ops]
-    own = [op.deps for op in t.ops]
-    # One copy at a time on its own lists (a dependency inside the copy is its template index, no shift);
-    # the ops waiting for a carry slot read the ends of earlier copies through ``end`` (global ids).
+        deps = op.deps
+        carried = ([d for d in deps if d < 0], [d for d in deps if d >= 0]) if deps and deps[0] < 0 else None
+        rows.append((op.id, k, op.duration_s, deps, carried))
+    carry = _slots_followed(t, {s for row in rows if row[4] is not None for s in row[4][0]})
     start: list[float] = []
     end: list[float] = []
     free = [0.0] * len(slot_of)
-    rows = list(zip(range(m), res, dur, own))
-    for k, special in enumerate(plan.copy_deps):
-        base = k * m
+    # Per copy: slot -> the latest end of what it carries out of that copy (None: nothing).
+    filled: list[dict[int, float | None]] = []
+    for k in range(plan.copies):
+        held = {s: filled[k - lag][s] if k >= lag else None for s, lag, _own, _passes in carry}
         s_k = [0.0] * m
         e_k = [0.0] * m
-        for i, r, du, deps in rows:
+        for i, r, du, deps, carried in rows:
             time = free[r]
-            if i in special:
-                for d in special[i]:
-                    e = end[d] if d < base else e_k[d - base]
-                    if e > time:
-                        time = e
+            inside: Sequence[int]
+            if carried is not None:
+                slots, inside = carried
+                for slot in slots:
+                    h = held[slot]
+                    if h is not None and h > time:
+                        time = h
             else:
-                for d in deps:
-                    e = e_k[d]
-                    if e > time:
-                        time = e
+                inside = deps
+            for d in inside:
+                e = e_k[d]
+                if e > time:
+                    time = e
             s_k[i] = time
             time += du
             e_k[i] = time
             free[r] = time
+        out: dict[int, float | None] = {}
+        for slot, _lag, own, passes in carry:
+            latest = None
+            for x in [e_k[r] for r in own] + [held[p] for p in passes]:
+                if x is not None and (latest is None or x > latest):
+                    latest = x
+            out[slot] = latest
+        filled.append(out)
         start += s_k
         end += e_k
     return start, end
+
+
+def _slots_followed(t: Template, needed: set[int]) -> list[tuple[int, int, list[int], list[int]]]:
+    """The carry slots that ops wait for, and those they pass on from: slot, lag, the template ops it carries
+    out, the slots it passes on."""
+    todo = list(needed)
+    while todo:
+        for r in t.carry_out.get(todo.pop(), ()):
+            if r < 0 and r not in needed:
+                needed.add(r)
+                todo.append(r)
+    return [(s, t.lag[s], [r for r in t.carry_out.get(s, ()) if r >= 0], [r for r in t.carry_out.get(s, ()) if r < 0])
+            for s in sorted(needed)]
 
 
 def run_plan_detailed(plan: Plan, contention: Contention | None = None) -> EngineRun:
@@ -126,140 +164,254 @@ def run_plan_detailed(plan: Plan, contention: Contention | None = None) -> Engin
     if active is None:
         start, end = list_times(plan)
         return EngineRun(np.array(start), np.array(end), {})
+    # Most contended plans never oversubscribe anything in fact (copies in both directions that do not overlap):
+    # the list schedule is then the fluid model's timeline bit for bit (sosim.engine.fluid.never_throttled).
+    start, end = list_times(plan)
+    if _full_speed(plan, active, start, end):
+        return EngineRun(np.array(start), np.array(end), {})
     start, end, by_index = _event_loop_run(plan, active)
     return EngineRun(np.array(start), np.array(end), stretch_by_name(by_index, active))
 
 
+# Below this many contended ops, the sweep in Python is cheaper than numpy's fixed costs.
+_ARRAY_CHECK_FROM = 200
+
+
+def _full_speed(plan: Plan, active: Contention, start: list[float], end: list[float],
+                array_from: int = _ARRAY_CHECK_FROM) -> bool:
+    """Whether the fluid model would leave every contended op of the list schedule ``start``/``end`` at full
+    speed (:func:`sosim.engine.fluid.never_throttled_fast` on many, else :func:`sosim.engine.fluid.never_throttled`)."""
+    tops, copies, tuses = _template_view(plan, active)
+    m = len(tops)
+    queues = ops_by_resource(tops)
+    if len(tuses) * copies < array_from:
+        jobs = [(base + i, start[base + i], end[base + i], u)
+                for base in range(0, copies * m, m) for i, u in tuses.items()]
+        return never_throttled(jobs, active.capacity, _follows(plan, tops, queues))
+    worker_of = [0] * m
+    for w, queue in enumerate(queues.values()):
+        for i in queue:
+            worker_of[i] = w
+    template = np.fromiter(tuses.keys(), dtype=np.int64, count=len(tuses))
+    ids = (np.arange(copies, dtype=np.int64)[:, None] * m + template[None, :]).ravel()
+    per_k: dict[int, tuple[list[int], list[float]]] = {}
+    for j, u in enumerate(tuses.values()):
+        for k, d in u:
+            at, ds = per_k.setdefault(k, ([], []))
+            at.append(j)
+            ds.append(d)
+    n = len(template)
+    demand = {k: ((np.arange(copies, dtype=np.int64)[:, None] * n + np.array(at)[None, :]).ravel(),
+                  np.tile(np.array(ds), copies)) for k, (at, ds) in per_k.items()}
+    worker = np.tile(np.array([worker_of[i] for i in template.tolist()], dtype=np.int64), copies)
+    start_s, end_s = np.array(start), np.array(end)
+    if never_throttled_fast(start_s[ids], end_s[ids], demand, worker, active.capacity):
+        return True
+    uses = list(tuses.values()) * copies
+    jobs = list(zip(ids.tolist(), start_s[ids].tolist(), end_s[ids].tolist(), uses, strict=True))
+    return never_throttled(jobs, active.capacity, _follows(plan, tops, queues))
+
+
+def _follows(plan: Plan, tops: list[Op], queues: dict[Resource, list[int]]) -> Callable[[int], tuple[int, ...]]:
+    """Op id -> the ops whose completion its start waits for: its dependencies and its resource's previous op
+    (asked only where two contended ops meet at one instant: a repeated plan's carried dependencies are
+    resolved then, not before)."""
+    m = len(tops)
+    repeated = _is_template(plan, tops)
+
+    def follows(g: int) -> tuple[int, ...]:
+        k, i = divmod(g, m)
+        base = k * m
+        special = plan.copy_deps[k] if repeated else {}
+        deps = special[i] if i in special else tuple([d + base for d in tops[i].deps])
+        queue = queues[tops[i].resource]
+        at = queue.index(i)
+        previous = base + queue[at - 1] if at else (base - m + queue[-1] if k else -1)
+        return (previous, *deps)
+
+    return follows
+
+
 # --- the engine's run under shared-resource contention, without SimPy -------------------------------------------
-# SimPy's event priorities (simpy.events.URGENT / NORMAL): process start-up events go first at equal times.
-_URGENT, _NORMAL = 0, 1
 
 
-class _Event:
-    """What the engine's fluid model needs of a SimPy event: callbacks, run once when it is processed."""
-
-    __slots__ = ("_loop", "callbacks")
-
-    def __init__(self, loop: _Loop) -> None:
-        self.callbacks: list[Callable[[_Event], None]] | None = []
-        self._loop = loop
-
-    def succeed(self) -> None:
-        self._loop.push(self._loop.now, self)
+def _is_template(plan: Plan, ops: list[Op]) -> bool:
+    """Whether ``ops`` (from :func:`_template_view`) are ``plan``'s template (else its own ops)."""
+    return plan.template is not None and ops is plan.template.ops
 
 
-class _Loop:
-    """A SimPy environment reduced to what the engine uses: a clock and a queue ordered like SimPy's
-    (time, priority, insertion order); it hands the engine's fluid model ``now``, ``timeout`` and ``event``."""
-
-    def __init__(self) -> None:
-        self.now = 0.0
-        self.queue: list[tuple[float, int, int, int | _Event]] = []
-        self._eid = 0
-
-    def push(self, at: float, what: int | _Event, priority: int = _NORMAL) -> None:
-        heapq.heappush(self.queue, (at, priority, self._eid, what))
-        self._eid += 1
-
-    def timeout(self, delay: float) -> _Event:
-        ev = _Event(self)
-        self.push(self.now + delay, ev)  # SimPy: schedule(event, NORMAL, delay) at now + delay
-        return ev
-
-    def event(self) -> _Event:
-        return _Event(self)
+def _template_view(plan: Plan, active: Contention) -> tuple[list[Op], int,
+                                                            Mapping[int, tuple[tuple[int, float], ...]]]:
+    """The plan as ``copies`` copies of one list of ops: a repeated template read as its template (each copy's
+    carried dependencies in :attr:`Plan.copy_deps`, the demands of the template's ops), or any other plan
+    as one copy of its own ops."""
+    t = plan.template_if_current()
+    uses = active.uses
+    if t is not None and isinstance(uses, RepeatedUses) and uses.period == len(t.ops):
+        return t.ops, plan.copies, uses.template
+    return plan.ops, 1, uses
 
 
 def _event_loop_run(plan: Plan, active: Contention) -> tuple[list[float], list[float], dict[int, float]]:
     """The SimPy engine's run of ``plan`` under the (effective) contention ``active``, event for event.
 
     The engine's workers (one per serial resource: wait for each dependency that is not yet processed, start,
-    wait for a timeout or for the fluid model, end, trigger the op's event) are replayed as state machines on
-    :class:`_Loop`, which orders events exactly as SimPy does (time, then priority, then the order in which
-    they were scheduled); the shared fluid model (:class:`sosim.engine.fluid.Fluid`) runs unchanged on it, so
-    every rate and every float is computed by the same code in the same order. The only SimPy event left
-    out is a process's termination, which nothing waits for. Returns start and end of every op and the fluid
-    model's stretch by shared resource index.
-    """
-    loop = _Loop()
-    fluid = Fluid(loop, active)
-    uses = active.uses
-    ops = plan.ops
-    n = len(ops)
-    start = [0.0] * n
-    end = [0.0] * n
-    processed = [False] * n  # op i's completion event has been processed (its waiters resumed)
-    waiters: list[list[int]] = [[] for _ in range(n)]  # workers waiting on op i, in the order they began to
-    queues = list(plan.ops_by_resource().values())  # the engine's worker order (its env.process order)
-    pos = [0] * len(queues)  # the op each worker is at
-    dep_at = [0] * len(queues)  # the next dependency it checks
-    busy = [False] * len(queues)  # it waits for its op's timeout or fluid completion
-    push = loop.push
+    wait for a timeout or for the fluid model, end, trigger the op's event) are replayed as state machines,
+    their events ordered exactly as SimPy orders them (time, then priority, then the order in which they were
+    scheduled), and the fluid model's arithmetic (:class:`sosim.engine.fluid.FluidState`) is the SimPy engine's, so
+    every rate and every float is computed by the same code in the same order. Two queues stand for SimPy's
+    one: a heap of events at later times, and a first-in first-out list of events scheduled for *now* (an op's
+    completion, a fluid job's end, a zero delay). Every event in the heap at the current time was scheduled
+    at an earlier time, so before anything in the list: the heap's are taken first, then the list's in order.
+    A process's start-up (SimPy's urgent initialisation) is each worker's first step at time 0, and its
+    termination, which nothing waits for, is left out.
 
-    def resume(w: int) -> None:
+    A repeated plan runs on its template's arrays (duration, dependencies, demands per template op; a copy's
+    op ``i`` has id ``copy * len(template) + i``), without making its ops. Returns start and end of every op
+    and the fluid model's stretch by shared resource index.
+    """
+    tops, copies, tuses = _template_view(plan, active)
+    total = len(tops) * copies
+    loop = _Queues(FluidState(active), [False] * total, {}, [], [])
+    start = [0.0] * total
+    end = [0.0] * total
+    queues = list(ops_by_resource(tops).values())  # the engine's worker order (its env.process order)
+    specials = plan.copy_deps if _is_template(plan, tops) else [{}]
+    resume, schedule_wake = _worker_steps(loop, tops, copies, specials, tuses, queues, start, end)
+    _drive(loop, len(queues), resume, schedule_wake)
+    if not all(loop.processed):
+        first = loop.processed.index(False)
+        raise RuntimeError(f"deadlock: {loop.processed.count(False)} ops never ran, first: "
+                           f"{tops[first % len(tops)].name}")
+    return start, end, dict(loop.fluid.stretch)
+
+
+@dataclass(slots=True)
+class _Queues:
+    """What the event loop's steps share. Tokens: a worker's resumption ``w`` (``0 <= w < workers``), op
+    ``g``'s completion ``workers + g``, a fluid wake-up of generation ``v``: ``-1 - v``. The heap holds
+    (time, order of scheduling, token) of later events; ``now`` the tokens scheduled for the current time."""
+
+    fluid: FluidState
+    processed: list[bool]  # op g's completion event has been processed (its waiters resumed)
+    waiters: dict[int, list[int]]  # workers waiting on op g, in the order they began to
+    heap: list[tuple[float, int, int]]
+    now: list[int]
+    order: itertools.count[int] = field(default_factory=itertools.count)
+
+
+def _worker_steps(loop: _Queues, tops: list[Op], copies: int, specials: list[dict[int, tuple[int, ...]]],
+                  tuses: Mapping[int, tuple[tuple[int, float], ...]], queues: list[list[int]], start: list[float],
+                  end: list[float]) -> tuple[Callable[[int, float], None], Callable[[float | None, float], None]]:
+    """The workers as state machines: ``resume(w, now)`` runs worker ``w`` until it waits (for a dependency,
+    a timeout or the fluid model) or has no op left; ``schedule_wake(delay, now)`` schedules the fluid
+    model's next wake-up."""
+    m = len(tops)
+    dur = [op.duration_s for op in tops]
+    tdeps = [op.deps for op in tops]
+    use = [tuses.get(i) for i in range(m)]
+    # Template ops that wait for a carry slot: their dependencies are per copy (global ids).
+    slotted = [i in specials[0] for i in range(m)]
+    n_workers = len(queues)
+    pos = [0] * n_workers  # the template op each worker is at
+    copy_of = [0] * n_workers  # and the copy
+    dep_at = [0] * n_workers  # the next dependency it checks
+    busy = [False] * n_workers  # it waits for its op's timeout or fluid completion
+    fluid, processed, waiters, heap, order = loop.fluid, loop.processed, loop.waiters, loop.heap, loop.order
+    push_now = loop.now.append
+    heappush = heapq.heappush
+
+    def schedule_wake(delay: float | None, now: float) -> None:
+        if delay is None:
+            return
+        at = now + delay  # SimPy's timeout: now + delay
+        if at == now:
+            push_now(-1 - fluid.generation)
+        else:
+            heappush(heap, (at, next(order), -1 - fluid.generation))
+
+    def resume(w: int, now: float) -> None:
         q = queues[w]
-        now = loop.now
-        while pos[w] < len(q):
-            i = q[pos[w]]
+        last = len(q)
+        p, k = pos[w], copy_of[w]
+        base = k * m
+        while True:
+            i = q[p]
             if not busy[w]:
-                deps = ops[i].deps
-                k = dep_at[w]
-                while k < len(deps):
-                    d = deps[k]
-                    k += 1
+                if slotted[i]:
+                    deps, off = specials[k][i], 0
+                else:
+                    deps, off = tdeps[i], base
+                j = dep_at[w]
+                while j < len(deps):
+                    d = deps[j] + off
+                    j += 1
                     if not processed[d]:
-                        dep_at[w] = k
-                        waiters[d].append(w)
+                        dep_at[w] = j
+                        waiters.setdefault(d, []).append(w)
+                        pos[w], copy_of[w] = p, k
                         return
-                dep_at[w] = k
-                start[i] = now
-                duration = ops[i].duration_s
-                if i in uses:
+                start[base + i] = now
+                duration = dur[i]
+                u = use[i]
+                if u is not None or duration > 0.0:
                     busy[w] = True
-                    callbacks = fluid.run(i, duration, uses[i]).callbacks
-                    assert callbacks is not None  # a fresh event has not been processed yet
-                    callbacks.append(resumers[w])
-                    return
-                if duration > 0.0:
-                    busy[w] = True
-                    push(now + duration, w)
+                    pos[w], copy_of[w] = p, k
+                    if u is not None:
+                        schedule_wake(fluid.add(w, duration, u, now), now)
+                    elif now + duration == now:
+                        push_now(w)
+                    else:
+                        heappush(heap, (now + duration, next(order), w))
                     return
             busy[w] = False
-            end[i] = now
-            push(now, -1 - i)  # the op's completion event: done[i].succeed()
-            pos[w] += 1
+            end[base + i] = now
+            push_now(n_workers + base + i)  # the op's completion event: done[g].succeed()
             dep_at[w] = 0
+            p += 1
+            if p == last:
+                p, k, base = 0, k + 1, base + m
+                if k == copies:
+                    pos[w], copy_of[w] = p, k
+                    return
 
-    resumers: list[Callable[[_Event], None]] = [functools.partial(_resume_on_event, resume, w)
-                                                for w in range(len(queues))]
-    for w in range(len(queues)):
-        push(0.0, w, _URGENT)  # SimPy starts each process with an urgent initialisation event
-    queue = loop.queue
-    pop = heapq.heappop
-    while queue:
-        at, _priority, _eid, what = pop(queue)
-        loop.now = at
-        if type(what) is int:
-            if what >= 0:
-                resume(what)
-            else:
-                i = -1 - what
-                processed[i] = True
-                waiting = waiters[i]
-                if waiting:
-                    waiters[i] = []
-                    for w in waiting:
-                        resume(w)
-        else:
-            assert isinstance(what, _Event)
-            callbacks, what.callbacks = what.callbacks, None
-            for callback in callbacks or ():
-                callback(what)
-    if not all(processed):
-        first = next(op.name for op in ops if not processed[op.id])
-        raise RuntimeError(f"deadlock: {processed.count(False)} ops never ran, first: {first}")
-    return start, end, dict(fluid.stretch)
+    return resume, schedule_wake
 
 
-def _resume_on_event(resume: Callable[[int], None], w: int, _ev: _Event) -> None:
-    resume(w)
+def _drive(loop: _Queues, n_workers: int, resume: Callable[[int, float], None],
+           schedule_wake: Callable[[float | None, float], None]) -> None:
+    """Run the events in SimPy's order: each worker's start-up at time 0 (SimPy's urgent initialisation events,
+    before anything else), then per time the heap's events at it, then what is scheduled for it, in order."""
+    fluid, processed, waiters, heap, now_list = loop.fluid, loop.processed, loop.waiters, loop.heap, loop.now
+    heappop = heapq.heappop
+    for w in range(n_workers):
+        resume(w, 0.0)
+    now = 0.0
+    while True:
+        # Everything scheduled for now, in order (what it schedules for now joins the end of the list).
+        for token in now_list:
+            if token >= n_workers:
+                g = token - n_workers
+                processed[g] = True
+                for w in waiters.pop(g, ()):
+                    resume(w, now)
+            elif token >= 0:
+                resume(token, now)
+            elif -1 - token == fluid.generation:  # a wake-up scheduled before the last reallocation is stale
+                finished, delay = fluid.due(now)
+                now_list += finished  # each fluid job's event resumes its worker
+                schedule_wake(delay, now)
+        now_list.clear()
+        if not heap:
+            return
+        # The next time: the heap's events at it, in order of scheduling (all before anything they schedule
+        # for that time, which goes to the list; nothing they schedule goes to the heap at that time).
+        now = heap[0][0]
+        while heap and heap[0][0] == now:
+            token = heappop(heap)[2]
+            if token >= 0:
+                resume(token, now)
+            elif -1 - token == fluid.generation:
+                finished, delay = fluid.due(now)
+                now_list += finished
+                schedule_wake(delay, now)

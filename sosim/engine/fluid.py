@@ -58,6 +58,25 @@ class Clock(Protocol):
     def event(self) -> ClockEvent: ...
 
 
+UsesOf = tuple[tuple[int, float], ...]
+
+
+class RepeatedUses(dict[int, UsesOf]):
+    """What the ops of a repeated plan (:meth:`sosim.engine.plan.Plan.repeat`) draw on, built from its template:
+    op ``k * period + i`` draws what template op ``i`` does (an op's demands depend on its resource,
+    duration, bytes and category, which every copy shares). The demands are worked out once per template,
+    not once per copy; this is the plain mapping by global op id (what the SimPy engine reads), and
+    :attr:`template` is what the fast engine and :func:`effective_contention` read."""
+
+    __slots__ = ("copies", "period", "template")
+
+    def __init__(self, template: dict[int, UsesOf], period: int, copies: int) -> None:
+        super().__init__({k * period + i: u for k in range(copies) for i, u in template.items()})
+        self.template = template
+        self.period = period
+        self.copies = copies
+
+
 @dataclass(frozen=True)
 class Contention:
     """Shared resources and the ops that draw on them.
@@ -83,7 +102,8 @@ class Contention:
         for k, cap in enumerate(self.capacity):
             if not cap > 0 or math.isinf(cap):
                 raise ValueError(f"Contention: capacity of {self.names[k]} must be positive and finite, got {cap}")
-        for op_id, ks in self.uses.items():
+        uses = self.uses.template if isinstance(self.uses, RepeatedUses) else self.uses
+        for op_id, ks in uses.items():
             for k, demand in ks:
                 if not 0 <= k < len(self.names) or not demand >= 0:
                     raise ValueError(f"Contention: op {op_id} uses resource {k} with demand {demand}")
@@ -106,19 +126,37 @@ def effective_contention(plan: Plan, contention: Contention | None) -> Contentio
     """
     if contention is None or not contention.uses:
         return None
-    ops = plan.ops
-    n = len(ops)
+    repeated = contention.uses if isinstance(contention.uses, RepeatedUses) else None
+    all_uses: Mapping[int, UsesOf]
+    if repeated is not None:
+        # Every copy of the template draws what the template does: its worst demands are the run's.
+        t = plan.template_if_current()
+        if t is None or len(t.ops) != repeated.period:
+            raise ValueError("Contention: repeated uses of another template than the plan's")
+        ops, all_uses = t.ops, repeated.template
+        n = repeated.period
+    else:
+        ops, all_uses = plan.ops, contention.uses
+        n = len(ops)
     # The largest demand of each (shared resource, serial resource), in first-seen order. A serial resource
     # is keyed by its kind's identity and its instance (what Resource equality compares; kinds are enum
     # singletons): hashing a Resource runs Python code, hashing this tuple does not.
     worst: dict[tuple[int, int, int], float] = {}
     get = worst.get
-    for op_id, ks in contention.uses.items():
+    # Whether nothing would be dropped below even if every resource is contended: every op that draws lasts
+    # and draws something on each resource it lists.
+    clean = True
+    for op_id, ks in all_uses.items():
         if op_id >= n:
             raise ValueError(f"Contention: op {op_id} is not in the plan")
-        queue = ops[op_id].resource
+        op = ops[op_id]
+        if not ks or not op.duration_s > 0:
+            clean = False
+        queue = op.resource
         kind, instance = id(queue.kind), queue.instance
         for k, demand in ks:
+            if not demand > 0:
+                clean = False
             key = (k, kind, instance)
             # max(worst.get(key, 0.0), demand) without the call: the same value (demands are >= 0).
             w = get(key, 0.0)
@@ -131,14 +169,17 @@ def effective_contention(plan: Plan, contention: Contention | None) -> Contentio
     contended = {k for k, demands in per_resource.items() if sum(demands) > capacity[k] * (1 + REL_EPS)}
     if not contended:
         return None
-    uses = {}
-    for op_id, ks in contention.uses.items():
+    if clean and len(contended) == len(per_resource):
+        return contention  # every resource drawn on can be oversubscribed: nothing to drop
+    uses: dict[int, UsesOf] = {}
+    for op_id, ks in all_uses.items():
         kept = tuple((k, d) for k, d in ks if k in contended and d > 0)
         if kept and ops[op_id].duration_s > 0:
             uses[op_id] = kept
     if not uses:
         return None
-    return Contention(contention.names, contention.capacity, uses, contention.stands_for, contention.report_as)
+    out: Mapping[int, UsesOf] = uses if repeated is None else RepeatedUses(uses, repeated.period, repeated.copies)
+    return Contention(contention.names, contention.capacity, out, contention.stands_for, contention.report_as)
 
 
 # Stretch below this is float noise of repeated rate changes, not time lost to contention.
@@ -159,13 +200,122 @@ def stretch_by_name(by_index: dict[int, float], active: Contention) -> dict[str,
     return out
 
 
+# How far below its capacity every shared resource must stay for :func:`never_throttled` to vouch that
+# progressive filling leaves every rate at 1 whatever the order of the jobs (it absorbs the rounding of sums).
+FULL_SPEED_MARGIN = 1e-9
+
+
+def never_throttled_fast(start: np.ndarray, finish: np.ndarray, demand: Mapping[int, tuple[np.ndarray, np.ndarray]],
+                         worker: np.ndarray, capacity: Sequence[float]) -> bool:
+    """:func:`never_throttled`'s conditions on arrays (one entry per job), with one causal order only: a
+    serial resource's (``worker``'s) next job starting when its previous one ends does not overlap it (the
+    worker's job ends before it starts the next). ``demand[k]``: the jobs drawing on shared resource ``k``
+    and what they draw. False where it cannot vouch (:func:`never_throttled` may still)."""
+    # Wake-ups land on finishes: t + (f - t) == f for every start or finish t inside a job's [start, finish].
+    times = np.sort(np.concatenate([start, finish]))
+    lo = np.searchsorted(times, start, "left")
+    hi = np.searchsorted(times, finish, "right")
+    counts = hi - lo
+    job = np.repeat(np.arange(len(start)), counts)
+    at = times[np.arange(counts.sum()) - np.repeat(np.cumsum(counts) - counts, counts) + np.repeat(lo, counts)]
+    f = finish[job]
+    if not np.array_equal(at + (f - at), f):
+        return False
+    # No finish within the wake-up tolerance after another (distinct) finish.
+    ends = np.unique(finish)
+    if np.any(ends[1:] <= ends[:-1] + REL_EPS * np.maximum(1.0, np.abs(ends[:-1]))):
+        return False
+    # Every resource below its capacity at every instant, intervals closed, a worker's hand-off counted once.
+    for k, (jobs, d) in demand.items():
+        w, s, e = worker[jobs], start[jobs], finish[jobs]
+        order = np.lexsort((s, w))
+        w, s, e, d = w[order], s[order], e[order], d[order]
+        handoff = np.zeros(len(s), dtype=bool)
+        handoff[1:] = (w[1:] == w[:-1]) & (s[1:] == e[:-1])
+        step = np.zeros(len(s))
+        step[1:] = d[1:] - d[:-1]
+        up = np.where(handoff, np.maximum(step, 0.0), d)  # at a start
+        down = -d  # at a finish
+        down[:-1] = np.where(handoff[1:], np.minimum(step[1:], 0.0), down[:-1])
+        phase = np.concatenate([np.zeros(len(s)), np.ones(len(s))])
+        t = np.concatenate([s, e])
+        delta = np.concatenate([up, down])
+        if np.cumsum(delta[np.lexsort((phase, t))]).max() > capacity[k] * (1.0 - FULL_SPEED_MARGIN):
+            return False
+    return True
+
+
+def never_throttled(jobs: Sequence[tuple[int, float, float, UsesOf]], capacity: Sequence[float],
+                    follows: Callable[[int], tuple[int, ...]]) -> bool:
+    """Whether :class:`FluidState` would run these jobs exactly as a plain timeline does: each job ``(op id,
+    start, finish, uses)`` ending at its ``finish`` (its start plus its full-speed duration), no stretch.
+    ``follows(op id)``: the op ids whose completion that job's start waits for (its dependencies and its
+    resource's previous op): the fluid model hears of their end before it hears of this start.
+
+    Sufficient conditions, checked in one sweep over the jobs' starts and finishes (intervals closed, so that
+    a job ending when another starts counts as overlapping it, whichever the fluid model hears of first,
+    unless the start follows that end):
+
+    * every shared resource stays below ``(1 - FULL_SPEED_MARGIN)`` of its capacity, so every filling, in any
+      order of the jobs, gives every job rate 1 and no finish is ever recomputed;
+    * a wake-up scheduled at any reallocation time ``t`` (a start or a finish) lands on the running jobs'
+      earliest finish ``f`` exactly: ``t + (f - t) == f`` for every job running at ``t``;
+    * no job finishes within the wake-up tolerance after another running job's finish (it would end early,
+      with it).
+
+    Then each job ends at its finish and every other op where a plain list schedule puts it, whatever the
+    order of events at equal times (the fast engine's shortcut; tests/test_engines.py holds it to SimPy)."""
+    n = len(jobs)
+    starts = [job[1] for job in jobs]
+    finishes = [job[2] for job in jobs]
+    # Starts before finishes at equal times (closed intervals): a merge of the two orders.
+    by_start = sorted(range(n), key=starts.__getitem__)
+    by_finish = sorted(range(n), key=finishes.__getitem__)
+    limit = [c * (1.0 - FULL_SPEED_MARGIN) for c in capacity]
+    load = [0.0] * len(capacity)
+    running: dict[int, tuple[float, UsesOf]] = {}  # by op id: finish, uses
+    a = 0
+    for j in by_finish:
+        end_t = finishes[j]
+        while a < n and starts[by_start[a]] <= end_t:
+            op_id, t, finish, uses = jobs[by_start[a]]
+            a += 1
+            for k, d in uses:
+                load[k] += d
+                if load[k] > limit[k] and load[k] - _ended_before(running, follows(op_id), t, k) > limit[k]:
+                    return False
+            running[op_id] = (finish, uses)
+            for f, _u in running.values():
+                if t + (f - t) != f:
+                    return False
+        op_id, _s, t, uses = jobs[j]
+        tol = t + REL_EPS * max(1.0, abs(t))
+        for f, _u in running.values():
+            if f != t and (f <= tol or t + (f - t) != f):
+                return False
+        del running[op_id]
+        for k, d in uses:
+            load[k] -= d
+    return True
+
+
+def _ended_before(running: dict[int, tuple[float, UsesOf]], follows: tuple[int, ...], t: float, k: int) -> float:
+    """What the running jobs that end at ``t`` and that a start at ``t`` follows draw on ``k``: the fluid model
+    has let them go before that start."""
+    out = 0.0
+    for i in set(follows):  # once each (an op may be both a dependency and the resource's previous op)
+        job = running.get(i)
+        if job is not None and job[0] == t:
+            out += sum(d for kk, d in job[1] if kk == k)
+    return out
+
+
 class Job:
     """An op drawing on shared resources: its rate, projected finish and limiting resource."""
 
-    __slots__ = ("event", "finish", "limit", "rate", "since", "uses")
+    __slots__ = ("finish", "limit", "rate", "since", "uses")
 
-    def __init__(self, event: ClockEvent, finish: float, uses: tuple[tuple[int, float], ...], now: float) -> None:
-        self.event = event
+    def __init__(self, finish: float, uses: tuple[tuple[int, float], ...], now: float) -> None:
         self.uses = uses
         self.rate = 1.0
         self.finish = finish  # absolute time at which it completes if its rate stays as it is
@@ -173,11 +323,17 @@ class Job:
         self.since = now  # when the current rate took effect (for the stretch attribution)
 
 
-class Fluid:
-    """Progressive filling over the ops currently drawing on shared resources."""
+class FluidState:
+    """Progressive filling over the jobs currently drawing on shared resources, without a clock.
 
-    def __init__(self, env: Clock, contention: Contention) -> None:
-        self.env = env
+    The caller tells it when a job starts (:meth:`add`) and when its wake-up is due (:meth:`due`); each
+    returns the delay of the next wake-up (after the rates were recomputed), which the caller schedules on its
+    own event clock (:class:`Fluid` on SimPy's, the fast engine on its queue). A wake-up scheduled before the
+    latest reallocation is stale: the caller compares its :attr:`generation`. Jobs are keyed by anything the
+    caller likes (an op id, a worker): only their start order matters.
+    """
+
+    def __init__(self, contention: Contention) -> None:
         self.capacity = contention.capacity
         self.jobs: dict[int, Job] = {}
         self.generation = 0  # a wake-up scheduled before the last reallocation is stale
@@ -186,51 +342,84 @@ class Fluid:
         # same sets recur (every layer, every iteration, every rank's copy), and the filling is a pure function.
         self._filled: dict[tuple[tuple[tuple[int, float], ...], ...], tuple[list[float], list[int]]] = {}
 
-    def run(self, op_id: int, duration_s: float, uses: tuple[tuple[int, float], ...]) -> ClockEvent:
-        now = self.env.now
-        job = Job(self.env.event(), now + duration_s, uses, now)
-        self.jobs[op_id] = job
-        self._reallocate(now)
-        return job.event
+    def add(self, key: int, duration_s: float, uses: tuple[tuple[int, float], ...], now: float) -> float | None:
+        """Job ``key`` starts at ``now``; the delay of the next wake-up (None: no job left)."""
+        self.jobs[key] = Job(now + duration_s, uses, now)
+        return self._reallocate(now)
+
+    def due(self, now: float) -> tuple[list[int], float | None]:
+        """A current wake-up at ``now``: the jobs that finish now (in start order, removed), and the delay of
+        the next wake-up."""
+        tol = REL_EPS * max(1.0, abs(now))
+        jobs = self.jobs
+        finished = [key for key, job in jobs.items() if job.finish <= now + tol]
+        for key in finished:
+            job = jobs.pop(key)
+            self._close_interval(job, now)
+        return finished, self._reallocate(now)
 
     def _close_interval(self, job: Job, now: float) -> None:
         if job.rate < 1.0 and job.limit >= 0:
             self.stretch[job.limit] = self.stretch.get(job.limit, 0.0) + (1.0 - job.rate) * (now - job.since)
         job.since = now
 
-    def _reallocate(self, now: float) -> None:
-        key = tuple([job.uses for job in self.jobs.values()])
+    def _reallocate(self, now: float) -> float | None:
+        self.generation += 1
+        jobs = self.jobs
+        if not jobs:
+            return None
+        values = jobs.values()
+        key = tuple([job.uses for job in values])
         filled = self._filled.get(key)
         if filled is None:
             filled = self._filled[key] = progressive_filling(key, self.capacity)
         rates, limits = filled
-        for job, rate, limit in zip(self.jobs.values(), rates, limits):
+        first = math.inf
+        for job, rate, limit in zip(values, rates, limits):
             if rate != job.rate:
                 self._close_interval(job, now)
                 remaining = (job.finish - now) * job.rate  # full-speed seconds of work left
                 job.finish = now + remaining / rate
                 job.rate = rate
             job.limit = limit
-        self.generation += 1
-        if self.jobs:
-            first = min(job.finish for job in self.jobs.values())
-            wake = self.env.timeout(max(0.0, first - now))
-            generation = self.generation
-            callbacks = wake.callbacks
-            assert callbacks is not None  # a fresh timeout has not been processed yet
-            callbacks.append(lambda _ev: self._wake(generation))
+            if job.finish < first:
+                first = job.finish
+        return max(0.0, first - now)
+
+
+class Fluid:
+    """:class:`FluidState` driven by an event clock with SimPy's interface (the SimPy engine's)."""
+
+    def __init__(self, env: Clock, contention: Contention) -> None:
+        self.env = env
+        self.state = FluidState(contention)
+        self._events: dict[int, ClockEvent] = {}
+
+    @property
+    def stretch(self) -> dict[int, float]:
+        return self.state.stretch
+
+    def run(self, op_id: int, duration_s: float, uses: tuple[tuple[int, float], ...]) -> ClockEvent:
+        event = self._events[op_id] = self.env.event()
+        self._schedule(self.state.add(op_id, duration_s, uses, self.env.now))
+        return event
+
+    def _schedule(self, delay: float | None) -> None:
+        if delay is None:
+            return
+        wake = self.env.timeout(delay)
+        generation = self.state.generation
+        callbacks = wake.callbacks
+        assert callbacks is not None  # a fresh timeout has not been processed yet
+        callbacks.append(lambda _ev: self._wake(generation))
 
     def _wake(self, generation: int) -> None:
-        if generation != self.generation:
+        if generation != self.state.generation:
             return  # rates changed since this wake-up was scheduled
-        now = self.env.now
-        tol = REL_EPS * max(1.0, abs(now))
-        finished = [op_id for op_id, job in self.jobs.items() if job.finish <= now + tol]
+        finished, delay = self.state.due(self.env.now)
         for op_id in finished:
-            job = self.jobs.pop(op_id)
-            self._close_interval(job, now)
-            job.event.succeed()
-        self._reallocate(now)
+            self._events.pop(op_id).succeed()
+        self._schedule(delay)
 
 
 def progressive_filling(

@@ -167,6 +167,13 @@ class Plan:
             self._copy_deps = _copy_deps(self.template, self.copies)
         return self._copy_deps
 
+    def template_if_current(self) -> Template | None:
+        """The template this plan repeats, when its ops are (still) exactly its copies (None otherwise)."""
+        t = self.template
+        if t is None or (self._ops is not None and len(self._ops) != len(t.ops) * self.copies):
+            return None
+        return t
+
     def ops_like(self, ids: list[int]) -> list[Op]:
         """The ops at ``ids``, for fields every copy of a template shares (resource, category, name, duration,
         bytes, flops, phase, group, layer): a repeated plan answers with its template's ops without making
@@ -250,16 +257,7 @@ class Plan:
 
     def ops_by_resource(self) -> dict[Resource, list[int]]:
         """Each resource's ops in id order, resources in order of first use (the engines' worker order)."""
-        out: dict[Resource, list[int]] = {}
-        # By the resource object's identity first (ops share resource objects; hashing a Resource runs
-        # Python code); equal but distinct objects still meet in one list through the dict.
-        by_id: dict[int, list[int]] = {}
-        for op in self.ops:
-            queue = by_id.get(id(op.resource))
-            if queue is None:
-                queue = by_id[id(op.resource)] = out.setdefault(op.resource, [])
-            queue.append(op.id)
-        return out
+        return ops_by_resource(self.ops)
 
     @property
     def measured_iteration(self) -> int:
@@ -288,6 +286,21 @@ class Template:
     carry_out: dict[int, tuple[int, ...]] = field(default_factory=dict)  # slot -> refs it is filled with
 
 
+def ops_by_resource(ops: list[Op]) -> dict[Resource, list[int]]:
+    """Each resource's ops (by their ids) in list order, resources in order of first use (the engines'
+    worker order)."""
+    out: dict[Resource, list[int]] = {}
+    # By the resource object's identity first (ops share resource objects; hashing a Resource runs
+    # Python code); equal but distinct objects still meet in one list through the dict.
+    by_id: dict[int, list[int]] = {}
+    for op in ops:
+        queue = by_id.get(id(op.resource))
+        if queue is None:
+            queue = by_id[id(op.resource)] = out.setdefault(op.resource, [])
+        queue.append(op.id)
+    return out
+
+
 def _copy_deps(t: Template, n: int) -> list[dict[int, tuple[int, ...]]]:
     """:attr:`Plan.copy_deps`. Every dependency on a slot is replaced by the ops the slot holds in that copy,
     and such an op's dependencies sorted again without duplicates: the ops a block would have made, had it
@@ -306,17 +319,29 @@ def _copy_deps(t: Template, n: int) -> list[dict[int, tuple[int, ...]]]:
                 needed.add(r)
                 todo.append(r)
     lags = [(s, t.lag[s]) for s in sorted(needed)]
-    carry = [(s, t.carry_out.get(s, ())) for s in sorted(needed)]
+    # Per slot: the iteration's own ops it carries out (sorted, unique) and the slots it passes on.
+    carry = []
+    for s in sorted(needed):
+        refs = t.carry_out.get(s, ())
+        carry.append((s, sorted({r for r in refs if r >= 0}), [r for r in refs if r < 0]))
     out: list[dict[int, tuple[int, ...]]] = []
     # Per copy: slot -> the op ids it carries out, sorted, without duplicates.
     filled: list[dict[int, tuple[int, ...]]] = []
     for k in range(n):
         base = k * m
         held = {s: filled[k - lag][s] if k >= lag else () for s, lag in lags}
-        filled.append({s: tuple(sorted({x for r in refs for x in ((r + base,) if r >= 0 else held[r])}))
-                       for s, refs in carry})
-        # What a slot holds comes from earlier copies (lag >= 1): every such id is below ``base``, so the
-        # sorted dependencies are those ids sorted, then the op's own ones shifted (already sorted).
+        # What a slot passes on comes from earlier copies (lag >= 1): those ids are below ``base``, so the
+        # sorted union is the passed-on ids sorted, then the copy's own shifted (already sorted).
+        now: dict[int, tuple[int, ...]] = {}
+        for s, own_refs, passes in carry:
+            shifted = [r + base for r in own_refs]
+            if not passes:
+                now[s] = tuple(shifted)
+            elif len(passes) == 1:
+                now[s] = (*held[passes[0]], *shifted)
+            else:
+                now[s] = (*sorted({x for r in passes for x in held[r]}), *shifted)
+        filled.append(now)
         copy: dict[int, tuple[int, ...]] = {}
         for i, slots, own in split:
             earlier = held[slots[0]] if len(slots) == 1 else sorted({x for s in slots for x in held[s]})
