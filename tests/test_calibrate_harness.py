@@ -251,6 +251,7 @@ def test_train_step_run_ids_and_parser() -> None:
     assert config["gradient_clipping"] == 1.0
 
 
+@pytest.mark.device
 def test_quantize_round_trip_error() -> None:
     torch = pytest.importorskip("torch")
     x = torch.randn(4 * host_bench.QUANT_GROUP).to(torch.bfloat16)
@@ -262,6 +263,7 @@ def test_quantize_round_trip_error() -> None:
         assert error < bound
 
 
+@pytest.mark.device
 def test_int4_packing_is_exact_on_representable_values() -> None:
     torch = pytest.importorskip("torch")
     # Values that are exact multiples of the group's scale come back exactly (sign extension of nibbles).
@@ -271,6 +273,7 @@ def test_int4_packing_is_exact_on_representable_values() -> None:
     assert torch.equal(back, levels)
 
 
+@pytest.mark.device
 def test_train_step_floor_smoke_on_cpu(tmp_path: Path) -> None:
     pytest.importorskip("torch")
     train = _load_script("ds_train_step")
