@@ -17,6 +17,7 @@ import numpy as np
 
 from sosim.costs import grace_host, training_stack
 from sosim.hardware import model as tm
+from sosim.hardware.machine import AIO_BLOCK_BYTES, AIO_QUEUE_DEPTH, AIO_THREADS
 from sosim.inputs.config import AdamImpl, Curve, HardwareProfile, ModelSpec, TrainingSpec
 from sosim.inputs.units import BF16_BYTES, FP32_BYTES, GB, TFLOP, us_to_s
 
@@ -118,8 +119,10 @@ class CostModel(Protocol):
     def cpu_adam_s(self, params: float, impl: AdamImpl, cores: float, total_params: float) -> float: ...
     def cpu_cast_s(self, elements: float, cores: float) -> float: ...
     def cpu_norm_s(self, params: float) -> float: ...
-    def collective_s(self, kind: CollectiveKind, n_bytes: float, ranks: int) -> float: ...
-    def disk_s(self, n_bytes: float, write: bool) -> float: ...
+    # ``per_node`` and the aio settings are the topology's (sosim/costs/model.py); component models ignore them.
+    def collective_s(self, kind: CollectiveKind, n_bytes: float, ranks: int, per_node: int | None = None) -> float: ...
+    def disk_s(self, n_bytes: float, write: bool, block_bytes: float = AIO_BLOCK_BYTES,
+               queue_depth: int = AIO_QUEUE_DEPTH, threads: int = AIO_THREADS) -> float: ...
     # DeepSpeed stage-3 paths (docs/model.md "Costs: measured baseline and what-if").
     def ds_refresh_s(self, elements: float, threads: float, pinned: bool, system: str = "zero3_offload") -> float: ...
     def stage3_hook_s(self, tokens: int, backward: bool) -> float: ...
@@ -306,8 +309,10 @@ class AnalyticCostModel:
         bw = ic.gpu_gpu_GBps if ranks <= ic.gpus_per_node else ic.node_node_GBps
         return bw * GB
 
-    def collective_s(self, kind: CollectiveKind, n_bytes: float, ranks: int) -> float:
-        """Ring collective over a buffer of ``n_bytes`` (the whole buffer, not one rank's shard)."""
+    def collective_s(self, kind: CollectiveKind, n_bytes: float, ranks: int, per_node: int | None = None) -> float:
+        """Ring collective over a buffer of ``n_bytes`` (the whole buffer, not one rank's shard). ``per_node``:
+        ignored, this per-GPU ring has no nodes (the cost object's topology uses it: sosim/costs/model.py)."""
+        del per_node
         if kind not in _RING_FACTOR:
             raise ValueError(f"collective kind must be one of {', '.join(_RING_FACTOR)}, not {kind!r}")
         if ranks <= 1:
@@ -316,8 +321,11 @@ class AnalyticCostModel:
         return lat + _RING_FACTOR[kind] * (ranks - 1) / ranks * n_bytes / self._fabric_Bps(ranks)
 
     # --- NVMe ------------------------------------------------------------------------------------------------
-    def disk_s(self, n_bytes: float, write: bool) -> float:
-        """Direct I/O of ``n_bytes`` to or from one NVMe drive (published per-drive rates, see constants)."""
+    def disk_s(self, n_bytes: float, write: bool, block_bytes: float = AIO_BLOCK_BYTES,
+               queue_depth: int = AIO_QUEUE_DEPTH, threads: int = AIO_THREADS) -> float:
+        """Direct I/O of ``n_bytes`` to or from one NVMe drive (published per-drive rates, see constants). The
+        aio settings are ignored here: only a node's NVMe volume models them (sosim/costs/model.py)."""
+        del block_bytes, queue_depth, threads
         if n_bytes <= 0:
             return 0.0
         return NVME_LATENCY_S + n_bytes / ((NVME_WRITE_GBps if write else NVME_READ_GBps) * GB)

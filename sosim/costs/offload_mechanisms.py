@@ -63,6 +63,8 @@ ZINF_FETCH_H200_S_PER_TENSOR = (0.0108508138 - 0.0061695685) / HARNESS_FETCHED_T
 
 
 def _table(costs: Any) -> Any:
+    """The measured table behind ``costs``: the cost object's (sosim/costs/model.py ``Costs.table``) or a bare
+    table model's; None for the analytic model."""
     return getattr(costs, "table", None)
 
 

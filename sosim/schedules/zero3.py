@@ -37,7 +37,6 @@ from typing import TYPE_CHECKING, ClassVar, Literal
 
 from pydantic import BaseModel, Field
 
-from sosim.costs import collectives
 from sosim.engine.plan import GPU_CAST, NET, Category, Phase, Plan
 from sosim.hardware import model as tm
 from sosim.hardware.machine import Machine, rank_threads, zero_group
@@ -113,7 +112,7 @@ class Gathered:
             deps = [ctx.add(GPU_CAST, f"qwz_quantize_{tag}:{u.name}", _quant_s(ctx, shard, "int8"), [],
                             phase=phase, category=Category.CAST, layer=u.index)]
             n_bytes = u.params * (INT8_BYTES + FP32_BYTES / QWZ_GROUP)
-        dur = collectives.collective_s(self.machine, "all_gather", n_bytes, ranks, per_node)
+        dur = ctx.costs.collective_s("all_gather", n_bytes, ranks, per_node)
         op = ctx.add(NET, f"allgather_{tag}:{u.name}", dur, deps, phase=phase, category=Category.COMM,
                      layer=u.index, n_bytes=(ranks - 1) / ranks * n_bytes)
         if quantized:
@@ -166,14 +165,14 @@ class Reduced:
         G = Phase.GRADIENT
         if not (self.qgz and nodes > 1):
             n = s * BF16_BYTES
-            dur = collectives.collective_s(self.machine, "reduce_scatter", n, ranks, g)
+            dur = ctx.costs.collective_s("reduce_scatter", n, ranks, g)
             return ctx.add(NET, f"reduce_scatter:f{f.index}", dur, [op], phase=G, category=Category.COMM,
                            layer=f.unit, group=f.index, n_bytes=(ranks - 1) / ranks * n)
         last = ctx.add(GPU_CAST, f"qgz_quantize:f{f.index}", _quant_s(ctx, s, "int4"), [op], phase=G,
                        category=Category.CAST, layer=f.unit, group=f.index)
         intra = s * INT4_BYTES
         last = ctx.add(NET, f"qgz_all_to_all_intra:f{f.index}",
-                       collectives.collective_s(self.machine, "all_to_all", intra, g, g), [last], phase=G,
+                       ctx.costs.collective_s("all_to_all", intra, g, g), [last], phase=G,
                        category=Category.COMM, layer=f.unit, group=f.index, n_bytes=(g - 1) / g * intra)
         # Dequantize the g received int4 slices, reduce, re-quantize the node's 1/g (quantized_reduction).
         reduce_s = _quant_s(ctx, s, "int4_dequant") + _quant_s(ctx, s / g, "int4")
@@ -181,7 +180,7 @@ class Reduced:
                        category=Category.CAST, layer=f.unit, group=f.index)
         inter = s / g * INT4_BYTES
         last = ctx.add(NET, f"qgz_all_to_all_inter:f{f.index}",
-                       collectives.collective_s(self.machine, "all_to_all", inter, nodes, 1), [last], phase=G,
+                       ctx.costs.collective_s("all_to_all", inter, nodes, 1), [last], phase=G,
                        category=Category.COMM, layer=f.unit, group=f.index, n_bytes=(nodes - 1) / nodes * inter)
         return ctx.add(GPU_CAST, f"qgz_dequantize:f{f.index}", _quant_s(ctx, s / g, "int4_dequant"), [last],
                        phase=G, category=Category.CAST, layer=f.unit, group=f.index)
