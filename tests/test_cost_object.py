@@ -149,3 +149,20 @@ def test_the_default_object_is_what_simulate_uses() -> None:
     sc = load_scenario(ZEROPP, ["model.layers=2"])
     assert simulate(sc).metrics == simulate(sc, costs=make_costs(sc)).metrics
     assert math.isfinite(simulate(sc).metrics["step_time_s"])
+
+
+def test_zeropp_quantization_kernels_are_the_cost_objects() -> None:
+    sc = load_scenario(ZEROPP)  # V100: 900 GB/s HBM2 (its profile)
+    costs = make_costs(sc)
+    hbm_GBps = sc.hardware.gpu.hbm_GBps
+    # torch kernels: the H200's measured 1.520576 ms per 99,999,744 elements (int8 quantize) at 4.8 TB/s, by HBM.
+    by_hand = 1e8 * 1.520576e-3 / 99_999_744 * 4800.0 / hbm_GBps
+    assert costs.gpu_quantize_s(1e8, "int8", fused=False) == pytest.approx(by_hand, rel=1e-12)
+    # fused int4 quantize: read 2 B + write 0.5 B per element, at the rate of a 6 B per element GPU cast.
+    assert costs.gpu_quantize_s(1e8, "int4", fused=True) == pytest.approx(costs.gpu_cast_s(1e8) * 2.5 / 6.0,
+                                                                          rel=1e-12)
+    small = load_scenario(ZEROPP, ["model.layers=2", "cluster.gpus=32"])
+    small_costs = make_costs(small)
+    plan = _plan(small, small_costs)
+    quant = [op for op in plan.ops if op.name.startswith(("qwz_", "qgz_quantize", "qgz_dequantize"))]
+    assert quant and small_costs.cache_sizes()["gpu_quantize_s"] >= 3  # asked of the object, each size once

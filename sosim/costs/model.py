@@ -24,7 +24,7 @@ from collections.abc import Callable
 from typing import Concatenate, ParamSpec, TypeVar
 
 from sosim.costs import collectives
-from sosim.costs.analytic import AnalyticCostModel, CollectiveKind, Direction
+from sosim.costs.analytic import AnalyticCostModel, CollectiveKind, Direction, QuantKernel
 from sosim.costs.calibration_table import CalibrationTable
 from sosim.hardware.machine import AIO_BLOCK_BYTES, AIO_QUEUE_DEPTH, AIO_THREADS, Machine, nvme_s
 from sosim.inputs.config import AdamImpl
@@ -33,7 +33,8 @@ P = ParamSpec("P")
 R = TypeVar("R", bound=float | None)  # every cost is seconds (so_flush_s: or None)
 
 _METHODS: tuple[str, ...] = (
-    "layer_fwd_s", "layer_bwd_s", "head_fwd_s", "head_bwd_s", "gpu_adam_s", "gpu_cast_s", "copy_s", "cpu_adam_s",
+    "layer_fwd_s", "layer_bwd_s", "head_fwd_s", "head_bwd_s", "gpu_adam_s", "gpu_cast_s", "gpu_quantize_s", "copy_s",
+    "cpu_adam_s",
     "cpu_cast_s", "cpu_norm_s", "collective_s", "disk_s", "ds_refresh_s", "stage3_hook_s", "ds_unscale_clip_s",
     "ds_step_fixed_s", "so_worker_roundtrip_s", "so_flush_s",
 )
@@ -99,6 +100,10 @@ class Costs:
     @_cached
     def gpu_cast_s(self, elements: float) -> float:
         return self.components.gpu_cast_s(elements)
+
+    @_cached
+    def gpu_quantize_s(self, elements: float, kernel: QuantKernel, fused: bool) -> float:
+        return self.components.gpu_quantize_s(elements, kernel, fused)
 
     # --- host link and CPU -----------------------------------------------------------------------------------
     @_cached
