@@ -38,10 +38,11 @@ from typing import Any, cast
 import numpy as np
 
 from sosim.answers.result import Result
-from sosim.answers.simulate import make_cost_model, simulate
+from sosim.answers.simulate import make_cost_model, make_costs, simulate
 from sosim.costs import grace_host, published
-from sosim.costs.analytic import CostModel
+from sosim.costs.model import Costs
 from sosim.costs.table import TableCostModel, load_tables
+from sosim.hardware.machine import Machine
 from sosim.inputs.config import Scenario
 from sosim.schedules.layout import global_tokens_per_step
 
@@ -154,32 +155,6 @@ class SpreadCostModel(TableCostModel):
         return value
 
 
-class _Memo:
-    """A cost model whose method results are remembered per argument tuple (cost models are pure)."""
-
-    def __init__(self, inner: Any) -> None:
-        self._inner = inner
-        self._cache: dict[tuple[Any, ...], Any] = {}
-
-    def __getattr__(self, name: str) -> Any:
-        value = getattr(self._inner, name)
-        if not callable(value):
-            return value
-        cache = self._cache
-
-        def remembered(*args: Any, **kwargs: Any) -> Any:
-            key = (name, args, tuple(sorted(kwargs.items())))
-            try:
-                return cache[key]
-            except KeyError:
-                result = cache[key] = value(*args, **kwargs)
-                return result
-            except TypeError:  # an unhashable argument: no memo
-                return value(*args, **kwargs)
-
-        return remembered
-
-
 def table_has_spread(sc: Scenario) -> bool:
     """Whether the scenario's profile names a calibration table with any measured p10 / p90."""
     if sc.hardware.calibration is None:
@@ -212,9 +187,11 @@ def band_unavailable_reason(sc: Scenario) -> str | None:
     return None
 
 
-def sampled_cost_models(sc: Scenario, n: int, seed: int) -> Iterator[CostModel]:
-    """``n`` seeded cost models: per replay one quantile per table component kind, then one factor per
-    estimate kind (drawn in sorted order from the same generator, so a seed fixes everything)."""
+def sampled_cost_models(sc: Scenario, n: int, seed: int) -> Iterator[Costs]:
+    """``n`` seeded cost objects: per replay one quantile per table component kind, then one factor per
+    estimate kind (drawn in sorted order from the same generator, so a seed fixes everything). Each is the
+    scenario's cost object (topology and cache included) built on that replay's sampled table."""
+    machine = Machine.from_scenario(sc)
     base = make_cost_model(sc)
     if not isinstance(base, TableCostModel):
         raise ValueError(band_unavailable_reason(sc) or "no calibration table")
@@ -227,7 +204,7 @@ def sampled_cost_models(sc: Scenario, n: int, seed: int) -> Iterator[CostModel]:
         moved = {} if moved_rng is None else {k: quantile_factor(float(moved_rng.uniform()), TRANSFERRED_SPREADS[k].rel)
                                               for k in sorted(TRANSFERRED_SPREADS)}
         model = dataclasses.replace(sampled, estimate_factors=factors, transferred_factors=moved)
-        yield _Memo(model)  # type: ignore[misc]
+        yield make_costs(sc, model, machine)
 
 
 def steady_step_s(result: Result) -> float:
@@ -298,7 +275,7 @@ def simulate_band(
     sc: Scenario,
     n: int = DEFAULT_REPLAYS,
     seed: int = DEFAULT_SEED,
-    step_of: Callable[[Scenario, CostModel], float] | None = None,
+    step_of: Callable[[Scenario, Costs], float] | None = None,
     reference: Result | None = None,
 ) -> Band:
     """Replay ``sc`` ``n`` times with sampled component costs; p10/p50/p90 of step time and tokens/s.
@@ -314,7 +291,7 @@ def simulate_band(
     if reason is not None:
         raise ValueError(reason)
     if step_of is None:
-        def step_of(s: Scenario, costs: CostModel) -> float:
+        def step_of(s: Scenario, costs: Costs) -> float:
             return steady_step_s(simulate(s, costs=costs))
     steps = np.array([step_of(sc, costs) for costs in sampled_cost_models(sc, n, seed)], dtype=float)
     ref = reference if reference is not None else simulate(sc)

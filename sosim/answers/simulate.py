@@ -4,11 +4,10 @@ from __future__ import annotations
 
 import gc
 from collections.abc import Callable
-from typing import cast
 
 from sosim.answers.result import Result, compute_metrics
 from sosim.costs.analytic import AnalyticCostModel, CostModel
-from sosim.costs.collectives import TopologyCosts
+from sosim.costs.model import Costs
 from sosim.engine import fast as engine_fast
 from sosim.engine import simpy_engine
 from sosim.engine.contention import node_plan
@@ -29,7 +28,8 @@ ENGINES: dict[str, Engine] = {"simpy": simpy_engine.run_plan_detailed, "fast": e
 DEFAULT_ENGINE = "fast"
 
 
-def make_cost_model(sc: Scenario) -> CostModel:
+def make_cost_model(sc: Scenario) -> AnalyticCostModel:
+    """The profile's component costs: the analytic model, or its measured table over it (sosim/costs/table.py)."""
     analytic = AnalyticCostModel(sc.hardware, sc.model, sc.training, tokens_per_gpu(sc))
     if sc.hardware.calibration is None:
         return analytic
@@ -39,12 +39,19 @@ def make_cost_model(sc: Scenario) -> CostModel:
     return TableCostModel.from_profile(analytic)
 
 
-def simulate(sc: Scenario, costs: CostModel | None = None, engine: str = DEFAULT_ENGINE) -> Result:
+def make_costs(sc: Scenario, components: AnalyticCostModel | None = None, machine: Machine | None = None) -> Costs:
+    """The cost object of ``sc``: ``components`` (default: the profile's, :func:`make_cost_model`) on the
+    scenario's machine topology, with its own cache (sosim/costs/model.py)."""
+    machine = Machine.from_scenario(sc) if machine is None else machine
+    return Costs(make_cost_model(sc) if components is None else components, machine)
+
+
+def simulate(sc: Scenario, costs: Costs | None = None, engine: str = DEFAULT_ENGINE) -> Result:
     """Simulate ``sc`` and return its metrics, spans and memory. Deterministic for a given scenario.
 
-    ``costs``: another cost model for the same scenario (error bands replay sampled costs, sosim.answers.bands);
-    default: the profile's own (:func:`make_cost_model`). ``engine``: a name in :data:`ENGINES` ("simpy",
-    the reference, or "fast", the default); the result's provenance names it."""
+    ``costs``: another cost object for the same scenario (error bands replay sampled tables,
+    sosim.answers.bands); default: the profile's own (:func:`make_costs`). ``engine``: a name in
+    :data:`ENGINES` ("simpy", the reference, or "fast", the default); the result's provenance names it."""
     if engine not in ENGINES:
         raise ValueError(f"engine must be one of {', '.join(ENGINES)}, not {engine!r}")
     # A simulation allocates many small, acyclic objects (ops, tuples, events) and frees them all at once:
@@ -58,11 +65,10 @@ def simulate(sc: Scenario, costs: CostModel | None = None, engine: str = DEFAULT
             gc.enable()
 
 
-def simulate_with(sc: Scenario, costs: CostModel | None, engine: str) -> Result:
+def simulate_with(sc: Scenario, costs: Costs | None, engine: str) -> Result:
     """:func:`simulate` without the garbage-collector pause: the engine named ``engine`` runs the node plan."""
     machine = Machine.from_scenario(sc)
-    base = make_cost_model(sc) if costs is None else costs
-    costs = base if machine.legacy else cast(CostModel, TopologyCosts(base, machine))
+    costs = make_costs(sc, machine=machine) if costs is None else costs
     module = SCHEDULES[sc.schedule.system]
     usage = module.memory_usage(sc)
     # One rank's plan, expanded to the ranks of one node that share a host, with the node's shared resources

@@ -52,7 +52,7 @@ from typing import Any
 import numpy as np
 
 from sosim.answers.result import Result
-from sosim.costs.analytic import CostModel
+from sosim.costs.model import Costs
 from sosim.engine.plan import Category, Op, Phase, Plan, ResourceKind
 from sosim.formats.hf_model import model_from_hf
 from sosim.inputs.config import Scenario
@@ -723,7 +723,7 @@ def _section_busy(result: Result) -> dict[int, float]:
     return out
 
 
-def _band(sc: Scenario, n: int, seed: int, step_of: Callable[[Scenario, CostModel], float],
+def _band(sc: Scenario, n: int, seed: int, step_of: Callable[[Scenario, Costs], float],
           reference: Result) -> tuple[float, float, float] | None:
     from sosim.answers.bands import band_unavailable_reason, simulate_band
 

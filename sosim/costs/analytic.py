@@ -17,6 +17,7 @@ import numpy as np
 
 from sosim.costs import grace_host, training_stack
 from sosim.hardware import model as tm
+from sosim.hardware.machine import AIO_BLOCK_BYTES, AIO_QUEUE_DEPTH, AIO_THREADS
 from sosim.inputs.config import AdamImpl, Curve, HardwareProfile, ModelSpec, TrainingSpec
 from sosim.inputs.units import BF16_BYTES, FP32_BYTES, GB, TFLOP, us_to_s
 
@@ -80,6 +81,19 @@ NVME_WRITE_GBps = 1.25
 # One I/O's submission-to-completion latency on an NVMe drive. Estimate: 100 us.
 NVME_LATENCY_S = 100e-6
 
+# ZeRO++'s quantization kernels (sosim/schedules/zero3.py says how each mode times them). Seconds per element
+# on an H200 (4.8 TB/s) of a torch implementation of DeepSpeed's block quantization, 99,999,744 elements
+# (calibration/nvidia-h200-2026-11-30/measurements.csv, op ``quantize``): int8 quantize 1.521 ms, dequantize
+# 0.698 ms; int4 quantize 1.847 ms, dequantize 1.376 ms.
+QUANT_S_PER_ELEMENT: dict[str, float] = {
+    "int8": 1.520576e-3 / 99_999_744, "int8_dequant": 6.97664e-4 / 99_999_744,
+    "int4": 1.846912e-3 / 99_999_744, "int4_dequant": 1.376384e-3 / 99_999_744}
+QUANT_MEASURED_HBM_GBps = 4800.0  # the H200's HBM3e (NVIDIA H200 datasheet), where they were measured
+# Fused kernels (csrc/quantization, no published throughput): HBM bytes per element (read + write), against the
+# 6 B per element of a GPU dtype cast (CAST_BYTES_PER_ELEMENT).
+QUANT_FUSED_BYTES: dict[str, float] = {"int8": 3.0, "int8_dequant": 3.0, "int4": 2.5, "int4_dequant": 2.5}
+QuantKernel = Literal["int8", "int8_dequant", "int4", "int4_dequant"]
+
 # Bytes crossing each rank's link per byte of the collective's buffer, ring algorithms (NCCL's "bus
 # bandwidth" factors): all-reduce 2(n-1)/n, reduce-scatter and all-gather (n-1)/n, all-to-all (n-1)/n.
 _RING_FACTOR: dict[str, float] = {"all_reduce": 2.0, "reduce_scatter": 1.0, "all_gather": 1.0, "all_to_all": 1.0}
@@ -114,12 +128,15 @@ class CostModel(Protocol):
     def head_bwd_s(self) -> float: ...
     def gpu_adam_s(self, params: float) -> float: ...
     def gpu_cast_s(self, elements: float) -> float: ...
+    def gpu_quantize_s(self, elements: float, kernel: QuantKernel, fused: bool) -> float: ...
     def copy_s(self, n_bytes: float, direction: Direction, pinned: bool) -> float: ...
     def cpu_adam_s(self, params: float, impl: AdamImpl, cores: float, total_params: float) -> float: ...
     def cpu_cast_s(self, elements: float, cores: float) -> float: ...
     def cpu_norm_s(self, params: float) -> float: ...
-    def collective_s(self, kind: CollectiveKind, n_bytes: float, ranks: int) -> float: ...
-    def disk_s(self, n_bytes: float, write: bool) -> float: ...
+    # ``per_node`` and the aio settings are the topology's (sosim/costs/model.py); component models ignore them.
+    def collective_s(self, kind: CollectiveKind, n_bytes: float, ranks: int, per_node: int | None = None) -> float: ...
+    def disk_s(self, n_bytes: float, write: bool, block_bytes: float = AIO_BLOCK_BYTES,
+               queue_depth: int = AIO_QUEUE_DEPTH, threads: int = AIO_THREADS) -> float: ...
     # DeepSpeed stage-3 paths (docs/model.md "Costs: measured baseline and what-if").
     def ds_refresh_s(self, elements: float, threads: float, pinned: bool, system: str = "zero3_offload") -> float: ...
     def stage3_hook_s(self, tokens: int, backward: bool) -> float: ...
@@ -254,6 +271,14 @@ class AnalyticCostModel:
     def gpu_cast_s(self, elements: float) -> float:
         return elements * CAST_BYTES_PER_ELEMENT / self._hbm_Bps
 
+    def gpu_quantize_s(self, elements: float, kernel: QuantKernel, fused: bool) -> float:
+        """One of ZeRO++'s (de)quantization kernels over ``elements``. ``fused``: memory bound, its HBM bytes at
+        the rate of this model's GPU cast (a measured cast where the table has one); else the H200's torch
+        implementation as measured, scaled by HBM bandwidth (an upper bound)."""
+        if not fused:
+            return elements * QUANT_S_PER_ELEMENT[kernel] * QUANT_MEASURED_HBM_GBps / self.hw.gpu.hbm_GBps
+        return self.gpu_cast_s(elements) * QUANT_FUSED_BYTES[kernel] / CAST_BYTES_PER_ELEMENT
+
     # --- host link ---------------------------------------------------------------------------------------
     def copy_s(self, n_bytes: float, direction: Direction, pinned: bool) -> float:
         link = self.hw.link
@@ -306,8 +331,10 @@ class AnalyticCostModel:
         bw = ic.gpu_gpu_GBps if ranks <= ic.gpus_per_node else ic.node_node_GBps
         return bw * GB
 
-    def collective_s(self, kind: CollectiveKind, n_bytes: float, ranks: int) -> float:
-        """Ring collective over a buffer of ``n_bytes`` (the whole buffer, not one rank's shard)."""
+    def collective_s(self, kind: CollectiveKind, n_bytes: float, ranks: int, per_node: int | None = None) -> float:
+        """Ring collective over a buffer of ``n_bytes`` (the whole buffer, not one rank's shard). ``per_node``:
+        ignored, this per-GPU ring has no nodes (the cost object's topology uses it: sosim/costs/model.py)."""
+        del per_node
         if kind not in _RING_FACTOR:
             raise ValueError(f"collective kind must be one of {', '.join(_RING_FACTOR)}, not {kind!r}")
         if ranks <= 1:
@@ -316,8 +343,11 @@ class AnalyticCostModel:
         return lat + _RING_FACTOR[kind] * (ranks - 1) / ranks * n_bytes / self._fabric_Bps(ranks)
 
     # --- NVMe ------------------------------------------------------------------------------------------------
-    def disk_s(self, n_bytes: float, write: bool) -> float:
-        """Direct I/O of ``n_bytes`` to or from one NVMe drive (published per-drive rates, see constants)."""
+    def disk_s(self, n_bytes: float, write: bool, block_bytes: float = AIO_BLOCK_BYTES,
+               queue_depth: int = AIO_QUEUE_DEPTH, threads: int = AIO_THREADS) -> float:
+        """Direct I/O of ``n_bytes`` to or from one NVMe drive (published per-drive rates, see constants). The
+        aio settings are ignored here: only a node's NVMe volume models them (sosim/costs/model.py)."""
+        del block_bytes, queue_depth, threads
         if n_bytes <= 0:
             return 0.0
         return NVME_LATENCY_S + n_bytes / ((NVME_WRITE_GBps if write else NVME_READ_GBps) * GB)

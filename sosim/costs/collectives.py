@@ -29,7 +29,7 @@ import math
 from typing import Literal
 
 from sosim.costs.analytic import interp_log_x
-from sosim.hardware.machine import Machine, nvme_s
+from sosim.hardware.machine import Machine
 from sosim.inputs.config import Curve
 from sosim.inputs.units import MIB
 
@@ -121,38 +121,3 @@ def _latency_s(m: Machine, nodes: int) -> float:
         return m.fabric_latency_s
     return m.fabric_latency_s + m.network_latency_s * math.ceil(math.log2(nodes))
 
-
-class TopologyCosts:
-    """A cost model whose collectives run on the machine's topology; every other cost is the wrapped model's.
-
-    The schedules time their reduce-scatters, all-gathers and all-reduces through the cost model; wrapping it
-    here puts the node's fabric, NICs, network and measured NCCL curves behind those calls without the
-    schedules knowing about topology.
-    """
-
-    def __init__(self, inner: object, machine: Machine) -> None:
-        self._inner = inner
-        self._machine = machine
-
-    def __getattr__(self, name: str) -> object:
-        return getattr(self._inner, name)
-
-    def _per_node(self, ranks: int) -> int:
-        return math.gcd(ranks, min(ranks, self._machine.gpus_per_node))
-
-    def collective_s(self, kind: str, n_bytes: float, ranks: int) -> float:
-        if ranks <= 1:
-            return 0.0
-        return collective_s(self._machine, kind, n_bytes, ranks, self._per_node(ranks))
-
-    def disk_s(self, n_bytes: float, write: bool) -> float:
-        """The node's NVMe volume, at DeepSpeed's default aio settings (sosim/hardware/machine.py nvme_s)."""
-        node = self._machine.profile.node
-        if node is None or node.nvme is None:
-            return float(self._inner.disk_s(n_bytes, write))  # type: ignore[attr-defined]
-        return nvme_s(self._machine, n_bytes, write)
-
-    @property
-    def provenance(self) -> dict[str, str]:
-        inner = dict(getattr(self._inner, "provenance", {}))
-        return {**inner, "collectives": "topology (sosim/costs/collectives.py)"}

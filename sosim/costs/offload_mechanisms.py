@@ -25,10 +25,10 @@ nor rescaled on what-if hardware; they read the profile's table when it measured
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 
+from sosim.costs.calibration_table import CalibrationTable
 from sosim.hardware.model import ModelSpec
 from sosim.schedules.layout import layer_tensor_sizes
 
@@ -62,11 +62,14 @@ Z2_FLUSH_H200 = Z2FlushCosts(
 ZINF_FETCH_H200_S_PER_TENSOR = (0.0108508138 - 0.0061695685) / HARNESS_FETCHED_TENSORS_PER_LAYER
 
 
-def _table(costs: Any) -> Any:
-    return getattr(costs, "table", None)
+def _table(costs: object) -> CalibrationTable | None:
+    """The measured table behind ``costs``: the cost object's (sosim/costs/model.py ``Costs.table``) or a bare
+    table model's; None for the analytic model."""
+    table = getattr(costs, "table", None)
+    return table if isinstance(table, CalibrationTable) else None
 
 
-def z2_flush_costs(costs: Any) -> Z2FlushCosts | None:
+def z2_flush_costs(costs: object) -> Z2FlushCosts | None:
     """The profile's measured ZeRO-2 flush costs (rows ``z2_flush``); None when its tables lack them (a host
     round trip measured on the H200's x86 host says little about another host: such profiles keep the earlier
     estimate, ``zero_offload.SYNC_S_PER_TENSOR``; :data:`Z2_FLUSH_H200` is the H200's, for reference)."""
@@ -91,7 +94,7 @@ def z2_flush_costs(costs: Any) -> Z2FlushCosts | None:
     return Z2FlushCosts(max(0.0, d_sync / tensors), max(0.0, d_norm / elements), f"measured: {path} (z2_flush)")
 
 
-def zinf_fetch_s_per_tensor(costs: Any) -> tuple[float, str] | None:
+def zinf_fetch_s_per_tensor(costs: object) -> tuple[float, str] | None:
     """Host time per fetched parameter tensor of ZeRO-Infinity's CPU tier, and its source; None when the
     profile's tables lack the rows (such profiles keep the fetch as a copy only, as before;
     :data:`ZINF_FETCH_H200_S_PER_TENSOR` is the H200's, for reference)."""

@@ -45,6 +45,7 @@ from sosim.costs.analytic import (
 )
 from sosim.costs.calibration_table import CalibrationError, CalibrationTable
 from sosim.hardware import model as tm
+from sosim.hardware.machine import AIO_BLOCK_BYTES, AIO_QUEUE_DEPTH, AIO_THREADS
 from sosim.inputs.config import AdamImpl, HardwareProfile
 from sosim.inputs.errors import ConfigError
 from sosim.inputs.units import GB
@@ -357,11 +358,14 @@ class TableCostModel(AnalyticCostModel):
                          (lambda a: a.cpu_cast_s(elements, threads)) if clamped else None, cpu=True)
 
     # --- collectives and disk --------------------------------------------------------------------------------
-    def collective_s(self, kind: CollectiveKind, n_bytes: float, ranks: int) -> float:
+    def collective_s(self, kind: CollectiveKind, n_bytes: float, ranks: int, per_node: int | None = None) -> float:
+        del per_node  # the table's rows are per rank count; nodes are the cost object's (sosim/costs/model.py)
         measured = self.table.collective_time_s(kind, n_bytes, ranks)
         return self._use(f"nccl_{kind}", measured, lambda a: a.collective_s(kind, n_bytes, ranks))
 
-    def disk_s(self, n_bytes: float, write: bool) -> float:
+    def disk_s(self, n_bytes: float, write: bool, block_bytes: float = AIO_BLOCK_BYTES,
+               queue_depth: int = AIO_QUEUE_DEPTH, threads: int = AIO_THREADS) -> float:
+        del block_bytes, queue_depth, threads  # one drive as measured; the node's volume is sosim/costs/model.py's
         measured = self.table.disk_time_s(n_bytes, write)
         return self._use(f"disk_{'write' if write else 'read'}", measured, lambda a: a.disk_s(n_bytes, write))
 

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Protocol, cast
+from typing import TYPE_CHECKING, Any, Protocol
 
 from sosim.engine.plan import COMPUTE, GPU, NET, SYNC, Category, Op, Phase, Plan, Resource, Template
 from sosim.hardware.machine import zero_group
@@ -323,34 +323,7 @@ class _Arrivals:
 
 
 def plan_for(sc: Scenario, costs: CostModel, recipe: Recipe) -> Plan:
-    """The plan of ``sc`` built from ``recipe``'s blocks."""
-    memo = cast("CostModel", _MemoCosts(costs))
-    return build(Ctx(sc, memo, Plan(), recipe.layout, recipe.cpu), recipe)
+    """The plan of ``sc`` built from ``recipe``'s blocks. ``costs`` remembers its own answers (the cost object,
+    sosim/costs/model.py): iterations and groups of the same size ask it the same questions."""
+    return build(Ctx(sc, costs, Plan(), recipe.layout, recipe.cpu), recipe)
 
-
-class _MemoCosts:
-    """The cost model with every call remembered for the build of one plan: iterations and groups of the
-    same size ask the same questions, and a cost (an interpolation, a table lookup) is a pure function."""
-
-    def __init__(self, costs: CostModel) -> None:
-        self._costs = costs
-        self._memo: dict[str, dict[object, object]] = {}  # method name -> arguments -> value
-
-    def __getattr__(self, name: str) -> object:
-        attr = getattr(self._costs, name)
-        if not callable(attr):
-            return attr
-        # One memo per method (keyed by the arguments alone: no name to hash with them on every call).
-        memo: dict[object, object] = {}
-        self._memo[name] = memo
-
-        def call(*args: object, **kwargs: object) -> object:
-            key = (args, tuple(sorted(kwargs.items()))) if kwargs else args
-            try:
-                return memo[key]  # one lookup when remembered (most calls)
-            except KeyError:
-                value = memo[key] = attr(*args, **kwargs)
-                return value
-
-        setattr(self, name, call)
-        return call

@@ -22,6 +22,7 @@ all-gathers and a reduce-scatter) to 0.5 (int8 forward gather) + 0 (backward gat
 0.25 (int4 gradients) of it: 4x less, as the ZeRO++ paper states.
 
 Quantization kernels: no throughput is published for DeepSpeed's fused CUDA kernels (csrc/quantization).
+Both modes are the cost object's (``gpu_quantize_s``, constants and sources in sosim/costs/analytic.py).
 ``quantize_kernels: fused`` (default) times them as memory bound: each kernel's HBM traffic (int8: read 2 B +
 write 1 B per element; int4: read 2 + write 0.5) at the rate the cost model gives a GPU dtype cast (a 6 B per
 element kernel). ``quantize_kernels: torch`` uses measurements on an H200 of a torch implementation of the
@@ -37,7 +38,6 @@ from typing import TYPE_CHECKING, ClassVar, Literal
 
 from pydantic import BaseModel, Field
 
-from sosim.costs import collectives
 from sosim.engine.plan import GPU_CAST, NET, Category, Phase, Plan
 from sosim.hardware import model as tm
 from sosim.hardware.machine import Machine, rank_threads, zero_group
@@ -50,18 +50,9 @@ from sosim.schedules.layout import Flush, Group, Unit
 from sosim.schedules.steps import gpu_adam
 
 if TYPE_CHECKING:
-    from sosim.costs.analytic import CostModel
+    from sosim.costs.analytic import CostModel, QuantKernel
     from sosim.inputs.config import Scenario
 
-# Seconds per element of each quantization kernel on an H200 (4.8 TB/s): measured, torch implementation,
-# 99,999,744 elements (calibration/nvidia-h200-2026-11-30/measurements.csv): int8 quantize 1.521 ms, dequantize
-# 0.698 ms; int4 quantize 1.847 ms, dequantize 1.376 ms.
-QUANT_S_PER_ELEMENT = {"int8": 1.520576e-3 / 99_999_744, "int8_dequant": 6.97664e-4 / 99_999_744,
-                       "int4": 1.846912e-3 / 99_999_744, "int4_dequant": 1.376384e-3 / 99_999_744}
-MEASURED_HBM_GBps = 4800.0
-# Fused kernels: HBM bytes per element (read + write), against the cost model's 6 B/element GPU cast.
-FUSED_BYTES = {"int8": 3.0, "int8_dequant": 3.0, "int4": 2.5, "int4_dequant": 2.5}
-CAST_BYTES = 6.0
 # Elements per quantization group (one fp32 scale each): DeepSpeed's default for qwZ.
 QWZ_GROUP = 2048
 INT8_BYTES, INT4_BYTES = 1.0, 0.5
@@ -89,11 +80,10 @@ def _knobs(sc: Scenario) -> Zero3Knobs:
     return sc.schedule
 
 
-def _quant_s(ctx: Ctx, elements: float, kernel: str) -> float:
+def _quant_s(ctx: Ctx, elements: float, kernel: QuantKernel) -> float:
     s = ctx.sc.schedule
-    if isinstance(s, Zero3Knobs) and s.quantize_kernels == "torch":
-        return elements * QUANT_S_PER_ELEMENT[kernel] * MEASURED_HBM_GBps / ctx.sc.hardware.gpu.hbm_GBps
-    return ctx.costs.gpu_cast_s(elements) * FUSED_BYTES[kernel] / CAST_BYTES
+    fused = not (isinstance(s, Zero3Knobs) and s.quantize_kernels == "torch")
+    return ctx.costs.gpu_quantize_s(elements, kernel, fused)
 
 
 @dataclass(frozen=True)
@@ -113,7 +103,7 @@ class Gathered:
             deps = [ctx.add(GPU_CAST, f"qwz_quantize_{tag}:{u.name}", _quant_s(ctx, shard, "int8"), [],
                             phase=phase, category=Category.CAST, layer=u.index)]
             n_bytes = u.params * (INT8_BYTES + FP32_BYTES / QWZ_GROUP)
-        dur = collectives.collective_s(self.machine, "all_gather", n_bytes, ranks, per_node)
+        dur = ctx.costs.collective_s("all_gather", n_bytes, ranks, per_node)
         op = ctx.add(NET, f"allgather_{tag}:{u.name}", dur, deps, phase=phase, category=Category.COMM,
                      layer=u.index, n_bytes=(ranks - 1) / ranks * n_bytes)
         if quantized:
@@ -166,14 +156,14 @@ class Reduced:
         G = Phase.GRADIENT
         if not (self.qgz and nodes > 1):
             n = s * BF16_BYTES
-            dur = collectives.collective_s(self.machine, "reduce_scatter", n, ranks, g)
+            dur = ctx.costs.collective_s("reduce_scatter", n, ranks, g)
             return ctx.add(NET, f"reduce_scatter:f{f.index}", dur, [op], phase=G, category=Category.COMM,
                            layer=f.unit, group=f.index, n_bytes=(ranks - 1) / ranks * n)
         last = ctx.add(GPU_CAST, f"qgz_quantize:f{f.index}", _quant_s(ctx, s, "int4"), [op], phase=G,
                        category=Category.CAST, layer=f.unit, group=f.index)
         intra = s * INT4_BYTES
         last = ctx.add(NET, f"qgz_all_to_all_intra:f{f.index}",
-                       collectives.collective_s(self.machine, "all_to_all", intra, g, g), [last], phase=G,
+                       ctx.costs.collective_s("all_to_all", intra, g, g), [last], phase=G,
                        category=Category.COMM, layer=f.unit, group=f.index, n_bytes=(g - 1) / g * intra)
         # Dequantize the g received int4 slices, reduce, re-quantize the node's 1/g (quantized_reduction).
         reduce_s = _quant_s(ctx, s, "int4_dequant") + _quant_s(ctx, s / g, "int4")
@@ -181,7 +171,7 @@ class Reduced:
                        category=Category.CAST, layer=f.unit, group=f.index)
         inter = s / g * INT4_BYTES
         last = ctx.add(NET, f"qgz_all_to_all_inter:f{f.index}",
-                       collectives.collective_s(self.machine, "all_to_all", inter, nodes, 1), [last], phase=G,
+                       ctx.costs.collective_s("all_to_all", inter, nodes, 1), [last], phase=G,
                        category=Category.COMM, layer=f.unit, group=f.index, n_bytes=(nodes - 1) / nodes * inter)
         return ctx.add(GPU_CAST, f"qgz_dequantize:f{f.index}", _quant_s(ctx, s / g, "int4_dequant"), [last],
                        phase=G, category=Category.CAST, layer=f.unit, group=f.index)

@@ -35,7 +35,7 @@ from pydantic import Field
 
 from sosim.engine.plan import H2D, NET, NVME_READ, NVME_WRITE, Category, Phase, Plan
 from sosim.hardware import model as tm
-from sosim.hardware.machine import Machine, nvme_s, nvme_throughput_Bps, rank_threads, zero_group
+from sosim.hardware.machine import Machine, nvme_throughput_Bps, rank_threads, zero_group
 from sosim.inputs.units import BF16_BYTES, FP32_BYTES
 from sosim.schedules import cpu, stage3
 from sosim.schedules.driver import Ctx, DoneCallback, Recipe, plan_for
@@ -85,16 +85,16 @@ def _knobs(sc: Scenario) -> ZeroInfinityNvmeKnobs:
 
 @dataclass(frozen=True)
 class Nvme:
-    """One rank's aio handles on the node's volume: a read queue and a write queue."""
+    """One rank's aio handles on the node's volume: a read queue and a write queue (timed by the cost object's
+    disk, sosim/costs/model.py, at these aio settings)."""
 
-    machine: Machine
     block: int
     depth: int
     threads: int
 
     def op(self, ctx: Ctx, write: bool, name: str, n_bytes: float, deps: list[int | None], *, phase: Phase,
            layer: int = -1, group: int = -1) -> int:
-        dur = nvme_s(self.machine, n_bytes, write, self.block, self.depth, self.threads)
+        dur = ctx.costs.disk_s(n_bytes, write, self.block, self.depth, self.threads)
         return ctx.add(NVME_WRITE if write else NVME_READ, name, dur, deps, phase=phase, category=Category.TRANSFER,
                        layer=layer, group=group, n_bytes=n_bytes)
 
@@ -251,8 +251,7 @@ def memory_usage(sc: Scenario) -> MemoryUsage:
 
 
 def deepspeed(sc: Scenario, costs: CostModel, s: ZeroInfinityNvmeKnobs) -> Recipe:
-    machine = Machine.from_scenario(sc)
-    nvme = Nvme(machine, s.aio_block_size, s.aio_queue_depth, s.aio_intra_op_parallelism)
+    nvme = Nvme(s.aio_block_size, s.aio_queue_depth, s.aio_intra_op_parallelism)
     weights: Partitioned | HostStreamed | NvmeStreamed
     if s.offload_param == "nvme":
         weights = NvmeStreamed(nvme, s.prefetch_layers)
