@@ -215,7 +215,7 @@ def cmd_examples(args: argparse.Namespace) -> int:
 
 
 def cmd_profiles(args: argparse.Namespace) -> int:
-    from sosim.costs.published import is_published
+    from sosim.costs.calibration_table import declares_published
     from sosim.inputs.loader import load_profile, profile_files
 
     rows = []
@@ -231,7 +231,7 @@ def cmd_profiles(args: argparse.Namespace) -> int:
         rows.append({**row, "gpu": prof.gpu.name, "cpu": prof.cpu.name,
                      "link": f"{prof.link.kind} {prof.link.h2d_GBps:g}/{prof.link.d2h_GBps:g} GB/s",
                      "calibrated": prof.calibration is not None,
-                     "published": bool(prof.calibration_paths) and all(is_published(Path(c))
+                     "published": bool(prof.calibration_paths) and all(declares_published(Path(c))
                                                                         for c in prof.calibration_paths),
                      "calibration": ", ".join(prof.calibration_paths) or None,
                      "description": prof.description})

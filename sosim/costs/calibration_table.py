@@ -59,6 +59,19 @@ TIMING_COLUMNS: frozenset[str] = frozenset(("median_s", "p10_s", "p90_s"))
 _SAME_POINT_RTOL = 1e-9
 
 
+PUBLISHED_MARKER = "# published"
+
+
+def declares_published(table_path: Path) -> bool:
+    """Whether the table's folder declares its rows published (``SOURCES.md`` starting with ``# published``)."""
+    sources = Path(table_path).parent / "SOURCES.md"
+    try:
+        with sources.open(encoding="utf-8") as fh:
+            return fh.readline().strip().lower().startswith(PUBLISHED_MARKER)
+    except OSError:
+        return False
+
+
 class CalibrationError(ValueError):
     """A calibration file that is missing or malformed; the message names the file and the place."""
 
@@ -82,6 +95,9 @@ class CalibrationTable:
     session_log_sd: Mapping[str, float] = field(default_factory=dict, compare=False)
     # How many points measured by two or more sessions each class's spread rests on.
     session_points: Mapping[str, int] = field(default_factory=dict, compare=False)
+    # The files whose folder declares their rows published values, not measured by sosim (read once, when the
+    # file is loaded: sosim.costs.published says so in every result's provenance).
+    published_paths: frozenset[Path] = field(default=frozenset(), compare=False)
 
     @classmethod
     def merged(cls, tables: Sequence[CalibrationTable]) -> CalibrationTable:
@@ -114,7 +130,8 @@ class CalibrationTable:
         digest = hashlib.sha256("".join(t.sha256 for t in tables).encode()).hexdigest()
         return cls(path=tables[0].path, sha256=digest, columns_by_op=columns,
                    parts=tuple((t.path, t.sha256) for t in tables), origin=origin,
-                   session_log_sd=log_sd, session_points=points)
+                   session_log_sd=log_sd, session_points=points,
+                   published_paths=frozenset().union(*(t.published_paths for t in tables)))
 
     @classmethod
     def from_csv(cls, path: str | Path) -> CalibrationTable:
@@ -126,7 +143,8 @@ class CalibrationTable:
         except OSError as error:
             raise CalibrationError(f"{path}: cannot read calibration file: {error.strerror}") from None
         frame = _read_frame(path)
-        return cls(path=path, sha256=hashlib.sha256(raw_bytes).hexdigest(), columns_by_op=_group(frame))
+        return cls(path=path, sha256=hashlib.sha256(raw_bytes).hexdigest(), columns_by_op=_group(frame),
+                   published_paths=frozenset({path}) if declares_published(path) else frozenset())
 
     def thread_range(self, op: str, variant: str) -> tuple[float, float] | None:
         """Smallest and largest thread count measured for (op, variant); None if none was."""
