@@ -12,8 +12,8 @@ What is serialized (every value an engine can read, exactly: floats by their 8 b
 * the plan: for a repeated plan (``Plan.repeat``, whether its ``ops`` were made or not), its one-iteration
   template (every op's resource kind and instance, duration, dependencies including carry slots, layer,
   category, phase, bytes, FLOPs, group), the template's iteration starts, carry lags and carry-outs, and the
-  number of copies (the run is a function of these: ``Plan.repeat``); for a plan whose ops are made, the same fields of every op plus ``iteration``, and
-  the iteration starts;
+  number of copies (the run is a function of these: ``Plan.repeat``); for any other plan (a node plan of
+  several ranks), the same fields of every op plus ``iteration``, and the iteration starts;
 * the contention: resource names, capacities, every op's demands (sorted by op id), ``stands_for`` and
   ``report_as``;
 * the engine's name.
