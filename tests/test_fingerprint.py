@@ -12,7 +12,7 @@ from sosim.costs.collectives import TopologyCosts
 from sosim.engine.contention import node_plan
 from sosim.engine.fingerprint import engine_fingerprint
 from sosim.engine.fluid import Contention
-from sosim.engine.plan import CPU_OPT, GPU, H2D, Category, Phase, Plan, Template
+from sosim.engine.plan import CPU_OPT, GPU, H2D, Category, Op, Phase, Plan, Template
 from sosim.hardware.machine import Machine
 from sosim.schedules import SCHEDULES
 
@@ -83,3 +83,16 @@ def test_shared_engine_runs_give_the_metrics_of_a_plain_simulation() -> None:
     second = simulate(sc, runs=runs).metrics
     assert (runs.hits, runs.misses) == (1, 1)
     assert first == second == simulate(sc).metrics
+
+
+def test_every_field_an_engine_can_read_is_fingerprinted() -> None:
+    """A new field of an op, a template or the contention must be added to the fingerprint (or named here
+    with the reason it cannot change an engine run); otherwise twins with different values would share a run."""
+    covered_op = {"resource", "duration_s", "deps", "layer", "iteration", "category", "phase", "n_bytes", "flops",
+                  "group", "id"}  # id: the position in the plan, serialized by order
+    labels = {"name"}  # never read by an engine except to name an op in an error (not shared)
+    assert {f.name for f in dataclasses.fields(Op)} == covered_op | labels
+    assert {f.name for f in dataclasses.fields(Template)} == {"ops", "iteration_starts", "lag", "carry_out"}
+    assert {f.name for f in dataclasses.fields(Contention)} == {"names", "capacity", "uses", "stands_for",
+                                                                "report_as"}
+    assert set(Plan.__slots__) == {"_copy_deps", "_ops", "copies", "iteration_starts", "template"}
