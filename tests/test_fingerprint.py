@@ -96,3 +96,15 @@ def test_every_field_an_engine_can_read_is_fingerprinted() -> None:
     assert {f.name for f in dataclasses.fields(Contention)} == {"names", "capacity", "uses", "stands_for",
                                                                 "report_as"}
     assert set(Plan.__slots__) == {"_copy_deps", "_ops", "copies", "iteration_starts", "template"}
+
+
+def test_engine_runs_forget_the_oldest_beyond_their_bound() -> None:
+    runs = EngineRuns(max_ops=5)  # room for one 3-op run
+    a, b = _plan(1.0), _plan(2.0)
+    first = runs.run("fast", a, None)
+    assert runs.run("fast", _plan(1.0), None) is first and (runs.hits, runs.misses) == (1, 1)
+    runs.run("fast", b, None)  # evicts a's run
+    assert runs.ops_held == 3 and len(runs.runs) == 1
+    again = runs.run("fast", a, None)
+    assert again is not first and list(again.end_s) == list(first.end_s) and runs.misses == 3
+    assert not first.start_s.flags.writeable

@@ -43,12 +43,14 @@ def make_cost_model(sc: Scenario) -> CostModel:
 class EngineRuns:
     """Engine runs by :func:`sosim.engine.fingerprint.engine_fingerprint` of what the engine ran: a search's
     candidates whose node plans and contention are equal share one run (the engine is a pure function of
-    them). Bounded: beyond ``max_runs`` the oldest run is forgotten (a later twin runs the engine again, with
-    the same result). ``hits``/``misses`` count lookups."""
+    them). Bounded by the ops held (``max_ops``: starts and ends, 16 bytes an op, so 64 MiB at the default):
+    beyond it the oldest runs are forgotten (a later twin runs the engine again, with the same result).
+    ``hits``/``misses`` count lookups."""
 
-    def __init__(self, max_runs: int = 1024) -> None:
-        self.max_runs = max_runs
+    def __init__(self, max_ops: int = 1 << 22) -> None:
+        self.max_ops = max_ops
         self.runs: dict[bytes, EngineRun] = {}
+        self.ops_held = 0
         self.hits = 0
         self.misses = 0
 
@@ -63,9 +65,11 @@ class EngineRuns:
         # Shared by every twin's result: nobody may write into it.
         run.start_s.flags.writeable = False
         run.end_s.flags.writeable = False
-        if len(self.runs) >= self.max_runs:
-            del self.runs[next(iter(self.runs))]
-        self.runs[key] = run
+        while self.runs and self.ops_held + len(run.start_s) > self.max_ops:
+            self.ops_held -= len(self.runs.pop(next(iter(self.runs))).start_s)
+        if len(run.start_s) <= self.max_ops:
+            self.runs[key] = run
+            self.ops_held += len(run.start_s)
         return run
 
 
