@@ -306,11 +306,11 @@ def test_cli_ctrl_c_prints_best_so_far_and_exits_130(monkeypatch: pytest.MonkeyP
     real = tune_module.simulate_metrics
     count = [0]
 
-    def flaky(sc: Any) -> dict[str, Any]:
+    def flaky(sc: Any, *runs: Any) -> dict[str, Any]:
         count[0] += 1
         if count[0] > 5:
             raise KeyboardInterrupt
-        return real(sc)
+        return real(sc, *runs)
 
     monkeypatch.setattr(tune_module, "simulate_metrics", flaky)
     scenario = tmp_path / "s.yaml"

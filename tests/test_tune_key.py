@@ -208,3 +208,22 @@ def test_load_derived_checked_sections_are_kept_and_the_others_still_scanned() -
     with pytest.raises(ConfigError):
         load_derived(base, {"training": base.training, "schedule": {"system": "zero_offload", "bucket_mb": math.nan},
                             "cluster": bad}, checked=["training"])
+
+
+# ------------------------------------------------------------------------ the plan key: one engine run per plan
+
+
+def test_candidates_with_one_plan_share_one_engine_run_and_the_answer_is_unchanged() -> None:
+    """With reuse, candidates whose node plans and contention are equal share one engine run
+    (sosim/engine/fingerprint.py); the search is the one that runs the engine for every candidate, metrics
+    bit for bit."""
+    options = TuneOptions(exhaustive_limit=10**6, budget=400)
+    shared, tuner = _run(options, memo=True)
+    assert tuner.eval.runs is not None and tuner.eval.runs.hits > 0
+    assert tuner.eval.runs.hits + tuner.eval.runs.misses == shared.simulated - shared.reused
+    alone = Tuner(load_scenario(_base()), options, memo=True)
+    alone.eval.runs = None  # the scenario key only: every simulation runs its engine
+    plain = alone.run()
+    assert _summary(shared) == _summary(plain)
+    assert [e.key for e in shared.ranked] == [e.key for e in plain.ranked]
+    assert format_text(shared, 10) == format_text(plain, 10)

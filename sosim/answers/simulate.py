@@ -11,6 +11,7 @@ from sosim.costs.model import Costs
 from sosim.engine import fast as engine_fast
 from sosim.engine import simpy_engine
 from sosim.engine.contention import node_plan
+from sosim.engine.fingerprint import engine_fingerprint
 from sosim.engine.fluid import Contention, EngineRun
 from sosim.engine.plan import Plan
 from sosim.hardware.machine import Machine
@@ -46,12 +47,48 @@ def make_costs(sc: Scenario, components: AnalyticCostModel | None = None, machin
     return Costs(make_cost_model(sc) if components is None else components, machine)
 
 
-def simulate(sc: Scenario, costs: Costs | None = None, engine: str = DEFAULT_ENGINE) -> Result:
+class EngineRuns:
+    """Engine runs by :func:`sosim.engine.fingerprint.engine_fingerprint` of what the engine ran: a search's
+    candidates whose node plans and contention are equal share one run (the engine is a pure function of
+    them). Bounded by the ops held (``max_ops``: starts and ends, 16 bytes an op, so 64 MiB at the default):
+    beyond it the oldest runs are forgotten (a later twin runs the engine again, with the same result).
+    ``hits``/``misses`` count lookups."""
+
+    def __init__(self, max_ops: int = 1 << 22) -> None:
+        self.max_ops = max_ops
+        self.runs: dict[bytes, EngineRun] = {}
+        self.ops_held = 0
+        self.hits = 0
+        self.misses = 0
+
+    def run(self, engine: str, node: Plan, contention: Contention | None) -> EngineRun:
+        key = engine_fingerprint(node, contention, engine)
+        hit = self.runs.get(key)
+        if hit is not None:
+            self.hits += 1
+            return hit
+        self.misses += 1
+        run = ENGINES[engine](node, contention)
+        # Shared by every twin's result: nobody may write into it.
+        run.start_s.flags.writeable = False
+        run.end_s.flags.writeable = False
+        while self.runs and self.ops_held + len(run.start_s) > self.max_ops:
+            self.ops_held -= len(self.runs.pop(next(iter(self.runs))).start_s)
+        if len(run.start_s) <= self.max_ops:
+            self.runs[key] = run
+            self.ops_held += len(run.start_s)
+        return run
+
+
+def simulate(sc: Scenario, costs: Costs | None = None, engine: str = DEFAULT_ENGINE, *,
+             runs: EngineRuns | None = None) -> Result:
     """Simulate ``sc`` and return its metrics, spans and memory. Deterministic for a given scenario.
 
     ``costs``: another cost object for the same scenario (error bands replay sampled tables,
     sosim.answers.bands); default: the profile's own (:func:`make_costs`). ``engine``: a name in
-    :data:`ENGINES` ("simpy", the reference, or "fast", the default); the result's provenance names it."""
+    :data:`ENGINES` ("simpy", the reference, or "fast", the default); the result's provenance names it.
+    ``runs``: engine runs to share with earlier simulations whose node plan and contention were the same
+    (the tuner's; same result)."""
     if engine not in ENGINES:
         raise ValueError(f"engine must be one of {', '.join(ENGINES)}, not {engine!r}")
     # A simulation allocates many small, acyclic objects (ops, tuples, events) and frees them all at once:
@@ -59,14 +96,15 @@ def simulate(sc: Scenario, costs: Costs | None = None, engine: str = DEFAULT_ENG
     paused = gc.isenabled()
     gc.disable()
     try:
-        return simulate_with(sc, costs, engine)
+        return simulate_with(sc, costs, engine, runs)
     finally:
         if paused:
             gc.enable()
 
 
-def simulate_with(sc: Scenario, costs: Costs | None, engine: str) -> Result:
-    """:func:`simulate` without the garbage-collector pause: the engine named ``engine`` runs the node plan."""
+def simulate_with(sc: Scenario, costs: Costs | None, engine: str, runs: EngineRuns | None = None) -> Result:
+    """:func:`simulate` without the garbage-collector pause: the engine named ``engine`` runs the node plan
+    (or ``runs`` has its run already)."""
     machine = Machine.from_scenario(sc)
     costs = make_costs(sc, machine=machine) if costs is None else costs
     module = SCHEDULES[sc.schedule.system]
@@ -75,7 +113,7 @@ def simulate_with(sc: Scenario, costs: Costs | None, engine: str) -> Result:
     # handed to the engine (sosim/engine/contention.py).
     plan = module.build_plan(sc, costs)
     node, contention, ranks = node_plan(sc, machine, plan)
-    run = ENGINES[engine](node, contention)
+    run = ENGINES[engine](node, contention) if runs is None else runs.run(engine, node, contention)
     # Metrics, spans and trace are rank 0's view (its ops are every ranks-th op of the node plan).
     start, end = run.start_s[::ranks], run.end_s[::ranks]
     fit = check_fit(usage, sc.hardware, machine)

@@ -6,10 +6,13 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Hashable, Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sosim.inputs.config import Scenario
 from sosim.inputs.errors import SosimError
+
+if TYPE_CHECKING:
+    from sosim.answers.simulate import EngineRuns
 
 
 def divisors(n: int) -> list[int]:
@@ -100,21 +103,43 @@ def memory_check(sc: Scenario) -> tuple[float, float, bool, str, str]:
     return usage.gpu_peak_bytes / GIB, usage.cpu_peak_bytes / GIB, fit.feasible, fit.reason, klass
 
 
-def simulate_metrics(sc: Scenario) -> dict[str, Any]:
-    """The metrics of one simulation (the default evaluator; tests inject their own)."""
+def simulate_metrics(sc: Scenario, runs: EngineRuns | None = None) -> dict[str, Any]:
+    """The metrics of one simulation (the default evaluator; tests inject their own). ``runs``: engine runs
+    shared with earlier candidates whose node plan and contention were the same (see
+    :class:`sosim.answers.simulate.EngineRuns`; the same metrics, bit for bit)."""
     from sosim.answers.simulate import simulate
 
-    return dict(simulate(sc).metrics)
+    return dict(simulate(sc, runs=runs).metrics)
 
 
-def simulate_batch(scs: Sequence[Scenario | None]) -> list[dict[str, Any] | str]:
+class _WorkerRuns:
+    """The engine runs of this process, for the worker tasks of a search. Worker tasks are separate calls
+    into a pool process, so what they share lives in the process: one :class:`EngineRuns`, made by the first
+    task that asks. It only memoizes a pure function (the engine), so no result depends on what it holds."""
+
+    def __init__(self) -> None:
+        self.runs: EngineRuns | None = None
+
+    def get(self) -> EngineRuns:
+        if self.runs is None:
+            from sosim.answers.simulate import EngineRuns
+
+            self.runs = EngineRuns()
+        return self.runs
+
+
+WORKER_RUNS = _WorkerRuns()
+
+
+def simulate_batch(scs: Sequence[Scenario | None], share_runs: bool = False) -> list[dict[str, Any] | str]:
     """:func:`simulate_metrics` of each scenario (a worker's task: several candidates per round trip), or the
-    message of the error it raised."""
+    message of the error it raised. ``share_runs``: reuse this process's engine runs across tasks."""
+    runs = WORKER_RUNS.get() if share_runs else None
     out: list[dict[str, Any] | str] = []
     for sc in scs:
         assert sc is not None
         try:
-            out.append(simulate_metrics(sc))
+            out.append(simulate_metrics(sc, runs))
         except SosimError as exc:
             out.append(str(exc))
     return out

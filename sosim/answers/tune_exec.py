@@ -19,6 +19,7 @@ from concurrent.futures import Executor, Future
 from typing import Any
 
 from sosim.answers import tune_eval
+from sosim.answers.simulate import EngineRuns
 from sosim.answers.tune_key import Key, Reuse
 from sosim.answers.tune_result import Evaluation, TuneOptions
 from sosim.inputs.errors import SosimError
@@ -53,6 +54,9 @@ class Evaluator:
         self.executor = executor
         self.own_executor = False
         self.reuse = reuse if evaluate is None else None  # only simulate() itself is known to be pure
+        # With reuse, candidates whose node plans are equal also share one engine run (here; each worker
+        # process keeps its own: tune_eval.WORKER_RUNS).
+        self.runs: EngineRuns | None = EngineRuns() if self.reuse is not None else None
         self.simulated = 0
         self.budget_exhausted = False
         self.interrupted = False
@@ -62,8 +66,11 @@ class Evaluator:
 
     def run_one(self, sc: Any) -> Metrics:
         # Looked up at call time, so a test can replace the module's evaluator.
-        fn = self.evaluate or tune_eval.simulate_metrics
-        return fn(sc)
+        if self.evaluate is not None:
+            return self.evaluate(sc)
+        if self.runs is None:
+            return tune_eval.simulate_metrics(sc)
+        return tune_eval.simulate_metrics(sc, self.runs)
 
     def _select(self, evs: Iterable[Evaluation], seen: set[str], room: int) -> list[Evaluation]:
         """The fitting, not yet simulated candidates of ``evs``, first of their settings, within ``room``."""
@@ -214,7 +221,8 @@ class Batch:
         assert self.executor is not None
         while self.todo and len(self.flight) < self.limit:
             chunk = [self.todo.popleft() for _ in range(min(CHUNK, len(self.todo)))]
-            fut = self.executor.submit(tune_eval.simulate_batch, [ev.scenario for _, ev in chunk])
+            fut = self.executor.submit(tune_eval.simulate_batch, [ev.scenario for _, ev in chunk],
+                                       self.reuse is not None)
             self.flight[fut] = chunk
 
     def _collect(self, block: bool) -> None:
