@@ -37,7 +37,7 @@ from sosim.engine.fluid import (
     never_throttled_fast,
     stretch_by_name,
 )
-from sosim.engine.plan import Op, Plan, Resource, Template, ops_by_resource
+from sosim.engine.plan import Op, Plan, Resource, Template, ops_by_resource, slots_passed_on
 
 
 def list_times(plan: Plan) -> tuple[list[float], list[float]]:
@@ -147,12 +147,7 @@ def _repeated_times(plan: Plan) -> tuple[list[float], list[float]]:
 def _slots_followed(t: Template, needed: set[int]) -> list[tuple[int, int, list[int], list[int]]]:
     """The carry slots that ops wait for, and those they pass on from: slot, lag, the template ops it carries
     out, the slots it passes on."""
-    todo = list(needed)
-    while todo:
-        for r in t.carry_out.get(todo.pop(), ()):
-            if r < 0 and r not in needed:
-                needed.add(r)
-                todo.append(r)
+    slots_passed_on(t, needed)
     return [(s, t.lag[s], [r for r in t.carry_out.get(s, ()) if r >= 0], [r for r in t.carry_out.get(s, ()) if r < 0])
             for s in sorted(needed)]
 

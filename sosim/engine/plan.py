@@ -301,6 +301,18 @@ def ops_by_resource(ops: list[Op]) -> dict[Resource, list[int]]:
     return out
 
 
+def slots_passed_on(t: Template, slots: set[int]) -> set[int]:
+    """``slots`` and every slot they are passed on from, copy to copy (a slot's carry-out may name another
+    slot): what must be followed to resolve the slots ops wait for. Updates and returns ``slots``."""
+    todo = list(slots)
+    while todo:
+        for r in t.carry_out.get(todo.pop(), ()):
+            if r < 0 and r not in slots:
+                slots.add(r)
+                todo.append(r)
+    return slots
+
+
 def _copy_deps(t: Template, n: int) -> list[dict[int, tuple[int, ...]]]:
     """:attr:`Plan.copy_deps`. Every dependency on a slot is replaced by the ops the slot holds in that copy,
     and such an op's dependencies sorted again without duplicates: the ops a block would have made, had it
@@ -311,13 +323,7 @@ def _copy_deps(t: Template, n: int) -> list[dict[int, tuple[int, ...]]]:
              for op in t.ops if op.deps and op.deps[0] < 0]
     m = len(t.ops)
     # Only the slots some op waits for, and those they are passed on from, are followed copy by copy.
-    needed = {s for _i, slots, _own in split for s in slots}
-    todo = list(needed)
-    while todo:
-        for r in t.carry_out.get(todo.pop(), ()):
-            if r < 0 and r not in needed:
-                needed.add(r)
-                todo.append(r)
+    needed = slots_passed_on(t, {s for _i, slots, _own in split for s in slots})
     lags = [(s, t.lag[s]) for s in sorted(needed)]
     # Per slot: the iteration's own ops it carries out (sorted, unique) and the slots it passes on.
     carry = []
