@@ -255,7 +255,7 @@ class CalibrationTable:
             return None
         flops = 2.0 * m * n * k
 
-        def curves() -> tuple[_LogCurve | None, ...]:
+        def curves() -> _RateCurves:
             measured_flops = 2.0 * cols["m"] * cols["n"] * cols["k"]
             rate = measured_flops / cols["median_s"]
             same_weight = _match(cols, n=n, k=k)
@@ -283,7 +283,7 @@ class CalibrationTable:
             return float(np.mean(cols["median_s"][exact]))
         work = float(batch) * heads * seq * seq * head_dim
 
-        def curves() -> tuple[_LogCurve | None, ...]:
+        def curves() -> _RateCurves:
             measured_work = cols["batch"] * cols["heads"] * cols["seq"] ** 2 * cols["head_dim"]
             rate = measured_work / cols["median_s"]
             same_seq = same_dim & _match(cols, seq=seq)
@@ -538,7 +538,7 @@ class CalibrationTable:
         if cols is None or "gpus" not in cols:
             return None
 
-        def curves() -> tuple[_LogCurve | None, ...] | None:
+        def curves() -> _RateCurves | None:
             rows = _match(cols, gpus=gpus) & np.isfinite(cols["bytes"])
             return _rate_curves(cols["bytes"], cols["bytes"] / cols["median_s"], (rows,)) if rows.any() else None
 
@@ -565,7 +565,7 @@ class CalibrationTable:
             return None
         depth = float(depths.max()) if queue_depth is None else float(queue_depth)
 
-        def curves() -> tuple[_LogCurve | None, ...] | None:
+        def curves() -> _RateCurves | None:
             rows = _match(cols, threads=depth) & np.isfinite(cols["bytes"])
             return _rate_curves(cols["bytes"], cols["bytes"] / cols["median_s"], (rows,)) if rows.any() else None
 
@@ -802,17 +802,40 @@ def _interp_log(x: float, xs: Array, ys: Array, flat_above: bool) -> float | Non
     return _interp_curve(x, _log_curve(xs, ys), flat_above)
 
 
-def _rate_curves(
-    measured_amount: Array, rate: Array, candidate_sets: tuple[Array, ...]
-) -> tuple[_LogCurve | None, ...]:
+_UNBUILT = object()
+
+
+class _RateCurves:
+    """The rate curves of a lookup's candidate row sets, in preference order, each prepared when first needed
+    (a lookup the first set answers never pays for the others, as before the curves were kept)."""
+
+    __slots__ = ("_amount", "_curves", "_rate", "_rows")
+
+    def __init__(self, measured_amount: Array, rate: Array, candidate_sets: tuple[Array, ...]) -> None:
+        self._amount, self._rate, self._rows = measured_amount, rate, candidate_sets
+        # Filled by index, never appended: two threads preparing one curve store the same value.
+        self._curves: list[object] = [_UNBUILT] * len(candidate_sets)
+
+    def __len__(self) -> int:
+        return len(self._rows)
+
+    def curve(self, index: int) -> _LogCurve | None:
+        built = self._curves[index]
+        if built is _UNBUILT:
+            rows = self._rows[index]
+            built = self._curves[index] = _log_curve(self._amount[rows], self._rate[rows]) if rows.any() else None
+        return built  # type: ignore[return-value]
+
+
+def _rate_curves(measured_amount: Array, rate: Array, candidate_sets: tuple[Array, ...]) -> _RateCurves:
     """The rate curve of each candidate row set, in order (None for a set without usable rows)."""
-    return tuple(_log_curve(measured_amount[rows], rate[rows]) if rows.any() else None for rows in candidate_sets)
+    return _RateCurves(measured_amount, rate, candidate_sets)
 
 
-def _time_from_curves(amount: float, curves: tuple[_LogCurve | None, ...]) -> float | None:
+def _time_from_curves(amount: float, curves: _RateCurves) -> float | None:
     """amount / rate, the rate interpolated over log amount on the first curve that covers it."""
-    for curve in curves:
-        interpolated = _interp_curve(amount, curve, flat_above=True)
+    for index in range(len(curves)):
+        interpolated = _interp_curve(amount, curves.curve(index), flat_above=True)
         if interpolated is not None and interpolated > 0:
             return amount / interpolated
     return None
