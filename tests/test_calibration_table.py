@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import hashlib
+import math
 import pickle
+from collections.abc import Callable
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from sosim.costs.calibration_table import CalibrationError, CalibrationTable
@@ -232,3 +237,100 @@ def test_harness_rows_use_the_columns_the_reader_expects(tmp_path: Path) -> None
     written.write_csv(tmp_path / "measurements.csv")
     loaded = CalibrationTable.from_csv(tmp_path / "measurements.csv")
     assert loaded.copy_time_s(MIB, "h2d", pinned=True, bidirectional=False) == pytest.approx(2e-3)
+
+
+# ---- prepared curves (issue 17): a warm table answers exactly what a cold one computes -----------------------
+
+# Ops read without a prepared curve (exact rows, an affine fit) or not by the cost model at all.
+NOT_CURVE_OPS = frozenset(("host_mem", "quantize", "z2_flush", "so_fp32_d2h", "ds_step_fixed"))
+SHIPPED_TABLES = sorted((Path(__file__).resolve().parents[1] / "calibration").glob("**/measurements.csv"))
+
+
+def _first(cols: dict[str, np.ndarray], name: str, i: int) -> float | None:
+    value = float(cols[name][i]) if name in cols else math.nan
+    return value if math.isfinite(value) else None
+
+
+Lookup = Callable[[CalibrationTable], object]
+
+
+def _row_queries(op: str, variant: str, cols: dict[str, np.ndarray], i: int) -> list[Lookup]:
+    """Lookups at row i's point and off it (between and beyond the measured sizes, other thread counts)."""
+    get = functools.partial(_first, cols, i=i)
+    out: list[Lookup] = []
+    m, n, k, size, elements = get("m"), get("n"), get("k"), get("bytes"), get("elements")
+    threads = get("threads")
+    bidir, direction = variant.startswith("bidir"), ("h2d" if "h2d" in variant else "d2h")
+    where, to = variant.split("_")[0], ("bf16" if variant.endswith("bf16") else "fp32")
+    for f in (1.0, 0.7, 1.5, 3.0):
+        if op == "gemm" and m and n and k:
+            out.append(lambda t, f=f: t.gemm_time_s(int(m * f), int(n), int(k)))
+        if op == "attention" and all(get(c) for c in ("batch", "seq", "heads", "head_dim")):
+            out.append(lambda t, f=f: t.attention_time_s(int(get("batch") * f) or 1, int(get("seq")),
+                                                         int(get("heads")), int(get("head_dim")), variant == "fwd_bwd"))
+        if op == "copy" and size:
+            out.append(lambda t, f=f: t.copy_time_s(size * f, direction, "pinned" in variant, bidir))
+        if op == "nccl" and size and get("gpus"):
+            out.append(lambda t, f=f: t.collective_time_s(variant, size * f, int(get("gpus"))))
+        if op == "disk" and size:
+            out.append(lambda t, f=f: t.disk_time_s(8 * size, variant == "write_direct", size * f,
+                                                    None if threads is None else int(threads)))
+        if elements is None:
+            continue
+        for th in {threads, None if threads is None else threads + 0.5, 4.0}:
+            if op == "cpu_adam" and th is not None and variant in ("torch", "deepspeed"):
+                out.append(lambda t, f=f, th=th: t.cpu_adam_time_s(elements * f, th, variant))
+            if op == "ds_refresh" and th is not None:
+                out.append(lambda t, f=f, th=th: t.ds_refresh_time_s(elements * f, th, variant))
+        if op == "cast" and "_shared" not in variant:
+            out.append(lambda t, f=f: t.cast_time_s(elements * f, where, to, threads))
+            out.append(lambda t, f=f: t.cast_time_s(elements * f, where, to, None))
+        if op in ("so_worker", "so_flush"):
+            out.append(lambda t, f=f: t._affine_in_elements(op, variant, elements * f))
+    if op == "layer" and all(get(c) for c in ("hidden", "seq", "batch")):
+        engine, backward = variant.removesuffix("_fwd_bwd").removesuffix("_fwd"), variant.endswith("fwd_bwd")
+        engine = "" if engine in ("fwd", "fwd_bwd") else engine
+        for b in (get("batch"), get("batch") + 0.5):
+            out.append(lambda t, b=b: t.layer_time_s(int(get("hidden")), int(get("seq")), b, backward,
+                                                     heads=None if get("heads") is None else int(get("heads")),
+                                                     engine=engine))
+        if variant.startswith("z3_fwd") and all(get(c) for c in ("heads", "kv_heads", "ffn")):
+            for tokens in (get("seq") * get("batch"), 3 * get("seq")):
+                out.append(lambda t, tk=tokens: t.stage3_hook_time_s(
+                    int(get("hidden")), int(get("heads")), int(get("kv_heads")), int(get("ffn")), int(tk), True))
+    return out
+
+
+@pytest.mark.parametrize("path", SHIPPED_TABLES, ids=lambda p: p.parent.name + "/" + p.name)
+def test_warm_lookups_equal_a_cold_table_bit_for_bit(path: Path) -> None:
+    """Every op of every shipped table: repeated lookups on one table (its prepared curves filled by all the
+    others) return exactly the float a fresh table (nothing prepared) computes for that lookup alone."""
+    warm = CalibrationTable.from_csv(path)
+    queries = [q for (op, variant), cols in sorted(warm.columns_by_op.items())
+               for i in range(len(cols["median_s"])) for q in _row_queries(op, variant, dict(cols), i)]
+    if not queries:  # a table of ops no cached lookup reads (a warm-up session's host_mem rows)
+        assert {op for op, _ in warm.columns_by_op} <= NOT_CURVE_OPS, path
+        return
+    cold = [q(dataclasses.replace(warm)) for q in queries]  # a new table object: an empty cache per lookup
+    first = [q(warm) for q in queries]
+    again = [q(warm) for q in reversed(queries)][::-1]
+    assert first == cold and again == cold
+    assert sum(v is not None for v in cold) > len(cold) // 4  # the lookups mostly answer, not fall back
+    assert len(warm._prepared) > 0
+
+
+def test_sampled_and_quantile_tables_prepare_their_own_curves() -> None:
+    """A table drawn from a warm one must not answer from the warm one's curves (their timings differ)."""
+    warm = CalibrationTable.from_csv(SHIPPED_TABLES[0])
+    query = (2**30, "h2d", True, False)
+    base = warm.copy_time_s(*query)
+    assert base is not None and len(warm._prepared) > 0
+    slow = warm.at_quantile(0.9)
+    assert len(slow._prepared) == 0
+    slow_s = slow.copy_time_s(*query)
+    assert slow_s is not None and slow_s > base
+    assert slow_s == dataclasses.replace(slow).copy_time_s(*query)
+    drawn, _ = warm.sampled(np.random.default_rng(7))
+    assert drawn._prepared is not warm._prepared and len(drawn._prepared) == 0
+    assert drawn.copy_time_s(*query) == dataclasses.replace(drawn).copy_time_s(*query)
+    assert warm.copy_time_s(*query) == base

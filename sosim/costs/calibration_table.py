@@ -12,10 +12,10 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal
+from typing import Literal, TypeVar
 
 import numpy as np
 import pandas as pd
@@ -24,6 +24,7 @@ import pandas as pd
 from sosim.calibrate.records import COLUMNS
 
 Array = np.ndarray
+_T = TypeVar("_T")
 
 # Text columns of the schema: identification and context, never parsed as numbers.
 TEXT_COLUMNS: frozenset[str] = frozenset(("op", "variant", "dtype", "device", "host_cpu", "torch_version", "date"))
@@ -76,6 +77,32 @@ class CalibrationError(ValueError):
     """A calibration file that is missing or malformed; the message names the file and the place."""
 
 
+class _Prepared:
+    """One table's prepared curves and row selections, built on first use and kept (a table never changes).
+
+    Why: sorting, de-duplicating and taking logs of a curve's measured points on every lookup was a quarter to
+    two fifths of a ZeRO-Offload plan build (issue 17); prepared once, a lookup is one np.interp. Keys are
+    (op, variant, what, query values that choose the rows): the same key always selects the same rows of
+    this table, so a prepared value is exactly what the lookup would have computed. Each table object has
+    its own (created in ``__post_init__``): a sampled or merged table, new columns, starts empty.
+    """
+
+    __slots__ = ("_values",)
+
+    def __init__(self) -> None:
+        self._values: dict[Hashable, object] = {}
+
+    def get(self, key: Hashable, build: Callable[[], _T]) -> _T:
+        try:
+            return self._values[key]  # type: ignore[return-value]
+        except KeyError:
+            value = self._values[key] = build()
+            return value
+
+    def __len__(self) -> int:
+        return len(self._values)
+
+
 @dataclass(frozen=True)
 class CalibrationTable:
     """Measured timings keyed by (op, variant); see docs/calibration.md for what each op means."""
@@ -98,6 +125,11 @@ class CalibrationTable:
     # The files whose folder declares their rows published values, not measured by sosim (read once, when the
     # file is loaded: sosim.costs.published says so in every result's provenance).
     published_paths: frozenset[Path] = field(default=frozenset(), compare=False)
+    # Curves prepared on first use (see _Prepared); never shared between table objects.
+    _prepared: _Prepared = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "_prepared", _Prepared())
 
     @classmethod
     def merged(cls, tables: Sequence[CalibrationTable]) -> CalibrationTable:
@@ -222,11 +254,15 @@ class CalibrationTable:
             # Thinner than any measured GEMM: efficiency falls off there in a shape-specific way.
             return None
         flops = 2.0 * m * n * k
-        measured_flops = 2.0 * cols["m"] * cols["n"] * cols["k"]
-        rate = measured_flops / cols["median_s"]
-        same_weight = _match(cols, n=n, k=k)
-        near_weight = (np.abs(np.log2(cols["n"] / n)) <= 1.0) & (np.abs(np.log2(cols["k"] / k)) <= 1.0)
-        return _time_from_rate(flops, measured_flops, rate, (same_weight, near_weight))
+
+        def curves() -> _RateCurves:
+            measured_flops = 2.0 * cols["m"] * cols["n"] * cols["k"]
+            rate = measured_flops / cols["median_s"]
+            same_weight = _match(cols, n=n, k=k)
+            near_weight = (np.abs(np.log2(cols["n"] / n)) <= 1.0) & (np.abs(np.log2(cols["k"] / k)) <= 1.0)
+            return _rate_curves(measured_flops, rate, (same_weight, near_weight))
+
+        return _time_from_curves(flops, self._prepared.get(("gemm", "fwd", "rate", n, k), curves))
 
     def attention_time_s(self, batch: int, seq: int, heads: int, head_dim: int, backward: bool) -> float | None:
         """Causal SDPA over (batch, heads, seq, head_dim), forward or forward+backward.
@@ -246,11 +282,15 @@ class CalibrationTable:
         if exact.any():
             return float(np.mean(cols["median_s"][exact]))
         work = float(batch) * heads * seq * seq * head_dim
-        measured_work = cols["batch"] * cols["heads"] * cols["seq"] ** 2 * cols["head_dim"]
-        rate = measured_work / cols["median_s"]
-        same_seq = same_dim & _match(cols, seq=seq)
-        candidates = (same_seq & _match(cols, heads=heads), same_seq, same_dim)
-        return _time_from_rate(work, measured_work, rate, candidates)
+
+        def curves() -> _RateCurves:
+            measured_work = cols["batch"] * cols["heads"] * cols["seq"] ** 2 * cols["head_dim"]
+            rate = measured_work / cols["median_s"]
+            same_seq = same_dim & _match(cols, seq=seq)
+            return _rate_curves(measured_work, rate, (same_seq & _match(cols, heads=heads), same_seq, same_dim))
+
+        key = ("attention", "fwd_bwd" if backward else "fwd", "rate", seq, heads, head_dim)
+        return _time_from_curves(work, self._prepared.get(key, curves))
 
     def layer_time_s(
         self,
@@ -284,10 +324,15 @@ class CalibrationTable:
             return None
         shape = {name: value for name, value in (("heads", heads), ("kv_heads", kv_heads), ("ffn", ffn))
                  if value is not None}
-        rows = _match(cols, hidden=hidden, seq=seq, **shape)
-        if not rows.any():
+
+        def points() -> tuple[Array, Array] | None:
+            rows = _match(cols, hidden=hidden, seq=seq, **shape)
+            return _average_duplicates(cols["batch"][rows], cols["median_s"][rows]) if rows.any() else None
+
+        prepared = self._prepared.get(("layer", variant, "batch", hidden, seq, heads, kv_heads, ffn), points)
+        if prepared is None:
             return None
-        batches, times_s = _average_duplicates(cols["batch"][rows], cols["median_s"][rows])
+        batches, times_s = prepared
         if not batches[0] * (1 - _SAME_POINT_RTOL) <= batch <= batches[-1] * (1 + _SAME_POINT_RTOL):
             return None
         return float(np.interp(batch, batches, times_s))
@@ -314,8 +359,9 @@ class CalibrationTable:
         cols = self.columns_by_op.get(("copy", variant))
         if cols is None:
             return None
-        bandwidth_Bps = cols["bytes"] / cols["median_s"]
-        return _time_from_rate(float(bytes_), cols["bytes"], bandwidth_Bps, (np.isfinite(cols["bytes"]),))
+        curves = self._prepared.get(("copy", variant, "rate"), lambda: _rate_curves(
+            cols["bytes"], cols["bytes"] / cols["median_s"], (np.isfinite(cols["bytes"]),)))
+        return _time_from_curves(float(bytes_), curves)
 
     def cpu_adam_time_s(self, elements: float, threads: float, impl: Literal["torch", "deepspeed"]) -> float | None:
         """One Adam step over ``elements`` fp32 parameters on the CPU with ``threads`` threads."""
@@ -325,7 +371,7 @@ class CalibrationTable:
         if elements == 0:
             return 0.0
         cols = self.columns_by_op.get(("cpu_adam", impl))
-        return None if cols is None else _per_element_time_s(cols, elements, threads)
+        return None if cols is None else self._per_element_time_s(("cpu_adam", impl), cols, elements, threads)
 
     def cast_time_s(
         self, elements: float, where: Literal["cpu", "gpu"], to_dtype: Literal["bf16", "fp32"], threads: float | None
@@ -346,13 +392,13 @@ class CalibrationTable:
         if cols is None:
             return None
         if where == "gpu":
-            return _per_element_time_s(cols, elements, None)
+            return self._per_element_time_s(("cast", variant), cols, elements, None)
         if threads is None:
             measured = cols["threads"][np.isfinite(cols["threads"])]
             if measured.size == 0:
                 return None
             threads = int(measured.max())
-        return _per_element_time_s(cols, elements, threads)
+        return self._per_element_time_s(("cast", variant), cols, elements, threads)
 
 
     # ---- DeepSpeed stage-3 paths (docs/calibration.md) -----------------------------------------------
@@ -367,7 +413,7 @@ class CalibrationTable:
         if elements == 0:
             return 0.0
         cols = self.columns_by_op.get(("ds_refresh", variant))
-        return None if cols is None else _per_element_time_s(cols, elements, threads)
+        return None if cols is None else self._per_element_time_s(("ds_refresh", variant), cols, elements, threads)
 
     def stage3_hook_time_s(
         self, hidden: int, heads: int, kv_heads: int, ffn: int, tokens: int, backward: bool
@@ -385,10 +431,12 @@ class CalibrationTable:
         measured range, flat outside it. None when the z3 rows are missing.
         """
         _check_non_negative(tokens=tokens)
-        fwd = self._hook_points(False)
+        fwd = self._prepared.get(("layer", "z3_fwd", "hook_points"), lambda: self._hook_points(False))
         if fwd is None:
             return None
-        both = self._hook_points(True) if backward else None
+        both = None
+        if backward:
+            both = self._prepared.get(("layer", "z3_fwd_bwd", "hook_points"), lambda: self._hook_points(True))
         if backward and both is None:
             return None
         # Shapes measured for every pass needed.
@@ -469,11 +517,13 @@ class CalibrationTable:
         cols = self.columns_by_op.get((op, variant))
         if cols is None:
             return None
-        keep = np.isfinite(cols["elements"])
-        if not keep.any():
-            return None
-        xs, ys = _average_duplicates(cols["elements"][keep], cols["median_s"][keep])
-        return max(0.0, _linear_extrapolated(float(elements), xs, ys))
+
+        def points() -> tuple[Array, Array] | None:
+            keep = np.isfinite(cols["elements"])
+            return _average_duplicates(cols["elements"][keep], cols["median_s"][keep]) if keep.any() else None
+
+        prepared = self._prepared.get((op, variant, "elements"), points)
+        return None if prepared is None else max(0.0, _linear_extrapolated(float(elements), *prepared))
 
     def collective_time_s(self, kind: str, n_bytes: float, gpus: int) -> float | None:
         """NCCL collective ``kind`` over a buffer of ``n_bytes`` on ``gpus`` GPUs (op ``nccl``).
@@ -487,10 +537,13 @@ class CalibrationTable:
         cols = self.columns_by_op.get(("nccl", kind))
         if cols is None or "gpus" not in cols:
             return None
-        rows = _match(cols, gpus=gpus) & np.isfinite(cols["bytes"])
-        if not rows.any():
-            return None
-        return _time_from_rate(float(n_bytes), cols["bytes"], cols["bytes"] / cols["median_s"], (rows,))
+
+        def curves() -> _RateCurves | None:
+            rows = _match(cols, gpus=gpus) & np.isfinite(cols["bytes"])
+            return _rate_curves(cols["bytes"], cols["bytes"] / cols["median_s"], (rows,)) if rows.any() else None
+
+        prepared = self._prepared.get(("nccl", kind, "rate", gpus), curves)
+        return None if prepared is None else _time_from_curves(float(n_bytes), prepared)
 
     def disk_time_s(
         self, n_bytes: float, write: bool, block_bytes: float = 2**20, queue_depth: int | None = None
@@ -511,11 +564,35 @@ class CalibrationTable:
         if depths.size == 0:
             return None
         depth = float(depths.max()) if queue_depth is None else float(queue_depth)
-        rows = _match(cols, threads=depth) & np.isfinite(cols["bytes"])
-        if not rows.any():
+
+        def curves() -> _RateCurves | None:
+            rows = _match(cols, threads=depth) & np.isfinite(cols["bytes"])
+            return _rate_curves(cols["bytes"], cols["bytes"] / cols["median_s"], (rows,)) if rows.any() else None
+
+        prepared = self._prepared.get(("disk", "write_direct" if write else "read_direct", "rate", depth), curves)
+        if prepared is None:
             return None
-        per_block = _time_from_rate(float(block_bytes), cols["bytes"], cols["bytes"] / cols["median_s"], (rows,))
+        per_block = _time_from_curves(float(block_bytes), prepared)
         return None if per_block is None else n_bytes / block_bytes * per_block
+
+    def _per_element_time_s(
+        self, key: tuple[str, str], cols: Mapping[str, Array], elements: float, threads: float | None
+    ) -> float | None:
+        """:func:`_per_element_time_s` on this table's prepared curves (same float)."""
+
+        def curve_at(selection: float | None) -> _LogCurve | None:
+            def build() -> _LogCurve | None:
+                rows = np.isfinite(cols["elements"]) if selection is None else _match(cols, threads=selection)
+                return _log_curve(cols["elements"][rows], cols["median_s"][rows] / cols["elements"][rows])
+
+            return self._prepared.get((*key, "per_element", selection), build)
+
+        def measured_threads() -> Array:
+            return np.unique(cols["threads"][np.isfinite(cols["threads"])])
+
+        return _per_element_from(
+            curve_at, self._prepared.get((*key, "threads"), measured_threads), elements, threads
+        )
 
 
 # ---- reading -------------------------------------------------------------------------------------------
@@ -691,27 +768,74 @@ def _average_duplicates(xs: Array, ys: Array) -> tuple[Array, Array]:
     return unique_xs, sums / counts
 
 
-def _interp_log(x: float, xs: Array, ys: Array, flat_above: bool) -> float | None:
-    """Piecewise-linear ys over log xs; flat above the largest x if allowed, None below the smallest."""
+@dataclass(frozen=True)
+class _LogCurve:
+    """A curve ready for :func:`_interp_curve`: sorted unique positive finite xs, their logs, the mean ys."""
+
+    xs: Array
+    log_xs: Array
+    ys: Array
+
+
+def _log_curve(xs: Array, ys: Array) -> _LogCurve | None:
+    """The finite points with positive x, duplicates averaged; None if there are none."""
     keep = np.isfinite(xs) & np.isfinite(ys) & (xs > 0)
     if not keep.any():
         return None
     unique_xs, mean_ys = _average_duplicates(xs[keep], ys[keep])
-    if x < unique_xs[0] * (1 - _SAME_POINT_RTOL):
+    return _LogCurve(unique_xs, np.log(unique_xs), mean_ys)
+
+
+def _interp_curve(x: float, curve: _LogCurve | None, flat_above: bool) -> float | None:
+    """Piecewise-linear ys over log xs; flat above the largest x if allowed, None below the smallest."""
+    if curve is None:
         return None
-    if x > unique_xs[-1] * (1 + _SAME_POINT_RTOL):
-        return float(mean_ys[-1]) if flat_above else None
-    return float(np.interp(math.log(x), np.log(unique_xs), mean_ys))
+    if x < curve.xs[0] * (1 - _SAME_POINT_RTOL):
+        return None
+    if x > curve.xs[-1] * (1 + _SAME_POINT_RTOL):
+        return float(curve.ys[-1]) if flat_above else None
+    return float(np.interp(math.log(x), curve.log_xs, curve.ys))
 
 
-def _time_from_rate(
-    amount: float, measured_amount: Array, rate: Array, candidate_sets: tuple[Array, ...]
-) -> float | None:
-    """amount / rate, the rate interpolated over log amount within the first candidate set that covers it."""
-    for rows in candidate_sets:
-        if not rows.any():
-            continue
-        interpolated = _interp_log(amount, measured_amount[rows], rate[rows], flat_above=True)
+def _interp_log(x: float, xs: Array, ys: Array, flat_above: bool) -> float | None:
+    """:func:`_interp_curve` on raw points (prepared on the spot: the uncached reference)."""
+    return _interp_curve(x, _log_curve(xs, ys), flat_above)
+
+
+_UNBUILT = object()
+
+
+class _RateCurves:
+    """The rate curves of a lookup's candidate row sets, in preference order, each prepared when first needed
+    (a lookup the first set answers never pays for the others, as before the curves were kept)."""
+
+    __slots__ = ("_amount", "_curves", "_rate", "_rows")
+
+    def __init__(self, measured_amount: Array, rate: Array, candidate_sets: tuple[Array, ...]) -> None:
+        self._amount, self._rate, self._rows = measured_amount, rate, candidate_sets
+        # Filled by index, never appended: two threads preparing one curve store the same value.
+        self._curves: list[object] = [_UNBUILT] * len(candidate_sets)
+
+    def __len__(self) -> int:
+        return len(self._rows)
+
+    def curve(self, index: int) -> _LogCurve | None:
+        built = self._curves[index]
+        if built is _UNBUILT:
+            rows = self._rows[index]
+            built = self._curves[index] = _log_curve(self._amount[rows], self._rate[rows]) if rows.any() else None
+        return built  # type: ignore[return-value]
+
+
+def _rate_curves(measured_amount: Array, rate: Array, candidate_sets: tuple[Array, ...]) -> _RateCurves:
+    """The rate curve of each candidate row set, in order (None for a set without usable rows)."""
+    return _RateCurves(measured_amount, rate, candidate_sets)
+
+
+def _time_from_curves(amount: float, curves: _RateCurves) -> float | None:
+    """amount / rate, the rate interpolated over log amount on the first curve that covers it."""
+    for index in range(len(curves)):
+        interpolated = _interp_curve(amount, curves.curve(index), flat_above=True)
         if interpolated is not None and interpolated > 0:
             return amount / interpolated
     return None
@@ -722,24 +846,35 @@ def _per_element_time_s(cols: Mapping[str, Array], elements: float, threads: flo
     smallest) at each measured thread count, then linearly in threads on the throughput (elements/s),
     which is what adding a core adds to; None outside the measured thread counts."""
 
-    def per_element_at(rows: Array) -> float | None:
-        return _interp_log(
-            float(elements), cols["elements"][rows], cols["median_s"][rows] / cols["elements"][rows], flat_above=True
-        )
+    def curve_at(selection: float | None) -> _LogCurve | None:
+        rows = np.isfinite(cols["elements"]) if selection is None else _match(cols, threads=selection)
+        return _log_curve(cols["elements"][rows], cols["median_s"][rows] / cols["elements"][rows])
+
+    return _per_element_from(curve_at, np.unique(cols["threads"][np.isfinite(cols["threads"])]), elements, threads)
+
+
+def _per_element_from(
+    curve_at: Callable[[float | None], _LogCurve | None], measured_threads: Array, elements: float,
+    threads: float | None,
+) -> float | None:
+    """:func:`_per_element_time_s` given the per-element curve at a thread count (None: every row) and the
+    sorted measured thread counts."""
+
+    def per_element_at(selection: float | None) -> float | None:
+        return _interp_curve(float(elements), curve_at(selection), flat_above=True)
 
     if threads is None:
-        return _scaled(elements, per_element_at(np.isfinite(cols["elements"])))
-    measured_threads = np.unique(cols["threads"][np.isfinite(cols["threads"])])
+        return _scaled(elements, per_element_at(None))
     if measured_threads.size == 0:
         return None
     if np.isclose(measured_threads, threads, rtol=_SAME_POINT_RTOL).any():
-        return _scaled(elements, per_element_at(_match(cols, threads=threads)))
+        return _scaled(elements, per_element_at(threads))
     if not measured_threads[0] < threads < measured_threads[-1]:
         return None
     upper = int(np.searchsorted(measured_threads, threads))
     low_threads, high_threads = measured_threads[upper - 1], measured_threads[upper]
-    low = per_element_at(_match(cols, threads=low_threads))
-    high = per_element_at(_match(cols, threads=high_threads))
+    low = per_element_at(float(low_threads))
+    high = per_element_at(float(high_threads))
     if low is None or high is None:
         return None
     throughput = np.interp(threads, [low_threads, high_threads], [1.0 / low, 1.0 / high])
