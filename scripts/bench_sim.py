@@ -47,7 +47,7 @@ from typing import Any
 import sosim
 from sosim import load_scenario, simulate
 from sosim.engine.contention import node_plan
-from sosim.engine.fluid import effective_contention
+from sosim.engine.fast import way_taken
 from sosim.hardware.machine import Machine
 from sosim.inputs.config import Scenario
 
@@ -114,7 +114,7 @@ def bench_case(name: str, seconds: float, repeats: int, layers: int) -> dict[str
     plan = result.plan
     machine = Machine.from_scenario(sc)
     node, contention, _ranks = node_plan(sc, machine, plan)
-    path_taken = "list" if effective_contention(node, contention) is None else "event_loop"
+    path_taken = way_taken(node, contention)
     return {
         "case": name, "scenario": stem, "overrides": overrides, "system": sc.schedule.system,
         "implementation": str(getattr(sc.schedule, "implementation", "n/a")), "ops": len(plan.ops),
@@ -324,9 +324,10 @@ def render_page(out: dict[str, Any]) -> str:
         "",
         f"## One simulation ({st['layers']} layers, 3 iterations)",
         "",
-        "`simulate()` takes a fast path (path: the list scheduler, or the replay engine where link "
-        "directions or node resources contend) and gives the same result as the SimPy engine of record, run on "
-        "the same plan in the same pairs.",
+        "`simulate()` runs the default engine (`fast`, docs/engines.md), which gives the same result as the "
+        "reference SimPy engine, run on the same plan in the same pairs. The fast engine's way (path): the list "
+        "schedule where nothing can contend; the list schedule where something could but a full-speed check "
+        "proves nothing does; else the event loop with the fluid model.",
         "",
         "| case | ops | path | `simulate()` per CPU-s | SimPy engine per CPU-s | ratio (pairs) | target | |",
         "|---|---|---|---|---|---|---|---|",

@@ -168,6 +168,16 @@ def run_plan_detailed(plan: Plan, contention: Contention | None = None) -> Engin
     return EngineRun(np.array(start), np.array(end), stretch_by_name(by_index, active))
 
 
+def way_taken(plan: Plan, contention: Contention | None = None) -> str:
+    """Which way :func:`run_plan_detailed` takes for ``plan``: "list" (nothing can contend), "full-speed check"
+    (something could, the check proves nothing does: the list schedule), or "event loop" (the fluid model)."""
+    active = effective_contention(plan, contention)
+    if active is None:
+        return "list"
+    start, end = list_times(plan)
+    return "full-speed check" if _full_speed(plan, active, start, end) else "event loop"
+
+
 # Below this many contended ops, the sweep in Python is cheaper than numpy's fixed costs.
 _ARRAY_CHECK_FROM = 200
 
