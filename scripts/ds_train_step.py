@@ -60,7 +60,9 @@ CUSTOM_SIZE = re.compile(r"^L(\d+)h(\d+)a(\d+)kv(\d+)f(\d+)$")
 #     issue 22 item 2.
 GPT2_SIZE = re.compile(r"^G(\d+)h(\d+)a(\d+)f(\d+)$")
 MOE_SIZE = re.compile(r"^M(\d+)h(\d+)a(\d+)kv(\d+)e(\d+)k(\d+)f(\d+)$")
-CONFIGS: tuple[str, ...] = ("floor", "zero2", "zero3", "superoffload")
+# zero3gpu (added 2026-12-01, issue 21 item 2): ZeRO-3 without any offload, a client torch.optim.AdamW on the GPU
+# (DeepSpeed's own "AdamW" would JIT-build FusedAdam, which needs nvcc): stage 3's hooks without the host.
+CONFIGS: tuple[str, ...] = ("floor", "zero2", "zero3", "superoffload", "zero3gpu")
 
 CSV_COLUMNS: tuple[str, ...] = (
     "run_id",
@@ -236,6 +238,9 @@ def ds_config(
             "overlap_comm": True,
             "contiguous_gradients": True,
         }
+    elif config == "zero3gpu":
+        base.pop("optimizer")
+        zero = {"stage": 3, "overlap_comm": True, "contiguous_gradients": True, "sub_group_size": sub_group_size}
     elif config in ("zero3", "superoffload"):
         if config == "superoffload":
             offload = offload | {"super_offload": True, "ratio": ratio, "cpuadam_cores_perc": cores_perc}
@@ -345,7 +350,13 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             args.cores_perc,
             offload_param=args.offload_param,
         )
-        engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=config_dict)
+        if args.config == "zero3gpu":
+            client = torch.optim.AdamW(model.parameters(), lr=1e-5, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.0)
+            engine, _, _, _ = deepspeed.initialize(model=model, optimizer=client, config=config_dict)
+        else:
+            engine, _, _, _ = deepspeed.initialize(
+                model=model, model_parameters=model.parameters(), config=config_dict
+            )
         affinity["after_initialize"] = affinity_report()
         timers.wrap(engine.optimizer)
         if args.hook_timers and hooks.attach(engine):
@@ -547,7 +558,7 @@ def run_id_for(args: argparse.Namespace, world: int) -> str:
         run_id += f"-ratio{args.ratio:g}"
     if args.config == "superoffload" and args.cores_perc != 0.8:
         run_id += f"-cores{args.cores_perc:g}"
-    if args.config in ("zero3", "superoffload") and args.sub_group_size != 1e8:
+    if args.config in ("zero3", "superoffload", "zero3gpu") and args.sub_group_size != 1e8:
         run_id += f"-sg{args.sub_group_size:g}"
     if args.offload_param:
         run_id += "-offparam"
