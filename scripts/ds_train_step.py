@@ -55,11 +55,12 @@ CUSTOM_SIZE = re.compile(r"^L(\d+)h(\d+)a(\d+)kv(\d+)f(\d+)$")
 # Other families (sosim/calibrate/families.py), chosen by the size's first letter (added 2026-12-01):
 #   G<layers>h<hidden>a<heads>f<ffn>, e.g. G12h2048a16f8192: GPT-2 family (biases, LayerNorm, GELU, learned
 #     positions; 12 tensors in 6 modules per layer), issue 21 item 2;
-#   M<layers>h<hidden>a<heads>kv<kv_heads>e<experts>k<top_k>f<expert_ffn>, e.g. M8h2048a16kv4e16k4f768: a
+#   M<layers>h<hidden>a<heads>kv<kv_heads>[d<head_dim>]e<experts>k<top_k>f<expert_ffn>, e.g.
+#     M8h2048a32kv4d128e64k8f768 (head_dim 128: attention width 4096 != hidden, as Qwen3-30B-A3B): a
 #     Qwen3-MoE-shaped model (transformers' Qwen3MoeForCausalLM when it builds, else families.OwnMoEModel),
 #     issue 22 item 2.
 GPT2_SIZE = re.compile(r"^G(\d+)h(\d+)a(\d+)f(\d+)$")
-MOE_SIZE = re.compile(r"^M(\d+)h(\d+)a(\d+)kv(\d+)e(\d+)k(\d+)f(\d+)$")
+MOE_SIZE = re.compile(r"^M(\d+)h(\d+)a(\d+)kv(\d+)(?:d(\d+))?e(\d+)k(\d+)f(\d+)$")
 # zero3gpu (added 2026-12-01, issue 21 item 2): ZeRO-3 without any offload, a client torch.optim.AdamW on the GPU
 # (DeepSpeed's own "AdamW" would JIT-build FusedAdam, which needs nvcc): stage 3's hooks without the host.
 CONFIGS: tuple[str, ...] = ("floor", "zero2", "zero3", "superoffload", "zero3gpu")
@@ -459,15 +460,22 @@ def size_family(size: str) -> str:
     return "llama"
 
 
-def parse_moe(size: str) -> tuple[int, int, int, int, int, int, int]:
-    """(layers, hidden, heads, kv_heads, experts, top_k, expert_ffn) of an M... size."""
+def parse_moe(size: str) -> tuple[int, int, int, int, int, int, int, int]:
+    """(layers, hidden, heads, kv_heads, head_dim, experts, top_k, expert_ffn) of an M... size; head_dim defaults
+    to hidden / heads."""
     match = MOE_SIZE.match(size)
     if match is None:
-        raise ValueError(f"--size {size}: not an MoE size M<layers>h<hidden>a<heads>kv<kv>e<experts>k<top_k>f<ffn>")
-    layers, hidden, heads, kv_heads, experts, top_k, ffn = (int(g) for g in match.groups())
-    if hidden % heads or heads % kv_heads or not 1 <= top_k <= experts:
-        raise ValueError(f"--size {size}: hidden must be a multiple of heads, heads of kv heads, 1 <= top_k <= experts")
-    return layers, hidden, heads, kv_heads, experts, top_k, ffn
+        raise ValueError(f"--size {size}: not an MoE size M<layers>h<hidden>a<heads>kv<kv>[d<head_dim>]e<experts>"
+                         "k<top_k>f<ffn>")
+    layers, hidden, heads, kv_heads = (int(g) for g in match.groups()[:4])
+    experts, top_k, ffn = (int(g) for g in match.groups()[5:])
+    head_dim_text = match.group(5)
+    if head_dim_text is None and hidden % heads:
+        raise ValueError(f"--size {size}: hidden must be a multiple of heads (or give d<head_dim>)")
+    head_dim = int(head_dim_text) if head_dim_text is not None else hidden // heads
+    if heads % kv_heads or not 1 <= top_k <= experts or head_dim < 1:
+        raise ValueError(f"--size {size}: heads must be a multiple of kv heads, 1 <= top_k <= experts")
+    return layers, hidden, heads, kv_heads, head_dim, experts, top_k, ffn
 
 
 def parse_size(size: str) -> tuple[int, int, int, int, int] | None:
@@ -479,7 +487,7 @@ def parse_size(size: str) -> tuple[int, int, int, int, int] | None:
             raise ValueError(f"--size {size}: hidden must be a multiple of heads")
         return layers, hidden, heads, heads, ffn
     if MOE_SIZE.match(size):
-        layers, hidden, heads, kv_heads, _experts, _top_k, ffn = parse_moe(size)
+        layers, hidden, heads, kv_heads, _head_dim, _experts, _top_k, ffn = parse_moe(size)
         return layers, hidden, heads, kv_heads, ffn
     if size in SIZES:
         layers, hidden = SIZES[size]
@@ -506,8 +514,10 @@ def model_shape(args: argparse.Namespace, llama: Any) -> Any:
         positions = max(args.seq, 1024)
         return load_calibrate_module("families").GPT2Shape(layers, hidden, heads, ffn, VOCAB, positions)
     if family == "moe" and not args.tiny:
-        layers, hidden, heads, kv_heads, experts, top_k, ffn = parse_moe(args.size)
-        return load_calibrate_module("families").MoEShape(layers, hidden, heads, kv_heads, experts, top_k, ffn, VOCAB)
+        layers, hidden, heads, kv_heads, head_dim, experts, top_k, ffn = parse_moe(args.size)
+        return load_calibrate_module("families").MoEShape(
+            layers, hidden, heads, kv_heads, experts, top_k, ffn, VOCAB, head_dim
+        )
     if args.tiny:
         return llama.LlamaShape(layers=2, hidden=256, heads=2, kv_heads=1, ffn=_swiglu(256), vocab=VOCAB)
     parsed = parse_size(args.size)

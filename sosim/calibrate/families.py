@@ -146,14 +146,15 @@ class MoEShape:
     top_k: int
     ffn: int
     vocab: int
+    head_dim: int = 0  # 0: hidden / heads; Qwen3-30B-A3B has 128 with hidden 2048 and 32 heads
 
-    @property
-    def head_dim(self) -> int:
-        return self.hidden // self.heads
+    def __post_init__(self) -> None:
+        if self.head_dim == 0:
+            object.__setattr__(self, "head_dim", self.hidden // self.heads)
 
     def layer_params(self) -> int:
-        h, kv_dim = self.hidden, self.kv_heads * self.head_dim
-        attention = 2 * h * h + 2 * h * kv_dim + 2 * self.head_dim  # q, o, k, v and Qwen3's q/k norms
+        h, q_dim, kv_dim = self.hidden, self.heads * self.head_dim, self.kv_heads * self.head_dim
+        attention = 2 * h * q_dim + 2 * h * kv_dim + 2 * self.head_dim  # q, o, k, v and Qwen3's q/k norms
         return attention + self.experts * 3 * h * self.ffn + self.experts * h + 2 * h
 
     def params_count(self) -> int:
@@ -161,7 +162,7 @@ class MoEShape:
         return self.layers * self.layer_params() + 2 * self.vocab * self.hidden + self.hidden
 
     def as_dict(self) -> dict[str, int]:
-        return asdict(self) | {"head_dim": self.head_dim, "params": self.params_count()}
+        return asdict(self) | {"params": self.params_count()}
 
 
 class HFCausalLM(nn.Module):
@@ -183,7 +184,7 @@ def hf_qwen3_moe(shape: MoEShape, seq: int, checkpoint_layers: bool) -> tuple[nn
     config = Qwen3MoeConfig(
         vocab_size=shape.vocab,
         hidden_size=shape.hidden,
-        intermediate_size=shape.ffn * shape.top_k,  # unused: every layer is sparse
+        intermediate_size=shape.ffn * shape.top_k,  # unused (every layer sparse); 6144 for moe-needs.md's shapes
         moe_intermediate_size=shape.ffn,
         num_hidden_layers=shape.layers,
         num_attention_heads=shape.heads,
@@ -198,6 +199,7 @@ def hf_qwen3_moe(shape: MoEShape, seq: int, checkpoint_layers: bool) -> tuple[nn
         max_position_embeddings=max(seq, 4096),
         tie_word_embeddings=False,
         use_cache=False,
+        attn_implementation="sdpa",
     )
     config._attn_implementation = "sdpa"
     inner = Qwen3MoeForCausalLM(config)
@@ -211,13 +213,13 @@ def hf_qwen3_moe(shape: MoEShape, seq: int, checkpoint_layers: bool) -> tuple[nn
 class OwnAttention(nn.Module):
     """GQA attention with Qwen3's per-head RMS q/k norms; no RoPE (its cost is negligible here and not timed)."""
 
-    def __init__(self, hidden: int, heads: int, kv_heads: int) -> None:
+    def __init__(self, hidden: int, heads: int, kv_heads: int, head_dim: int) -> None:
         super().__init__()
-        self.heads, self.kv_heads, self.head_dim = heads, kv_heads, hidden // heads
-        self.q_proj = nn.Linear(hidden, hidden, bias=False)
-        self.k_proj = nn.Linear(hidden, kv_heads * self.head_dim, bias=False)
-        self.v_proj = nn.Linear(hidden, kv_heads * self.head_dim, bias=False)
-        self.o_proj = nn.Linear(hidden, hidden, bias=False)
+        self.heads, self.kv_heads, self.head_dim = heads, kv_heads, head_dim
+        self.q_proj = nn.Linear(hidden, heads * head_dim, bias=False)
+        self.k_proj = nn.Linear(hidden, kv_heads * head_dim, bias=False)
+        self.v_proj = nn.Linear(hidden, kv_heads * head_dim, bias=False)
+        self.o_proj = nn.Linear(heads * head_dim, hidden, bias=False)
         self.q_norm = nn.RMSNorm(self.head_dim, eps=1e-6)
         self.k_norm = nn.RMSNorm(self.head_dim, eps=1e-6)
 
@@ -271,7 +273,7 @@ class OwnMoELayer(nn.Module):
     def __init__(self, shape: MoEShape) -> None:
         super().__init__()
         self.input_layernorm = nn.RMSNorm(shape.hidden, eps=1e-6)
-        self.self_attn = OwnAttention(shape.hidden, shape.heads, shape.kv_heads)
+        self.self_attn = OwnAttention(shape.hidden, shape.heads, shape.kv_heads, shape.head_dim)
         self.post_attention_layernorm = nn.RMSNorm(shape.hidden, eps=1e-6)
         self.mlp = SparseMoE(shape.hidden, shape.experts, shape.top_k, shape.ffn)
 
