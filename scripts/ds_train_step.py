@@ -797,6 +797,7 @@ def main(argv: list[str] | None = None) -> int:
         "phased_step_timers_s": result["phased_timers"],
         "unsynced_step_timers_s": result["unsynced_timers"],
         "ds_config": result["config_dict"],
+        "family": result["family_info"],
     }
     (args.out / "runs" / f"{run_id}.json").write_text(json.dumps(raw, indent=1) + "\n")
     rows = rows_for(args, run_id, result, config_file)

@@ -255,3 +255,23 @@ def test_quick_plan_replaces_ds_step_fixed_by_instep() -> None:
     full = plan_for(plat, quick=False, deepspeed=True).sections
     assert "instep" in full and "ds_step_fixed" in full
     assert "instep" not in plan_for(plat, quick=True, deepspeed=False).sections
+
+
+def test_campaign_job_list_parses_and_the_step_script_accepts_every_job(tmp_path: Path) -> None:
+    run_all = _script("ds_run_all")
+    step = _script("ds_train_step")
+    lines = (ROOT / "scripts" / "campaign_jobs.txt").read_text().splitlines()
+    jobs = [line.split("#", 1)[0].strip() for line in lines]
+    jobs = [job for job in jobs if job]
+    assert len(jobs) == len(set(jobs)) >= 30  # each once: --skip-done matches jobs by their text
+    run_ids = set()
+    for job in jobs:
+        argv = run_all.job_argv(job, tmp_path)
+        args = step.build_parser().parse_args(argv[2:])  # [python, script, ...]
+        run_ids.add(step.run_id_for(args, 1))
+    assert len(run_ids) == len(jobs)  # no two jobs write the same runs/<run_id>.json
+    configs = {(run_all.parse_job(j)[0][3], run_all.parse_job(j)[1].get("param", "")) for j in jobs}
+    assert {("zero2", ""), ("zero3", ""), ("zero3", "cpu"), ("superoffload", ""), ("zero3gpu", "")} <= configs
+    versions = [j for j in jobs if "ds=0.18.8" in j]
+    assert {run_all.parse_job(j)[0][3] for j in versions} == {"zero2", "zero3", "superoffload"}
+    assert {run_all.parse_job(j)[0][0] for j in versions} == {"1.1b", "G12h2048a16f8192"}
