@@ -21,7 +21,7 @@ DEADLINE_S=${DEADLINE_S:-560}
 START_S=$(date +%s)
 left_s() { echo $((DEADLINE_S - ($(date +%s) - START_S))); }
 stamp() { echo "[campaign] call $CALL: $* at $(( $(date +%s) - START_S )) s"; }
-RES=/tmp/campaign
+RES=${CAMPAIGN_DIR:-/tmp/campaign}
 mkdir -p "$OUT" "$RES/logs" "$RES/ds" "$RES/profiles"
 exec > >(tee -a "$RES/logs/call${CALL}.log") 2>&1
 WHL_DIR=${WHL_DIR:-.whl}
@@ -101,7 +101,7 @@ if [ "$BUDGET_S" -gt 45 ]; then
     --job-timeout-s "${DS_JOB_TIMEOUT_S:-130}" --min-start-s 40 --skip-done "${JOBS[@]}" 2>&1 \
     | tee -a "$RES/logs/ds_run_all.log" | grep -E "^\[run_all\]|^    \[ds\]"
 fi
-DONE=$(wc -l < "$RES/ds/done_jobs.txt" 2>/dev/null || echo 0)
+DONE=$(cat "$RES/ds/done_jobs.txt" 2>/dev/null | wc -l)
 stamp "jobs done so far: $DONE of ${#JOBS[@]}"
 
 # ---- call 3: the fsdp helper's FSDP2 steps and torch CPU Adam (its own self-limiting script)
