@@ -53,7 +53,8 @@ class _SlowDisk(Costs):
 
 
 def _plan(sc: Scenario, costs: Costs) -> Plan:
-    return SYSTEMS[sc.schedule.system].build_plan(sc, costs)
+    assert costs.machine is not None
+    return SYSTEMS[sc.schedule.system].build_plan(sc, costs, costs.machine)
 
 
 def _durations(plan: Plan, kinds: tuple[ResourceKind, ...]) -> list[float]:

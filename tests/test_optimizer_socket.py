@@ -98,7 +98,7 @@ def test_transfers_to_a_borrowed_socket_pay_the_socket_link() -> None:
 def _rank0_cpu_pools(sc: Scenario) -> dict[str, set[str]]:
     """Shared pools (cores, DRAM) rank 0's CPU ops draw on, by op kind (optimizer or other)."""
     m = Machine.from_scenario(sc)
-    plan = SYSTEMS[sc.schedule.system].build_plan(sc, make_cost_model(sc))
+    plan = SYSTEMS[sc.schedule.system].build_plan(sc, make_cost_model(sc), m)
     node, contention, ranks = node_plan(sc, m, plan)
     out: dict[str, set[str]] = {"optimizer": set(), "other": set()}
     for op in node.ops[::ranks]:

@@ -111,14 +111,14 @@ def simulate_with(sc: Scenario, costs: Costs | None, engine: str, runs: EngineRu
     usage = module.memory_usage(sc)
     # One rank's plan, expanded to the ranks of one node that share a host, with the node's shared resources
     # handed to the engine (sosim/engine/contention.py).
-    plan = module.build_plan(sc, costs)
+    plan = module.build_plan(sc, costs, machine)
     node, contention, ranks = node_plan(sc, machine, plan)
     run = ENGINES[engine](node, contention) if runs is None else runs.run(engine, node, contention)
     # Metrics, spans and trace are rank 0's view (its ops are every ranks-th op of the node plan).
     start, end = run.start_s[::ranks], run.end_s[::ranks]
     fit = check_fit(usage, sc.hardware, machine)
     metrics = compute_metrics(sc, plan, start, end, usage, fit)
-    prov = provenance(sc, costs, module.choices(sc))
+    prov = provenance(sc, costs, module.choices(sc, machine))
     prov["engine"] = engine
     prov.update({k: str(v) for k, v in machine.describe().items()})
     # The FLOP convention behind model_tflops / mfu (sosim/hardware/model.py): long-sequence anchors hinge on it.

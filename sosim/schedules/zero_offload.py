@@ -25,7 +25,7 @@ from pydantic import BaseModel, model_validator
 from sosim.costs.offload_mechanisms import z2_flush_costs
 from sosim.engine.plan import Plan
 from sosim.hardware import model as tm
-from sosim.hardware.machine import rank_threads
+from sosim.hardware.machine import Machine
 from sosim.hardware.memory import MemoryUsage
 from sosim.inputs.config import AdamImpl, Fraction, OffloadKnobs, PosFloat
 from sosim.inputs.units import BF16_BYTES, FP32_BYTES, MB
@@ -108,7 +108,7 @@ def memory_usage(sc: Scenario) -> MemoryUsage:
     return MemoryUsage(gpu_bytes=gpu, cpu_bytes=cpu_bytes)
 
 
-def deepspeed(sc: Scenario, costs: CostModel, s: ZeroOffloadKnobs) -> Recipe:
+def deepspeed(sc: Scenario, costs: CostModel, s: ZeroOffloadKnobs, machine: Machine) -> Recipe:
     units = layout.build_units(sc, costs)
     tensors = layout.build_tensors(sc.model, units)
     flushes = layout.make_flushes(tensors, layout.bucket_elements_from_mb(s.bucket_mb), "overflow")
@@ -117,7 +117,7 @@ def deepspeed(sc: Scenario, costs: CostModel, s: ZeroOffloadKnobs) -> Recipe:
     flush_costs = z2_flush_costs(costs)
     return Recipe(
         layout=layout.make_layout(units, tensors, flushes, whole),
-        cpu=cpu.one_process(rank_threads(sc), s.cpu_adam),
+        cpu=cpu.one_process(machine.threads_per_rank, s.cpu_adam),
         weights=Replicated(),
         # Measured flush costs replace the earlier per-layer estimate of the same waits; a profile without
         # the z2_flush rows keeps the estimate.
@@ -130,14 +130,14 @@ def deepspeed(sc: Scenario, costs: CostModel, s: ZeroOffloadKnobs) -> Recipe:
     )
 
 
-def ideal(sc: Scenario, costs: CostModel, s: ZeroOffloadKnobs) -> Recipe:
+def ideal(sc: Scenario, costs: CostModel, s: ZeroOffloadKnobs, machine: Machine) -> Recipe:
     units = layout.build_units(sc, costs)
     tensors = layout.build_tensors(sc.model, units)
     flushes = layout.make_flushes(tensors, layout.bucket_elements_from_mb(s.bucket_mb), "fill")
     t = sc.training
     return Recipe(
         layout=layout.make_layout(units, tensors, flushes, layout.groups_from_flushes(flushes)),
-        cpu=cpu.split_cores(rank_threads(sc), s.cpu_adam_core_fraction, True, s.cpu_adam),
+        cpu=cpu.split_cores(machine.threads_per_rank, s.cpu_adam_core_fraction, True, s.cpu_adam),
         weights=Replicated(),
         grads=HostGradients(fp32_on_gpu=False, overlap_comm=s.overlap_comm),
         step=AfterBackward(CopyBf16(pinned=s.pin_memory), norm=t.gradient_clipping > 0 or t.precision == "fp16",
@@ -150,6 +150,6 @@ def ideal(sc: Scenario, costs: CostModel, s: ZeroOffloadKnobs) -> Recipe:
 PRESETS = {"deepspeed": deepspeed, "ideal": ideal}
 
 
-def build_plan(sc: Scenario, costs: CostModel) -> Plan:
+def build_plan(sc: Scenario, costs: CostModel, machine: Machine) -> Plan:
     s = _knobs(sc)
-    return plan_for(sc, costs, PRESETS[s.implementation](sc, costs, s))
+    return plan_for(sc, costs, PRESETS[s.implementation](sc, costs, s, machine))
