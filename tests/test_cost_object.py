@@ -139,7 +139,8 @@ def test_band_replays_are_cost_objects_on_sampled_tables() -> None:
     replays = list(sampled_cost_models(sc, 2, seed=4))
     for costs in replays:
         assert isinstance(costs, Costs) and costs.machine is not None
-        assert costs.table is not None and costs.table is not base.table  # the replay's own draw
+        table = costs.measured_table()
+        assert table is not None and table is not base.measured_table()  # the replay's own draw
     assert replays[0].layer_fwd_s() != replays[1].layer_fwd_s()
     # A replay's object is what simulate() runs: the same object gives the same result twice (cache hits).
     r1, r2 = simulate(sc, costs=replays[0]), simulate(sc, costs=replays[0])

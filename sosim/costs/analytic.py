@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from functools import cached_property
-from typing import Literal, Protocol
+from typing import TYPE_CHECKING, Literal, Protocol
 
 import numpy as np
 
@@ -20,6 +20,9 @@ from sosim.hardware import model as tm
 from sosim.hardware.machine import AIO_BLOCK_BYTES, AIO_QUEUE_DEPTH, AIO_THREADS
 from sosim.inputs.config import AdamImpl, Curve, HardwareProfile, ModelSpec, TrainingSpec
 from sosim.inputs.units import BF16_BYTES, FP32_BYTES, GB, TFLOP, us_to_s
+
+if TYPE_CHECKING:
+    from sosim.costs.calibration_table import CalibrationTable
 
 Direction = Literal["h2d", "d2h"]
 CollectiveKind = Literal["all_reduce", "reduce_scatter", "all_gather", "all_to_all"]
@@ -144,6 +147,8 @@ class CostModel(Protocol):
     def ds_step_fixed_s(self, params: float, subgroups: int, system: str) -> float: ...
     def so_worker_roundtrip_s(self, elements: float, with_copies: bool = False) -> float: ...
     def so_flush_s(self, elements: float) -> float | None: ...
+    # The measured table the costs come from (None: analytic), for the costs that read its rows as components.
+    def measured_table(self) -> CalibrationTable | None: ...
     @property
     def provenance(self) -> dict[str, str]: ...
 
@@ -413,6 +418,10 @@ class AnalyticCostModel:
         """SuperOffload's whole gradient flush of ``elements`` as measured (``so_grads``), or None: the
         analytic model has no number of its own, and the plan then sums its copy and cast ops."""
         del elements
+        return None
+
+    def measured_table(self) -> CalibrationTable | None:
+        """No table: every duration here is the analytic model's."""
         return None
 
     @property

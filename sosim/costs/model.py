@@ -175,12 +175,10 @@ class Costs:
     def so_flush_s(self, elements: float) -> float | None:
         return self.components.so_flush_s(elements)
 
-    @property
-    def table(self) -> CalibrationTable | None:
+    def measured_table(self) -> CalibrationTable | None:
         """The calibration table behind the components (a replay's sampled one in a band), or None: DeepSpeed's
         per-tensor host costs are read from its rows (sosim/costs/offload_mechanisms.py)."""
-        table = getattr(self.components, "table", None)  # only the table model has one
-        return table if isinstance(table, CalibrationTable) else None
+        return self.components.measured_table()
 
     @property
     def provenance(self) -> dict[str, str]:

@@ -454,6 +454,10 @@ class TableCostModel(AnalyticCostModel):
             return None
         return self._use("so_flush", measured, lambda a: so_flush_parts_s(a, elements))
 
+    def measured_table(self) -> CalibrationTable:
+        """The table these costs are measured in (a band replay's: the sampled one)."""
+        return self.table
+
     # --- provenance ------------------------------------------------------------------------------------------
     @property
     def provenance(self) -> dict[str, str]:

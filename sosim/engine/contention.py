@@ -133,6 +133,7 @@ def expand_ranks(plan: Plan, ranks: int) -> Plan:
                           synced if synced is not None else shifted[r], op.layer, op.iteration, op.category,
                           op.phase, op.n_bytes, op.flops, op.group))
     out.iteration_starts = [i * ranks for i in plan.iteration_starts]
+    out.optimizer_core_share = plan.optimizer_core_share
     return out
 
 
@@ -201,7 +202,7 @@ def contention_for(sc: Scenario, m: Machine, plan: Plan, simulated_ranks: int) -
     rate = {"h2d": link.h2d_GBps * 1e9, "d2h": link.d2h_GBps * 1e9}
     node = hw.node
     dram_Bps = node.dram_GBps * 1e9 if node is not None and node.dram_GBps is not None else 0.0
-    fraction = float(getattr(sc.schedule, "cpu_adam_core_fraction", 1.0))
+    fraction = plan.optimizer_core_share
     threads = float(m.threads_per_rank)
     # The optimizer worker's threads and the training process's (they split the rank's threads when the
     # worker is given a fraction of them; otherwise they take turns on all of them).

@@ -244,7 +244,9 @@ def group_slot(group: int) -> int:
 
 def build(ctx: Ctx, r: Recipe) -> Plan:
     """Every iteration of ``ctx.sc`` through the blocks of ``r``: one iteration built as a template, repeated."""
-    return Plan.repeat(build_template(ctx, r), ctx.sc.training.iterations + r.warmup_iterations)
+    plan = Plan.repeat(build_template(ctx, r), ctx.sc.training.iterations + r.warmup_iterations)
+    plan.optimizer_core_share = r.cpu.core_share
+    return plan
 
 
 def build_template(ctx: Ctx, r: Recipe) -> Template:

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, ClassVar, Literal
 
 from pydantic import BaseModel, model_validator
 
-from sosim.costs.offload_mechanisms import z2_flush_costs
+from sosim.costs.offload_mechanisms import Z2_ESTIMATE_TENSORS_PER_LAYER, Z2_SYNC_ESTIMATE_S_PER_TENSOR, z2_flush_costs
 from sosim.engine.plan import Plan
 from sosim.hardware import model as tm
 from sosim.hardware.machine import Machine
@@ -34,12 +34,6 @@ from sosim.schedules.driver import NoHooks, Recipe, plan_for
 from sosim.schedules.gradients import HostGradients, Stage2Gradients
 from sosim.schedules.steps import AfterBackward, CastAndCopy, CopyBf16, Stage2Step
 from sosim.schedules.weights import HostSyncsInBackward, Replicated
-
-# Estimate kept for profiles whose tables lack the z2_flush rows (sosim/costs/offload_mechanisms.py measures it):
-# DeepSpeed's overflow tracker truth-tests a CUDA scalar per parameter; ~20 us of GPU idle each, ~10 tensors
-# per layer.
-SYNC_S_PER_TENSOR = 20e-6
-TENSORS_PER_LAYER = 10
 
 if TYPE_CHECKING:
     from sosim.costs.analytic import CostModel
@@ -121,7 +115,8 @@ def deepspeed(sc: Scenario, costs: CostModel, s: ZeroOffloadKnobs, machine: Mach
         weights=Replicated(),
         # Measured flush costs replace the earlier per-layer estimate of the same waits; a profile without
         # the z2_flush rows keeps the estimate.
-        hooks=HostSyncsInBackward(SYNC_S_PER_TENSOR * TENSORS_PER_LAYER) if flush_costs is None else NoHooks(),
+        hooks=HostSyncsInBackward(Z2_SYNC_ESTIMATE_S_PER_TENSOR * Z2_ESTIMATE_TENSORS_PER_LAYER)
+        if flush_costs is None else NoHooks(),
         grads=Stage2Gradients(overlap_comm=s.overlap_comm, pinned=s.pin_memory, host_waits_for_copies=True,
                               flush_costs=flush_costs),
         step=Stage2Step(CastAndCopy(cast_on_gpu=False, pinned=s.pin_memory, allgather=True)),
