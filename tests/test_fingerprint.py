@@ -74,7 +74,7 @@ def test_shared_engine_runs_give_the_metrics_of_a_plain_simulation() -> None:
     keys = []
     for _ in range(2):
         costs = make_costs(sc, machine=m)
-        node, contention, _ranks = node_plan(sc, m, SYSTEMS[sc.schedule.system].build_plan(sc, costs, m))
+        node, contention, _ranks = node_plan(m, SYSTEMS[sc.schedule.system].build_plan(sc, costs, m))
         keys.append(engine_fingerprint(node, contention, "fast"))
     assert keys[0] == keys[1] and "fast" in ENGINES
     runs = EngineRuns()

@@ -195,7 +195,7 @@ def test_node_plan_simulates_one_rank_when_ranks_share_nothing() -> None:
     from sosim.schedules.registry import SYSTEMS
 
     plan = SYSTEMS[sc.schedule.system].build_plan(sc, make_cost_model(sc), m)
-    node, _, ranks = node_plan(sc, m, plan)
+    node, _, ranks = node_plan(m, plan)
     assert len(node.ops) == len(plan.ops) and ranks == 1
 
 

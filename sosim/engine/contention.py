@@ -25,7 +25,6 @@ from __future__ import annotations
 from sosim.engine.fluid import Contention, RepeatedUses
 from sosim.engine.plan import Category, Op, Plan, Resource, ResourceKind
 from sosim.hardware.machine import Machine, SharedId, SharedResource, cores_id, dram_id, nvme_id
-from sosim.inputs.config import Scenario
 
 _COPY = {ResourceKind.H2D: "h2d", ResourceKind.D2H: "d2h"}
 _CPU = frozenset({ResourceKind.CPU_OPT, ResourceKind.CPU_MAIN})
@@ -137,7 +136,7 @@ def expand_ranks(plan: Plan, ranks: int) -> Plan:
     return out
 
 
-def node_plan(sc: Scenario, m: Machine, plan: Plan) -> tuple[Plan, Contention, int]:
+def node_plan(m: Machine, plan: Plan) -> tuple[Plan, Contention, int]:
     """The plan the engine runs for one node, the contention it is handed, and how many ranks it holds
     (rank 0's op ``i`` is the node plan's op ``i * ranks``)."""
     # One rank on its own shares nothing: the scan of the plan for NVMe ops is only needed with several.
@@ -147,10 +146,10 @@ def node_plan(sc: Scenario, m: Machine, plan: Plan) -> tuple[Plan, Contention, i
     shares = symmetric_shares(m) if simulated > 1 else None
     if shares is None:
         node = expand_ranks(plan, simulated)
-        return node, contention_for(sc, m, node, simulated), simulated
+        return node, contention_for(m, node, simulated), simulated
     # Interchangeable ranks: rank 0 alone, with its share of every resource (demands fitted to the whole
     # capacity first: an op alone on the machine may use all of it, it never is alone here).
-    own = contention_for(sc, m, plan, 1)
+    own = contention_for(m, plan, 1)
     ids = [r.id for r in m.shared_resources()]
     capacity = tuple(c / shares.get(rid, 1) for c, rid in zip(own.capacity, ids, strict=True))
     # Time lost on rank 0's resource is lost alike on every instance of its kind (the other ranks' copies).
@@ -192,7 +191,7 @@ def _only_links_that_cannot_contend(shared: list[SharedResource]) -> bool:
     return all(c["h2d"] + c["d2h"] <= c["bidir"] for c in caps.values())
 
 
-def contention_for(sc: Scenario, m: Machine, plan: Plan, simulated_ranks: int) -> Contention:
+def contention_for(m: Machine, plan: Plan, simulated_ranks: int) -> Contention:
     shared = m.shared_resources()
     if _only_links_that_cannot_contend(shared):
         return Contention(tuple(r.name for r in shared), tuple(r.capacity for r in shared), {})

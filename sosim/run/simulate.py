@@ -112,7 +112,7 @@ def simulate_with(sc: Scenario, costs: Costs | None, engine: str, runs: EngineRu
     # One rank's plan, expanded to the ranks of one node that share a host, with the node's shared resources
     # handed to the engine (sosim/engine/contention.py).
     plan = module.build_plan(sc, costs, machine)
-    node, contention, ranks = node_plan(sc, machine, plan)
+    node, contention, ranks = node_plan(machine, plan)
     run = ENGINES[engine](node, contention) if runs is None else runs.run(engine, node, contention)
     # Metrics, spans and trace are rank 0's view (its ops are every ranks-th op of the node plan).
     start, end = run.start_s[::ranks], run.end_s[::ranks]
