@@ -60,7 +60,7 @@ def _cached(method: Callable[Concatenate[Costs, P], R]) -> Callable[Concatenate[
 
 
 class Costs:
-    """Every duration a schedule needs (the :class:`~sosim.costs.analytic.CostModel` protocol), in seconds for
+    """Every duration a schedule needs (systems are given this object, typed: no protocol besides it), in seconds for
     one GPU's share of the work, with the machine's topology built in and each answer cached."""
 
     def __init__(self, components: AnalyticCostModel, machine: Machine | None = None) -> None:

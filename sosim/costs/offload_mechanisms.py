@@ -32,7 +32,7 @@ import numpy as np
 from sosim.hardware.model import ModelSpec, layer_tensor_sizes
 
 if TYPE_CHECKING:
-    from sosim.costs.analytic import CostModel
+    from sosim.costs.model import Costs
 
 # DeepSpeed's stage3_param_persistence_threshold default (runtime/zero/config.py, 1e5 elements): smaller
 # parameters (norm scales, biases) stay on the GPU and are never fetched.
@@ -69,7 +69,7 @@ Z2_ESTIMATE_TENSORS_PER_LAYER = 10
 ZINF_FETCH_H200_S_PER_TENSOR = (0.0108508138 - 0.0061695685) / HARNESS_FETCHED_TENSORS_PER_LAYER
 
 
-def z2_flush_costs(costs: CostModel) -> Z2FlushCosts | None:
+def z2_flush_costs(costs: Costs) -> Z2FlushCosts | None:
     """The profile's measured ZeRO-2 flush costs (rows ``z2_flush``); None when its tables lack them (a host
     round trip measured on the H200's x86 host says little about another host: such profiles keep the earlier
     estimate, :data:`Z2_SYNC_ESTIMATE_S_PER_TENSOR`; :data:`Z2_FLUSH_H200` is the H200's, for reference)."""
@@ -95,7 +95,7 @@ def z2_flush_costs(costs: CostModel) -> Z2FlushCosts | None:
                         f"measured: {table.path} (z2_flush)")
 
 
-def zinf_fetch_s_per_tensor(costs: CostModel) -> tuple[float, str] | None:
+def zinf_fetch_s_per_tensor(costs: Costs) -> tuple[float, str] | None:
     """Host time per fetched parameter tensor of ZeRO-Infinity's CPU tier, and its source; None when the
     profile's tables lack the rows (such profiles keep the fetch as a copy only, as before;
     :data:`ZINF_FETCH_H200_S_PER_TENSOR` is the H200's, for reference)."""

@@ -5,7 +5,7 @@ from __future__ import annotations
 import gc
 from collections.abc import Callable
 
-from sosim.costs.analytic import AnalyticCostModel, CostModel
+from sosim.costs.analytic import AnalyticCostModel
 from sosim.costs.model import Costs
 from sosim.engine import fast as engine_fast
 from sosim.engine import simpy_engine
@@ -127,7 +127,7 @@ def simulate_with(sc: Scenario, costs: Costs | None, engine: str, runs: EngineRu
     return Result(sc, metrics, plan, start, end, usage, prov)
 
 
-def provenance(sc: Scenario, costs: CostModel, choices: dict[str, str]) -> dict[str, str]:
+def provenance(sc: Scenario, costs: Costs, choices: dict[str, str]) -> dict[str, str]:
     """What produced a result: system, implementation, hardware profile, cost model and calibration table,
     then the cost model's own notes and the choices the system made for this scenario."""
     sched = sc.schedule

@@ -21,7 +21,7 @@ from sosim.schedules.layout import Group, Unit
 from sosim.schedules.weights import Replicated
 
 if TYPE_CHECKING:
-    from sosim.costs.analytic import CostModel
+    from sosim.costs.model import Costs
     from sosim.inputs.config import Scenario
 
 # PyTorch DDP's default bucket_cap_mb.
@@ -87,7 +87,7 @@ def memory_usage(sc: Scenario) -> MemoryUsage:
     return MemoryUsage(gpu_bytes=gpu, cpu_bytes={})
 
 
-def recipe(sc: Scenario, costs: CostModel, machine: Machine) -> Recipe:
+def recipe(sc: Scenario, costs: Costs, machine: Machine) -> Recipe:
     units = layout.build_units(sc, costs)
     tensors = layout.build_tensors(sc.model, units)
     flushes = layout.make_flushes(tensors, layout.bucket_elements_from_mb(DDP_BUCKET_MB), "fill")
@@ -98,5 +98,5 @@ def recipe(sc: Scenario, costs: CostModel, machine: Machine) -> Recipe:
                   grads=reduce, step=GpuAdamStep(reduce))
 
 
-def build_plan(sc: Scenario, costs: CostModel, machine: Machine) -> Plan:
+def build_plan(sc: Scenario, costs: Costs, machine: Machine) -> Plan:
     return plan_for(sc, costs, recipe(sc, costs, machine))

@@ -39,7 +39,7 @@ from sosim.schedules import (
 )
 
 if TYPE_CHECKING:
-    from sosim.costs.analytic import CostModel
+    from sosim.costs.model import Costs
     from sosim.engine.plan import Plan
     from sosim.hardware.machine import Machine
     from sosim.hardware.memory import MemoryUsage
@@ -52,7 +52,7 @@ class System(NamedTuple):
     knobs: type[ScheduleKnobs]
     # The Machine (sosim/hardware/machine.py) is resolved once per simulation by the caller and handed in: a
     # system reads its threads per rank, nodes and volumes there and never rebuilds it from the scenario.
-    build_plan: Callable[[Scenario, CostModel, Machine], Plan]
+    build_plan: Callable[[Scenario, Costs, Machine], Plan]
     memory_usage: Callable[[Scenario], MemoryUsage]
     choices: Callable[[Scenario, Machine], dict[str, str]]
     deepspeed: DeepSpeedForm | None = None

@@ -36,7 +36,7 @@ from sosim.schedules.steps import AfterBackward, BlockingCopy, CastAndCopy, Host
 from sosim.schedules.weights import CheckpointsOnHost, HostStreamed, Partitioned
 
 if TYPE_CHECKING:
-    from sosim.costs.analytic import CostModel
+    from sosim.costs.model import Costs
     from sosim.inputs.config import Scenario
 
 
@@ -133,7 +133,7 @@ def choices(sc: Scenario, machine: Machine) -> dict[str, str]:
             "speculation_active": str(spec)}
 
 
-def deepspeed(sc: Scenario, costs: CostModel, s: SuperOffloadKnobs, machine: Machine) -> Recipe:
+def deepspeed(sc: Scenario, costs: Costs, s: SuperOffloadKnobs, machine: Machine) -> Recipe:
     # weight_placement flow = DeepSpeed's offload_param: cpu: weights streamed per layer by the stage-3 prefetcher,
     # the refresh rewrites the host bf16 partition (a CPU cast) instead of copying to the GPU.
     flow, _ = placement(sc, s)
@@ -148,7 +148,7 @@ def deepspeed(sc: Scenario, costs: CostModel, s: SuperOffloadKnobs, machine: Mac
     )
 
 
-def ideal(sc: Scenario, costs: CostModel, s: SuperOffloadKnobs, machine: Machine) -> Recipe:
+def ideal(sc: Scenario, costs: Costs, s: SuperOffloadKnobs, machine: Machine) -> Recipe:
     flow, _ = placement(sc, s)
     gpu_cast = s.cast == "gpu"
     units = layout.build_units(sc, costs)
@@ -176,6 +176,6 @@ def ideal(sc: Scenario, costs: CostModel, s: SuperOffloadKnobs, machine: Machine
 PRESETS = {"deepspeed": deepspeed, "ideal": ideal}
 
 
-def build_plan(sc: Scenario, costs: CostModel, machine: Machine) -> Plan:
+def build_plan(sc: Scenario, costs: Costs, machine: Machine) -> Plan:
     s = _knobs(sc)
     return plan_for(sc, costs, PRESETS[s.implementation](sc, costs, s, machine))

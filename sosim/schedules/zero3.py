@@ -50,7 +50,8 @@ from sosim.schedules.layout import Flush, Group, Unit
 from sosim.schedules.steps import gpu_adam
 
 if TYPE_CHECKING:
-    from sosim.costs.analytic import CostModel, QuantKernel
+    from sosim.costs.analytic import QuantKernel
+    from sosim.costs.model import Costs
     from sosim.inputs.config import Scenario
 
 # Elements per quantization group (one fp32 scale each): DeepSpeed's default for qwZ.
@@ -205,7 +206,7 @@ def memory_usage(sc: Scenario) -> MemoryUsage:
     return MemoryUsage(gpu_bytes=gpu, cpu_bytes={})
 
 
-def recipe(sc: Scenario, costs: CostModel, machine: Machine) -> Recipe:
+def recipe(sc: Scenario, costs: Costs, machine: Machine) -> Recipe:
     s = _knobs(sc)
     hpz = min(s.zero_hpz_partition_size, zero_group(sc))
     return Recipe(
@@ -226,5 +227,5 @@ def choices(sc: Scenario, machine: Machine) -> dict[str, str]:
     return {"zeropp": (", ".join(on) or "off") + note}
 
 
-def build_plan(sc: Scenario, costs: CostModel, machine: Machine) -> Plan:
+def build_plan(sc: Scenario, costs: Costs, machine: Machine) -> Plan:
     return plan_for(sc, costs, recipe(sc, costs, machine))

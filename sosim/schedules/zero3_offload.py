@@ -27,7 +27,7 @@ from sosim.schedules.steps import AfterBackward, BlockingCopy, CastAndCopy, Stag
 from sosim.schedules.weights import Partitioned
 
 if TYPE_CHECKING:
-    from sosim.costs.analytic import CostModel
+    from sosim.costs.model import Costs
     from sosim.inputs.config import Scenario
 
 
@@ -81,7 +81,7 @@ def memory_usage(sc: Scenario) -> MemoryUsage:
     return stage3.offload_footprint(sc, implementation=s.implementation, bucket_mb=s.bucket_mb, weight_flow=False)
 
 
-def deepspeed(sc: Scenario, costs: CostModel, s: Stage3OffloadKnobs, machine: Machine) -> Recipe:
+def deepspeed(sc: Scenario, costs: Costs, s: Stage3OffloadKnobs, machine: Machine) -> Recipe:
     return Recipe(
         layout=stage3.deepspeed_layout(sc, costs, s.sub_group_elements, s.bucket_mb, ratio=1.0),
         cpu=cpu.one_process(machine.threads_per_rank, s.cpu_adam),
@@ -92,7 +92,7 @@ def deepspeed(sc: Scenario, costs: CostModel, s: Stage3OffloadKnobs, machine: Ma
     )
 
 
-def ideal(sc: Scenario, costs: CostModel, s: Stage3OffloadKnobs, machine: Machine) -> Recipe:
+def ideal(sc: Scenario, costs: Costs, s: Stage3OffloadKnobs, machine: Machine) -> Recipe:
     units = layout.build_units(sc, costs)
     tensors = layout.build_tensors(sc.model, units)
     flushes = layout.make_flushes(tensors, layout.bucket_elements_from_mb(s.bucket_mb), "fill")
@@ -111,6 +111,6 @@ def ideal(sc: Scenario, costs: CostModel, s: Stage3OffloadKnobs, machine: Machin
 PRESETS = {"deepspeed": deepspeed, "ideal": ideal}
 
 
-def build_plan(sc: Scenario, costs: CostModel, machine: Machine) -> Plan:
+def build_plan(sc: Scenario, costs: Costs, machine: Machine) -> Plan:
     s = _knobs(sc)
     return plan_for(sc, costs, PRESETS[s.implementation](sc, costs, s, machine))

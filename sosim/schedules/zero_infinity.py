@@ -27,7 +27,7 @@ from sosim.schedules.zero3_offload import deepspeed as zero3_deepspeed
 from sosim.schedules.zero3_offload import ideal as zero3_ideal
 
 if TYPE_CHECKING:
-    from sosim.costs.analytic import CostModel
+    from sosim.costs.model import Costs
     from sosim.hardware.machine import Machine
     from sosim.inputs.config import Scenario
 
@@ -49,7 +49,7 @@ def memory_usage(sc: Scenario) -> MemoryUsage:
                                     prefetch_layers=s.prefetch_layers)
 
 
-def deepspeed(sc: Scenario, costs: CostModel, s: ZeroInfinityKnobs, machine: Machine) -> Recipe:
+def deepspeed(sc: Scenario, costs: Costs, s: ZeroInfinityKnobs, machine: Machine) -> Recipe:
     """ZeRO-3 offload's DeepSpeed recipe with host-resident weights: swap the weight source and the refresh."""
     base = zero3_deepspeed(sc, costs, s, machine)
     step = Stage3Step(HostCopyOnly(cast=True), system="zero3_offload", worker=False, handed_off=False)
@@ -61,7 +61,7 @@ def deepspeed(sc: Scenario, costs: CostModel, s: ZeroInfinityKnobs, machine: Mac
     return replace(base, weights=weights, step=step)
 
 
-def ideal(sc: Scenario, costs: CostModel, s: ZeroInfinityKnobs, machine: Machine) -> Recipe:
+def ideal(sc: Scenario, costs: Costs, s: ZeroInfinityKnobs, machine: Machine) -> Recipe:
     base = zero3_ideal(sc, costs, s, machine)
     assert isinstance(base.step, AfterBackward)
     return replace(base, weights=HostStreamed(s.prefetch_layers, BF16_BYTES),
@@ -71,6 +71,6 @@ def ideal(sc: Scenario, costs: CostModel, s: ZeroInfinityKnobs, machine: Machine
 PRESETS = {"deepspeed": deepspeed, "ideal": ideal}
 
 
-def build_plan(sc: Scenario, costs: CostModel, machine: Machine) -> Plan:
+def build_plan(sc: Scenario, costs: Costs, machine: Machine) -> Plan:
     s = _knobs(sc)
     return plan_for(sc, costs, PRESETS[s.implementation](sc, costs, s, machine))

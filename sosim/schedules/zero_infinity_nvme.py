@@ -46,7 +46,7 @@ from sosim.schedules.weights import HostStreamed, Partitioned
 from sosim.schedules.zero3_offload import STAGE3_DEFAULTS, Stage3OffloadKnobs
 
 if TYPE_CHECKING:
-    from sosim.costs.analytic import CostModel
+    from sosim.costs.model import Costs
     from sosim.hardware.memory import MemoryUsage
     from sosim.inputs.config import Scenario
 
@@ -250,7 +250,7 @@ def memory_usage(sc: Scenario) -> MemoryUsage:
     return replace(base, cpu_bytes=cpu_bytes, nvme_bytes=nvme_bytes)
 
 
-def deepspeed(sc: Scenario, costs: CostModel, s: ZeroInfinityNvmeKnobs, machine: Machine) -> Recipe:
+def deepspeed(sc: Scenario, costs: Costs, s: ZeroInfinityNvmeKnobs, machine: Machine) -> Recipe:
     nvme = Nvme(s.aio_block_size, s.aio_queue_depth, s.aio_intra_op_parallelism)
     weights: Partitioned | HostStreamed | NvmeStreamed
     if s.offload_param == "nvme":
@@ -281,7 +281,7 @@ def choices(sc: Scenario, machine: Machine) -> dict[str, str]:
                                      f"{s.aio_intra_op_parallelism} thread)"}
 
 
-def build_plan(sc: Scenario, costs: CostModel, machine: Machine) -> Plan:
+def build_plan(sc: Scenario, costs: Costs, machine: Machine) -> Plan:
     s = _knobs(sc)
     # One preset: DeepSpeed's (the paper's ZeRO-Infinity overlaps more; pipeline_read/write express it).
     return plan_for(sc, costs, deepspeed(sc, costs, s, machine))

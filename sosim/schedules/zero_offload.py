@@ -36,7 +36,7 @@ from sosim.schedules.steps import AfterBackward, CastAndCopy, CopyBf16, Stage2St
 from sosim.schedules.weights import HostSyncsInBackward, Replicated
 
 if TYPE_CHECKING:
-    from sosim.costs.analytic import CostModel
+    from sosim.costs.model import Costs
     from sosim.inputs.config import Scenario
 
 
@@ -102,7 +102,7 @@ def memory_usage(sc: Scenario) -> MemoryUsage:
     return MemoryUsage(gpu_bytes=gpu, cpu_bytes=cpu_bytes)
 
 
-def deepspeed(sc: Scenario, costs: CostModel, s: ZeroOffloadKnobs, machine: Machine) -> Recipe:
+def deepspeed(sc: Scenario, costs: Costs, s: ZeroOffloadKnobs, machine: Machine) -> Recipe:
     units = layout.build_units(sc, costs)
     tensors = layout.build_tensors(sc.model, units)
     flushes = layout.make_flushes(tensors, layout.bucket_elements_from_mb(s.bucket_mb), "overflow")
@@ -125,7 +125,7 @@ def deepspeed(sc: Scenario, costs: CostModel, s: ZeroOffloadKnobs, machine: Mach
     )
 
 
-def ideal(sc: Scenario, costs: CostModel, s: ZeroOffloadKnobs, machine: Machine) -> Recipe:
+def ideal(sc: Scenario, costs: Costs, s: ZeroOffloadKnobs, machine: Machine) -> Recipe:
     units = layout.build_units(sc, costs)
     tensors = layout.build_tensors(sc.model, units)
     flushes = layout.make_flushes(tensors, layout.bucket_elements_from_mb(s.bucket_mb), "fill")
@@ -145,6 +145,6 @@ def ideal(sc: Scenario, costs: CostModel, s: ZeroOffloadKnobs, machine: Machine)
 PRESETS = {"deepspeed": deepspeed, "ideal": ideal}
 
 
-def build_plan(sc: Scenario, costs: CostModel, machine: Machine) -> Plan:
+def build_plan(sc: Scenario, costs: Costs, machine: Machine) -> Plan:
     s = _knobs(sc)
     return plan_for(sc, costs, PRESETS[s.implementation](sc, costs, s, machine))
