@@ -109,7 +109,7 @@ def test_streamed_stage_one_with_workers_is_the_plain_search() -> None:
     assert format_text(full, 10) == format_text(plain_full, 10)
 
 
-@pytest.mark.parametrize("most", [pytest.param(2000, id="sample"),
+@pytest.mark.parametrize("most", [pytest.param(1000, id="sample"),
                                   pytest.param(None, id="all", marks=pytest.mark.slow)])
 def test_candidate_checks_are_the_checks_from_scratch(most: int | None) -> None:
     """Every candidate check of a search, with the reused sections and memory verdicts, is the check of the
