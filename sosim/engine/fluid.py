@@ -26,7 +26,7 @@ engines import it from here; neither imports the other.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -61,20 +61,45 @@ class Clock(Protocol):
 UsesOf = tuple[tuple[int, float], ...]
 
 
-class RepeatedUses(dict[int, UsesOf]):
+class RepeatedUses(Mapping[int, UsesOf]):
     """What the ops of a repeated plan (:meth:`sosim.engine.plan.Plan.repeat`) draw on, built from its template:
     op ``k * period + i`` draws what template op ``i`` does (an op's demands depend on its resource,
     duration, bytes and category, which every copy shares). The demands are worked out once per template,
-    not once per copy; this is the plain mapping by global op id (what the SimPy engine reads), and
-    :attr:`template` is what the fast engine and :func:`effective_contention` read."""
+    not once per copy; this is the plain mapping by global op id (what the SimPy engine reads), answered from
+    the template on each lookup rather than stored per copy, and :attr:`template` is what the fast engine and
+    :func:`effective_contention` read."""
 
     __slots__ = ("copies", "period", "template")
 
     def __init__(self, template: dict[int, UsesOf], period: int, copies: int) -> None:
-        super().__init__({k * period + i: u for k in range(copies) for i, u in template.items()})
         self.template = template
         self.period = period
         self.copies = copies
+
+    def __getitem__(self, op_id: int) -> UsesOf:
+        k, i = divmod(op_id, self.period)
+        if not 0 <= k < self.copies:
+            raise KeyError(op_id)
+        return self.template[i]
+
+    def __contains__(self, op_id: object) -> bool:
+        if not isinstance(op_id, int):
+            return False
+        k, i = divmod(op_id, self.period)
+        return 0 <= k < self.copies and i in self.template
+
+    def __iter__(self) -> Iterator[int]:
+        # Copy by copy, each in the template's order (the order a dict built copy by copy would have).
+        for k in range(self.copies):
+            base = k * self.period
+            for i in self.template:
+                yield base + i
+
+    def __len__(self) -> int:
+        return len(self.template) * self.copies
+
+    def __repr__(self) -> str:
+        return f"RepeatedUses({self.copies} copies of {len(self.template)} of {self.period} template ops)"
 
 
 @dataclass(frozen=True)
