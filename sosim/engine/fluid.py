@@ -25,6 +25,7 @@ engines import it from here; neither imports the other.
 
 from __future__ import annotations
 
+import copy
 import math
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -204,7 +205,11 @@ def effective_contention(plan: Plan, contention: Contention | None) -> Contentio
     if not uses:
         return None
     out: Mapping[int, UsesOf] = uses if repeated is None else RepeatedUses(uses, repeated.period, repeated.copies)
-    return Contention(contention.names, contention.capacity, out, contention.stands_for, contention.report_as)
+    # A subset of ``contention``'s demands, which its __post_init__ has checked: copied with the kept ones in
+    # place of its own, without checking them again (a search builds this once per simulation).
+    kept = copy.copy(contention)
+    object.__setattr__(kept, "uses", out)
+    return kept
 
 
 # Stretch below this is float noise of repeated rate changes, not time lost to contention.
