@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Literal, NamedTuple
 
 from sosim.hardware import model as tm
+from sosim.hardware import moe
 from sosim.inputs.units import BF16_BYTES, MB
 
 if TYPE_CHECKING:
@@ -200,10 +201,14 @@ def layer_tensor_sizes(m: ModelSpec) -> list[int]:
     The sizes add up to :func:`sosim.hardware.model.layer_params`.
     """
     h, f = m.hidden, m.ffn_dim
-    kv = m.n_kv_heads * (h // m.heads)
+    kv = m.kv_dim
     if m.ffn_kind == "gelu":
         return [h, h, h * (h + 2 * kv), h + 2 * kv, h * h, h, h, h, h * f, f, f * h, h]
-    return [h, h * h, h * kv, h * kv, h * h, h, h * f, h * f, f * h]
+    q = m.q_dim
+    extras = ([m.attn_head_dim] * 2 if m.qk_norm else []) + ([m.heads] if m.attention_sinks else [])
+    if m.is_moe:  # router, the experts' two 3-D tensors, the shared expert (sosim/hardware/moe.py)
+        return [h, h * q, h * kv, h * kv, q * h, *extras, h, *moe.mlp_tensor_sizes(m)]
+    return [h, h * q, h * kv, h * kv, q * h, *extras, h, h * f, h * f, f * h]
 
 
 def build_tensors(m: ModelSpec, units: Sequence[Unit]) -> list[Tensor]:
