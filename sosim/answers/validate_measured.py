@@ -212,6 +212,23 @@ def _hf_config(row: Mapping[str, str], where: str) -> dict[str, Any]:
         "num_key_value_heads": int(_num(row, "kv_heads", where)),
         "intermediate_size": int(_num(row, "ffn", where)),
         "vocab_size": int(_num(row, "vocab", where)),
+        **_moe_config(row, where),
+    }
+
+
+def _moe_config(row: Mapping[str, str], where: str) -> dict[str, Any]:
+    """A Qwen3-MoE step row (issue 22: Hugging Face Qwen3MoeForCausalLM built from its config, columns model_type,
+    experts, experts_per_token, moe_ffn, head_dim, experts_impl): its Qwen3MoeConfig keys; {} for a Llama row."""
+    if not _cell(row, "experts"):
+        return {}
+    return {
+        "_name_or_path": f"measured-qwen3-moe-{_cell(row, 'model') or 'model'}",
+        "model_type": _cell(row, "model_type") or "qwen3_moe",
+        "num_experts": int(_num(row, "experts", where)),
+        "num_experts_per_tok": int(_num(row, "experts_per_token", where)),
+        "moe_intermediate_size": int(_num(row, "moe_ffn", where)),
+        "head_dim": int(_num(row, "head_dim", where)),
+        "decoder_sparse_step": 1, "mlp_only_layers": [],
     }
 
 

@@ -223,6 +223,8 @@ class AnalyticCostModel:
     def elementwise_fwd_s(self) -> float:
         """The memory-bound kernels of one layer's forward (norms, residuals, rotary, activation)."""
         elem_bytes = tm.elementwise_bytes_fwd_per_token(self.model) * self.hw.gpu.elementwise_traffic_factor
+        if self.model.is_moe:  # the token permutation's single kernels, at their bytes (sosim/hardware/moe.py)
+            elem_bytes += moe.permutation_elems_fwd_per_token(self.model) * BF16_BYTES
         return elem_bytes * self.tokens_per_gpu / self._hbm_Bps
 
     @cached_property

@@ -180,6 +180,6 @@ def read_attention(r: _Reader, model_type: str, hidden: int | None, heads: int |
                                 "model.sliding_layers", sliding,
                                 reason=f"{sliding} of {len(types)} layers attend to a {window}-token window"))
         elif sliding:
-            r.error("sliding_window", f"layer_types names {sliding} sliding_attention layers but sliding_window is "
-                    f"{window!r}")
+            key = "sliding_window" if "sliding_window" in r.data else "layer_types"
+            r.error(key, f"layer_types names {sliding} sliding_attention layers but sliding_window is {window!r}")
     return out

@@ -182,18 +182,31 @@ def activation_bytes_per_token_mlp(m: ModelSpec) -> float:
 
 
 def elementwise_elems_fwd_per_token_mlp(m: ModelSpec) -> float:
-    """Elements the MLP's memory-bound kernels move per token in one forward (the dense formula counts 3f
-    for a SwiGLU's activation): per routed copy the SwiGLU (3 x expert_ffn) and the permutation. grouped_mm:
-    the k-fold gather (read + write h), the sort gather (2h), the weight multiply (2h), the inverse gather
-    (2h), then the sum over k (read k x h, write h per token); eager: the gather (2h), the weight multiply
-    (2h) and index_add_ (read the copy, read-modify-write the output: 3h). The router's softmax/top-k:
-    read + write the fp32 logits (2 x 2 x experts in bf16 elements)."""
+    """Elements the MLP's activation kernels move per token in one forward, as the dense formula counts them
+    (3f for a SwiGLU): per routed copy the experts' SwiGLU (3 x expert_ffn), the shared experts' (3 x width).
+    The profile's elementwise traffic factor applies to these as to a dense layer's; the token permutation is
+    :func:`permutation_elems_fwd_per_token`."""
+    assert m.experts_per_token is not None
+    moe = m.experts_per_token * 3 * m.expert_ffn_dim + 3 * m.shared_expert_ffn_dim * m.shared_experts
+    return _mean(m, moe, 3 * m.ffn_dim)
+
+
+def permutation_elems_fwd_per_token(m: ModelSpec) -> float:
+    """Elements the router's softmax/top-k and the token permutation move per token in one forward (mean
+    layer). grouped_mm: the k-fold gather (read + write h per copy), the sort gather (2h), the weight multiply
+    (2h), the inverse gather (2h), the sum over k (read k x h, write h per token); eager: the gather (2h), the
+    weight multiply (2h) and index_add_ (read the copy, read-modify-write the output: 3h) per copy. The router:
+    read + write its fp32 logits (2 x 2 x experts bf16-sized elements). Each is one kernel moving exactly these
+    bytes: no traffic factor (the dense factor, fitted on norms/rotary/activation chains, is not theirs)."""
+    if not m.is_moe:
+        return 0.0
     assert m.experts is not None and m.experts_per_token is not None
     h, k = m.hidden, m.experts_per_token
-    per_copy = 3 * m.expert_ffn_dim + (8 * h if m.experts_impl == "grouped_mm" else 7 * h)
-    per_token = 4 * m.experts + (k * h + h if m.experts_impl == "grouped_mm" else 0)
-    moe = k * per_copy + per_token + 3 * m.shared_expert_ffn_dim * m.shared_experts
-    return _mean(m, moe, 3 * m.ffn_dim)
+    if m.experts_impl == "grouped_mm":
+        moe = k * 8 * h + k * h + h + 4 * m.experts
+    else:
+        moe = k * 7 * h + 4 * m.experts
+    return _mean(m, moe, 0)
 
 
 def host_ops_fwd(m: ModelSpec, tokens: int) -> float:
