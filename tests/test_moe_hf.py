@@ -1,4 +1,4 @@
-"""Hugging Face MoE / head_dim / sliding-window configs -> model spec; DeepSpeed expert parallelism refused (issue 22)."""
+"""Hugging Face MoE / head_dim / sliding-window configs -> model spec; expert parallelism refused (issue 22)."""
 
 from __future__ import annotations
 

@@ -202,11 +202,8 @@ def permutation_elems_fwd_per_token(m: ModelSpec) -> float:
         return 0.0
     assert m.experts is not None and m.experts_per_token is not None
     h, k = m.hidden, m.experts_per_token
-    if m.experts_impl == "grouped_mm":
-        moe = k * 8 * h + k * h + h + 4 * m.experts
-    else:
-        moe = k * 7 * h + 4 * m.experts
-    return _mean(m, moe, 0)
+    grouped = k * 8 * h + k * h + h + 4 * m.experts
+    return _mean(m, grouped if m.experts_impl == "grouped_mm" else k * 7 * h + 4 * m.experts, 0)
 
 
 def host_ops_fwd(m: ModelSpec, tokens: int) -> float:
