@@ -11,8 +11,7 @@ from sosim.formats.hf_model import load_hf_model
 from sosim.hardware import model as tm
 from sosim.hardware import moe
 from sosim.inputs.config import ModelSpec, TrainingSpec
-from sosim.inputs.loader import load_scenario
-from sosim.schedules import layout
+from sosim.run.loader import load_scenario
 
 ROOT = Path(__file__).resolve().parents[1]
 MODELS = ROOT / "scenarios" / "models"
@@ -31,7 +30,7 @@ def test_tiny_moe_counts_by_hand() -> None:
     # FLOPs: 2 per active parameter per token + causal attention 4*s*(heads x head_dim) x 1/2.
     assert tm.layer_flops_fwd(TINY, 1024, 512) == 2.0 * 1024 * 31_104 + 4.0 * 1024 * 512 * 128 * 0.5
     # The experts' parameters, gradients and optimizer state count all four: the tensors hold every expert.
-    sizes = layout.layer_tensor_sizes(TINY)
+    sizes = tm.layer_tensor_sizes(TINY)
     assert sum(sizes) == tm.layer_params(TINY)
     assert sizes[-2:] == [4 * 2 * 16 * 64, 4 * 64 * 16]  # gate_up_proj and down_proj, 3-D in transformers 5.x
 
@@ -45,7 +44,7 @@ def test_dense_head_dim_consistent_is_bit_identical() -> None:
         assert f(same) == f(base)  # type: ignore[operator]
     assert tm.layer_flops_fwd(same, 8192, 2048) == tm.layer_flops_fwd(base, 8192, 2048)
     assert tm.model_flops_per_step(same, t, 8192) == tm.model_flops_per_step(base, t, 8192)
-    assert layout.layer_tensor_sizes(same) == layout.layer_tensor_sizes(base)
+    assert tm.layer_tensor_sizes(same) == tm.layer_tensor_sizes(base)
 
 
 def test_wide_attention_counts_heads_times_head_dim() -> None:
@@ -96,7 +95,7 @@ def test_dense_first_layers_mean_layer_is_exact_in_total() -> None:
     dense = tm.attention_params(m) + 3 * 64 * 48
     moe_layer = tm.attention_params(m) + 256 + 12_288 + 3 * 64 * 16
     assert abs(m.layers * tm.layer_params(m) - (dense + 3 * moe_layer)) <= 3 * m.layers  # per-tensor rounding
-    assert sum(layout.layer_tensor_sizes(m)) == tm.layer_params(m)
+    assert sum(tm.layer_tensor_sizes(m)) == tm.layer_params(m)
 
 
 @pytest.mark.parametrize(("bad", "message"), [

@@ -17,7 +17,7 @@ from sosim.formats.jsonio import parse_json
 from sosim.hardware import model as tm
 from sosim.inputs.config import ModelSpec
 from sosim.inputs.errors import ConfigError
-from sosim.inputs.loader import Located
+from sosim.run.loader import Located
 
 ROOT = Path(__file__).resolve().parents[1]
 BASE = {"hidden_size": 1024, "num_hidden_layers": 6, "num_attention_heads": 16, "num_key_value_heads": 4,

@@ -14,9 +14,9 @@ from typing import Any
 
 from sosim.hardware.machine import Machine
 from sosim.hardware.memory import check_fit
-from sosim.inputs.loader import load_scenario
 from sosim.inputs.units import GIB
-from sosim.schedules import SCHEDULES
+from sosim.run.loader import load_scenario
+from sosim.schedules.registry import SYSTEMS
 
 FIT_WORDS = ("fits", "does not fit")
 
@@ -25,7 +25,7 @@ def fit_prediction(scenario: Path, overrides: list[str]) -> tuple[bool, float, s
     """(fits, worst use of usable memory - 1, why not) for a scenario file and its overrides."""
     sc = load_scenario(scenario, overrides)
     machine = Machine.from_scenario(sc)
-    usage = SCHEDULES[sc.schedule.system].memory_usage(sc)
+    usage = SYSTEMS[sc.schedule.system].memory_usage(sc)
     hw = sc.hardware
     fit = check_fit(usage, hw, machine)
     sharing = 1

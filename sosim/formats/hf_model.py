@@ -28,7 +28,7 @@ from sosim.formats import hf_moe
 from sosim.formats.jsonio import Note, read_json
 from sosim.inputs.config import ModelSpec
 from sosim.inputs.errors import ConfigError
-from sosim.inputs.loader import KeyPath, Located
+from sosim.run.loader import KeyPath, Located
 
 GATED_TYPES = ("llama", "mistral", "qwen2", "qwen3", "seed_oss", *hf_moe.MOE_TYPES)
 GELU_TYPES = ("gpt2", "gpt_neox")
