@@ -25,6 +25,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from sosim.formats import hf_moe
+from sosim.formats.hf_reader import _Reader
 from sosim.formats.jsonio import Note, read_json
 from sosim.inputs.config import ModelSpec
 from sosim.inputs.errors import ConfigError
@@ -60,46 +61,6 @@ class HfModel:
     max_positions: int | None = None
     sliding_window: int | None = None
     origin: str = ""
-
-
-class _Reader:
-    def __init__(self, loc: Located, prefix: KeyPath) -> None:
-        self.loc = loc
-        self.prefix = prefix
-        node = loc.data
-        for p in prefix:
-            node = node[p]
-        self.data: dict[str, Any] = node
-        self.notes: list[Note] = []
-        self.problems: list[str] = []
-
-    def where(self, key: str) -> str:
-        return self.loc.where((*self.prefix, key))
-
-    def dotted(self, key: str) -> str:
-        return ".".join(str(p) for p in (*self.prefix, key))
-
-    def error(self, key: str, message: str) -> None:
-        self.problems.append(f"{self.where(key)}: {self.dotted(key)}: {message}")
-
-    def pos_int(self, key: str, to: str, required: bool = True) -> int | None:
-        if key not in self.data or self.data[key] is None:
-            if required:
-                self.error(key, f"missing (sosim needs it for model.{to})")
-            return None
-        value = self.data[key]
-        if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-            self.error(key, f"expected a positive integer, got {value!r}")
-            return None
-        self.notes.append(Note("mapped", self.dotted(key), self.where(key), value, f"model.{to}", value))
-        return value
-
-    def defaulted(self, key: str, to: str, value: Any, reason: str) -> None:
-        self.notes.append(Note("defaulted", self.dotted(key), self.loc.origin, None, f"model.{to}", value, reason))
-
-    def ignored(self, key: str, reason: str, affects_step: bool = False) -> None:
-        self.notes.append(Note("ignored", self.dotted(key), self.where(key), self.data.get(key), reason=reason,
-                               affects_step=affects_step))
 
 
 def _family(r: _Reader) -> tuple[str, str]:

@@ -19,12 +19,10 @@ the parameters, and listed as ignored.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from sosim.formats.hf_reader import _Reader
 from sosim.formats.jsonio import Note
-
-if TYPE_CHECKING:
-    from sosim.formats.hf_model import _Reader
 
 # model_type -> the family whose keys it uses (and whose expert width key differs).
 QWEN_MOE_TYPES = ("qwen3_moe", "qwen2_moe", "olmoe")
