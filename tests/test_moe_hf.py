@@ -116,3 +116,34 @@ def test_measured_moe_row_becomes_a_qwen3_moe_config() -> None:
                                       + 64 * 3 * 2048 * 768) + 2 * 32000 * 2048 + 2048
     dense = {k: v for k, v in row.items() if k not in ("model_type", "experts", "experts_per_token", "moe_ffn")}
     assert "num_experts" not in _hf_config(dense, "steps.csv:3")
+    # The step harness's own column names (scripts/ds_train_step.py: family, moe_experts, moe_top_k, ffn = width)
+    harness = {**dense, "ffn": "768", "family": "moe", "moe_experts": "64", "moe_top_k": "8",
+               "moe_impl": "own-experts-loop"}
+    config = _hf_config(harness, "steps.csv:4")
+    assert (config["num_experts"], config["num_experts_per_tok"], config["moe_intermediate_size"]) == (64, 8, 768)
+    assert config["_moe_impl"] == "own-experts-loop"
+
+
+@pytest.mark.parametrize(("tag", "keys"), [
+    ("hf-qwen3moe-transformers5.17.0-experts:grouped_mm", {"experts_impl": "grouped_mm"}),
+    ("hf-qwen3moe-transformers5.17.0-experts:eager", {"experts_impl": "eager"}),
+    ("hf-qwen3moe-transformers4.57.1", {"experts_impl": "eager", "expert_tensors": "per_expert"}),
+    ("own-experts-loop", {"experts_impl": "eager", "expert_tensors": "per_expert"}),
+    ("", {}),
+])
+def test_runtime_tag_says_how_experts_ran(tag: str, keys: dict[str, str]) -> None:
+    from sosim.hardware.moe import runtime_from_tag
+
+    assert runtime_from_tag(tag) == keys
+
+
+def test_per_expert_modules_are_hooked_and_fetched_one_by_one() -> None:
+    from sosim.costs.analytic import parameter_tensors_per_layer
+
+    base = ModelSpec(layers=2, hidden=64, heads=4, ffn=16, ffn_kind="swiglu", vocab=100, experts=4,
+                     experts_per_token=2)
+    per = base.model_copy(update={"expert_tensors": "per_expert"})
+    assert parameter_tensors_per_layer(base) == 4 + 2 + 3 and parameter_tensors_per_layer(per) == 4 + 2 + 1 + 12
+    assert tm.layer_params(per) == tm.layer_params(base)  # the same weights, held differently
+    assert tm.layer_tensor_sizes(per)[-12:] == [64 * 16] * 12  # each expert's gate, up, down
+    assert tm.layer_tensor_sizes(base)[-2:] == [4 * 2 * 16 * 64, 4 * 64 * 16]

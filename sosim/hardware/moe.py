@@ -130,9 +130,16 @@ def mlp_tensor_sizes(m: ModelSpec) -> list[int]:
     h = m.hidden
     assert m.experts is not None
     fe, f = m.expert_ffn_dim, m.ffn_dim
-    sizes = [_mean_int(m, h * m.experts, 0),
-             _mean_int(m, m.experts * 2 * fe * h, 2 * f * h),
-             _mean_int(m, m.experts * fe * h, f * h)]
+    if m.expert_tensors == "per_expert":  # gate, up, down of every expert (a dense layer's in the first's place)
+        sizes = [_mean_int(m, h * m.experts, 0)]
+        for e in range(m.experts):
+            first = e == 0
+            sizes += [_mean_int(m, h * fe, h * f if first else 0), _mean_int(m, h * fe, h * f if first else 0),
+                      _mean_int(m, fe * h, f * h if first else 0)]
+    else:
+        sizes = [_mean_int(m, h * m.experts, 0),
+                 _mean_int(m, m.experts * 2 * fe * h, 2 * f * h),
+                 _mean_int(m, m.experts * fe * h, f * h)]
     if m.shared_experts:
         fs = m.shared_expert_ffn_dim * m.shared_experts
         sizes += [_mean_int(m, h * fs, 0)] * 2 + [_mean_int(m, fs * h, 0)]
@@ -145,8 +152,27 @@ def mlp_active_params_mean(m: ModelSpec) -> float:
 
 
 def mlp_tensors(m: ModelSpec) -> int:
-    """Parameter tensors of an MoE layer's MLP (hooks and fetches): router, 2 expert tensors, 3 shared."""
-    return 3 + (3 if m.shared_experts else 0)
+    """Parameter tensors of an MoE layer's MLP (hooks and fetches): router, 2 fused expert tensors (or 3 per
+    expert), 3 shared."""
+    assert m.experts is not None
+    experts = 3 * m.experts if m.expert_tensors == "per_expert" else 2
+    return 1 + experts + (3 if m.shared_experts else 0)
+
+
+def runtime_from_tag(tag: str) -> dict[str, str]:
+    """ModelSpec keys for how a measured MoE run held and ran its experts, from the step harness's ``moe_impl``
+    column (scripts/ds_train_step.py): ``hf-qwen3moe-transformers<version>[-experts:<impl>]`` or
+    ``own-experts-loop`` (a ModuleList of experts, every expert visited). {} when the tag says nothing."""
+    if tag.startswith("own-experts-loop"):
+        return {"experts_impl": "eager", "expert_tensors": "per_expert"}
+    if not tag.startswith("hf-"):
+        return {}
+    version = tag.split("transformers", 1)[1].split("-", 1)[0] if "transformers" in tag else ""
+    impl = tag.split("-experts:", 1)[1] if "-experts:" in tag else ""
+    out = {"experts_impl": "eager" if impl == "eager" else "grouped_mm"}
+    if version[:1].isdigit() and int(version.split(".")[0]) < 5:  # transformers 4.x: ModuleList, eager loop
+        out = {"experts_impl": "eager", "expert_tensors": "per_expert"}
+    return out
 
 
 # --- FLOPs and time drivers ---------------------------------------------------------------------------------

@@ -405,6 +405,10 @@ class ModelSpec(_Strict):
     # How the framework runs the experts (Hugging Face transformers 5.x ``experts_implementation``):
     # "grouped_mm" (its default: one grouped GEMM per projection) or "eager" (a Python loop over hit experts).
     experts_impl: Literal["grouped_mm", "eager"] = "grouped_mm"
+    # How the experts' weights are held: "fused", two 3-D tensors per layer (transformers 5.x Qwen3MoeExperts);
+    # "per_expert", one module of three Linears per expert (transformers 4.x, most hand-written MoE layers): ZeRO-3
+    # hooks and fetches per expert module then.
+    expert_tensors: Literal["fused", "per_expert"] = "fused"
     # --- attention variants -----------------------------------------------------------------------------------
     sliding_window: PosInt | None = None  # tokens a sliding-window layer attends to
     sliding_layers: NonNegInt = 0  # how many layers use the window (layer_types "sliding_attention")
