@@ -126,3 +126,15 @@ def test_maxsize_grows_experts_until_memory_runs_out() -> None:
     bigger = found.scenario.model_copy(update={"model": found.model.model_copy(
         update={"experts": found.model.experts + 1})})  # type: ignore[operator]
     assert not fits(bigger).feasible
+
+
+@pytest.mark.parametrize(("scenario", "folder"), [
+    ("gh200_superoffload_deepspeed_gpt_oss_20b_blog", "gpt-oss-20b"),
+    ("gh200x2_superoffload_deepspeed_qwen3_30b_a3b_blog", "qwen3-30b-a3b"),
+    ("gh200x2_superoffload_deepspeed_seed_oss_36b_blog", "seed-oss-36b"),
+    ("gh200x4_superoffload_deepspeed_llama3_70b_blog", "llama-3-70b"),
+])
+def test_blog_scenarios_hold_the_model_the_reader_makes_of_the_published_config(scenario: str, folder: str) -> None:
+    sc = load_scenario(ROOT / "scenarios" / f"{scenario}.yaml")
+    read = ModelSpec.model_validate({**load_hf_model(MODELS / folder).model, "name": sc.model.name})
+    assert sc.model == read

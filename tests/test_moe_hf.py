@@ -128,7 +128,7 @@ def test_measured_moe_row_becomes_a_qwen3_moe_config() -> None:
     ("hf-qwen3moe-transformers5.17.0-experts:grouped_mm", {"experts_impl": "grouped_mm"}),
     ("hf-qwen3moe-transformers5.17.0-experts:eager", {"experts_impl": "eager"}),
     ("hf-qwen3moe-transformers4.57.1", {"experts_impl": "eager", "expert_tensors": "per_expert"}),
-    ("own-experts-loop", {"experts_impl": "eager", "expert_tensors": "per_expert"}),
+    ("own-experts-loop", {"experts_impl": "eager", "expert_tensors": "per_expert", "zero3_leaf_block": False}),
     ("", {}),
 ])
 def test_runtime_tag_says_how_experts_ran(tag: str, keys: dict[str, str]) -> None:

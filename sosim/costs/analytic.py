@@ -112,6 +112,17 @@ def parameter_tensors_per_layer(m: ModelSpec) -> int:
     return 4 + mlp + 2 + extras
 
 
+def hooked_modules_per_layer(m: ModelSpec) -> int:
+    """What DeepSpeed's ZeRO-3 hooks run over in one decoder layer, counted as the per-tensor figure below was
+    fitted (a Hugging Face Llama layer: 9 tensors, each in its own module): for a dense layer its parameter
+    tensors; for an MoE layer its attention and norm modules plus the MLP's hooked modules (a leaf MoE block is
+    one: sosim/hardware/moe.py hooked_mlp_modules)."""
+    if not m.is_moe:
+        return parameter_tensors_per_layer(m)
+    extras = (2 if m.qk_norm else 0) + (1 if m.attention_sinks else 0)
+    return 4 + 2 + extras + moe.hooked_mlp_modules(m)
+
+
 def model_parameter_tensors(m: ModelSpec) -> int:
     """Parameter tensors of the whole model: the layers', the embedding, the final norm (scale, GPT's bias)
     and an untied output head."""
@@ -414,7 +425,7 @@ class AnalyticCostModel:
         """
         del tokens, backward  # the estimate depends on neither
         per_tensor = grace_host.host_thread_s(STAGE3_HOOK_S_PER_TENSOR, self.hw.cpu)
-        return per_tensor * parameter_tensors_per_layer(self.model)
+        return per_tensor * hooked_modules_per_layer(self.model)
 
     def ds_unscale_clip_s(self, elements: float, system: str) -> float:
         """DeepSpeed stage 3's ``unscale_and_clip_grads`` over one sub-group's fp32 host gradients: a CPU

@@ -41,6 +41,9 @@ READ_KEYS = {
     "qk_rope_head_dim", "v_head_dim", "qk_nope_head_dim", "aux_loss_alpha", "seq_aux", "router_jitter_noise",
     "num_nextn_predict_layers", "max_window_layers",
 }
+# Sparse blocks DeepSpeed 0.18/0.19 make ZeRO-3 leaf modules by default (deepspeed/runtime/zero/
+# leaf_module_config.py DEFAULT_LEAF_MODULE_CLASSES: Mixtral, Qwen2-MoE, Qwen3-MoE).
+ZERO3_LEAF_TYPES = ("mixtral", "qwen2_moe", "qwen3_moe")
 # Qwen3 (dense and MoE) normalises q and k per head (Qwen3Attention.q_norm / k_norm).
 QK_NORM_TYPES = ("qwen3", "qwen3_moe")
 SINK_TYPES = ("gpt_oss",)
@@ -94,6 +97,12 @@ def read_moe(r: _Reader, model_type: str, layers: int | None, ffn: int | None) -
         r.error("ep_size", f"expert parallelism ({ep} ranks) is out of sosim's scope (docs/scenarios.md, "
                 "'Mixture of experts'): every rank holds every expert")
     out: dict[str, Any] = {"experts": experts, "experts_per_token": topk}
+    if model_type in ZERO3_LEAF_TYPES:
+        out["zero3_leaf_block"] = True
+        r.notes.append(Note("mapped", r.dotted("model_type"), r.where("model_type"), model_type,
+                            "model.zero3_leaf_block", True, reason="DeepSpeed's default ZeRO-3 leaf classes "
+                            "(leaf_module_config.py) include this model's sparse MoE block: one hook and one "
+                            "fetch per layer for router and experts"))
     if model_type in LOCAL_EXPERT_TYPES or (r.data.get("moe_intermediate_size") is None and ffn):
         out["expert_ffn"] = ffn  # Mixtral / GPT-OSS: intermediate_size is each expert's width
         r.notes.append(Note("mapped", r.dotted("intermediate_size"), r.where("intermediate_size"), ffn,

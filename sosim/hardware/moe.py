@@ -159,17 +159,28 @@ def mlp_tensors(m: ModelSpec) -> int:
     return 1 + experts + (3 if m.shared_experts else 0)
 
 
-def runtime_from_tag(tag: str) -> dict[str, str]:
+def hooked_mlp_modules(m: ModelSpec) -> int:
+    """Modules with parameters that DeepSpeed's ZeRO-3 hooks (and fetches) in an MoE layer's MLP: one for a
+    leaf block; else the router, the experts (one module when fused, three Linears each otherwise) and the
+    shared expert's three Linears."""
+    assert m.experts is not None
+    if m.zero3_leaf_block:
+        return 1
+    experts = 3 * m.experts if m.expert_tensors == "per_expert" else 1
+    return 1 + experts + (3 if m.shared_experts else 0)
+
+
+def runtime_from_tag(tag: str) -> dict[str, str | bool]:
     """ModelSpec keys for how a measured MoE run held and ran its experts, from the step harness's ``moe_impl``
     column (scripts/ds_train_step.py): ``hf-qwen3moe-transformers<version>[-experts:<impl>]`` or
     ``own-experts-loop`` (a ModuleList of experts, every expert visited). {} when the tag says nothing."""
-    if tag.startswith("own-experts-loop"):
-        return {"experts_impl": "eager", "expert_tensors": "per_expert"}
+    if tag.startswith("own-experts-loop"):  # families.SparseMoE: not one of DeepSpeed's default leaf classes
+        return {"experts_impl": "eager", "expert_tensors": "per_expert", "zero3_leaf_block": False}
     if not tag.startswith("hf-"):
         return {}
     version = tag.split("transformers", 1)[1].split("-", 1)[0] if "transformers" in tag else ""
     impl = tag.split("-experts:", 1)[1] if "-experts:" in tag else ""
-    out = {"experts_impl": "eager" if impl == "eager" else "grouped_mm"}
+    out: dict[str, str | bool] = {"experts_impl": "eager" if impl == "eager" else "grouped_mm"}
     if version[:1].isdigit() and int(version.split(".")[0]) < 5:  # transformers 4.x: ModuleList, eager loop
         out = {"experts_impl": "eager", "expert_tensors": "per_expert"}
     return out

@@ -409,6 +409,10 @@ class ModelSpec(_Strict):
     # "per_expert", one module of three Linears per expert (transformers 4.x, most hand-written MoE layers): ZeRO-3
     # hooks and fetches per expert module then.
     expert_tensors: Literal["fused", "per_expert"] = "fused"
+    # The MoE block is a ZeRO-3 leaf module: DeepSpeed installs no hooks below it and fetches all its tensors at
+    # once (deepspeed/runtime/zero/leaf_module_config.py DEFAULT_LEAF_MODULE_CLASSES in 0.18 and 0.19: the
+    # Qwen3-MoE, Qwen2-MoE and Mixtral sparse blocks). Other MoE blocks are hooked module by module.
+    zero3_leaf_block: bool = False
     # --- attention variants -----------------------------------------------------------------------------------
     sliding_window: PosInt | None = None  # tokens a sliding-window layer attends to
     sliding_layers: NonNegInt = 0  # how many layers use the window (layer_types "sliding_attention")
