@@ -147,3 +147,26 @@ def test_per_expert_modules_are_hooked_and_fetched_one_by_one() -> None:
     assert tm.layer_params(per) == tm.layer_params(base)  # the same weights, held differently
     assert tm.layer_tensor_sizes(per)[-12:] == [64 * 16] * 12  # each expert's gate, up, down
     assert tm.layer_tensor_sizes(base)[-2:] == [4 * 2 * 16 * 64, 4 * 64 * 16]
+
+
+def test_cli_runs_an_moe_config_with_memory_on_both_sides(tmp_path: Path,
+                                                          capsys: pytest.CaptureFixture[str]) -> None:
+    from sosim.cli import main
+
+    ds = tmp_path / "so.json"
+    ds.write_text(json.dumps({"train_batch_size": 4, "bf16": {"enabled": True}, "zero_optimization": {
+        "stage": 3, "sub_group_size": 8e8, "offload_optimizer": {"device": "cpu", "pin_memory": True,
+                                                                  "ratio": 0.9, "super_offload": True}}}))
+    model = ROOT / "scenarios" / "models" / "gpt-oss-20b"
+    rc = main(["run", "--ds-config", str(ds), "--model", str(model), "--hardware", "gh200-nvl2", "--seq", "8192",
+               "--format", "json", "--no-bands"])
+    out = json.loads(capsys.readouterr().out)
+    assert rc == 0 and out["feasible"] is True
+    assert out["params_b"] == pytest.approx(20.91, abs=0.01)
+    assert 100 < out["gpu_mem_peak_gib"] < out["gpu_mem_usable_gib"] and 0 < out["cpu_mem_peak_gib"] < 415
+    # Expert parallelism asked for: a located error naming the key, exit 2, no traceback.
+    ds.write_text(json.dumps({"train_batch_size": 4, "bf16": {"enabled": True}, "zero_optimization": {"stage": 2},
+                              "expert_parallel": {"enabled": True, "autoep_size": 2}}, indent=1))
+    rc = main(["run", "--ds-config", str(ds), "--model", str(model), "--hardware", "gh200"])
+    err = capsys.readouterr().err
+    assert rc == 2 and "expert_parallel.enabled: expert parallelism" in err and "Traceback" not in err
