@@ -207,9 +207,9 @@ def effective_contention(plan: Plan, contention: Contention | None) -> Contentio
     out: Mapping[int, UsesOf] = uses if repeated is None else RepeatedUses(uses, repeated.period, repeated.copies)
     # A subset of ``contention``'s demands, which its __post_init__ has checked: copied with the kept ones in
     # place of its own, without checking them again (a search builds this once per simulation).
-    kept = copy.copy(contention)
-    object.__setattr__(kept, "uses", out)
-    return kept
+    subset = copy.copy(contention)
+    object.__setattr__(subset, "uses", out)
+    return subset
 
 
 # Stretch below this is float noise of repeated rate changes, not time lost to contention.
