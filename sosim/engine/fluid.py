@@ -129,9 +129,10 @@ class Contention:
             if not cap > 0 or math.isinf(cap):
                 raise ValueError(f"Contention: capacity of {self.names[k]} must be positive and finite, got {cap}")
         uses = self.uses.template if isinstance(self.uses, RepeatedUses) else self.uses
+        n = len(self.names)
         for op_id, ks in uses.items():
             for k, demand in ks:
-                if not 0 <= k < len(self.names) or not demand >= 0:
+                if not 0 <= k < n or not demand >= 0:
                     raise ValueError(f"Contention: op {op_id} uses resource {k} with demand {demand}")
 
 
