@@ -17,7 +17,7 @@ from sosim.engine.plan import Plan
 from sosim.hardware.machine import Machine
 from sosim.hardware.memory import check_fit
 from sosim.inputs.config import Scenario
-from sosim.schedules import SCHEDULES
+from sosim.schedules import SCHEDULES, ds_version
 from sosim.schedules.layout import tokens_per_gpu
 
 # The engine's contract: a node plan and its contention in, every op's start and end (and stretch) out.
@@ -137,6 +137,7 @@ def provenance(sc: Scenario, costs: CostModel, choices: dict[str, str]) -> dict[
         "profile": sc.hardware.name,
         "calibration": "none",
     }
+    out.update(ds_version.describe(sc))  # which DeepSpeed release the system runs, and what that changes
     out.update(costs.provenance)
     out.update(choices)
     return out

@@ -29,7 +29,8 @@ from sosim.hardware.machine import rank_threads
 from sosim.hardware.memory import MemoryUsage, check_fit
 from sosim.inputs.config import AdamImpl, Fraction, OffloadKnobs, PosFloat, UnitInterval
 from sosim.inputs.units import BF16_BYTES, FP32_BYTES
-from sosim.schedules import cpu, layout, stage3
+from sosim.inputs.errors import SosimError
+from sosim.schedules import cpu, ds_version, layout, stage3, superoffload_release
 from sosim.schedules.driver import ActivationsOnGpu, Recipe, plan_for
 from sosim.schedules.gradients import HostGradients, Stage3Gradients
 from sosim.schedules.steps import AfterBackward, BlockingCopy, CastAndCopy, HostCopyOnly, Speculative, Stage3Step
@@ -128,19 +129,28 @@ def choices(sc: Scenario) -> dict[str, str]:
     s = _knobs(sc)
     flow, reason = placement(sc, s)
     clip = sc.training.gradient_clipping > 0
-    spec = (not clip) if s.implementation == "deepspeed" else s.speculation
+    release = s.implementation == "deepspeed" and ds_version.behaviour(sc).superoffload_release_path
+    # 0.18.0-0.18.8 speculate whatever the clipping; from PR 7906 (0.18.9) only without it.
+    spec = True if release else (not clip) if s.implementation == "deepspeed" else s.speculation
     return {"weight_placement": "flow" if flow else "stationary", "placement_reason": reason,
             "speculation_active": str(spec)}
 
 
 def deepspeed(sc: Scenario, costs: CostModel, s: SuperOffloadKnobs) -> Recipe:
+    adam = ds_version.adam_impl(sc, s.cpu_adam)
+    if ds_version.behaviour(sc).superoffload_release_path:
+        # DeepSpeed 0.18.0-0.18.8: the release-era code (sosim/schedules/superoffload_release.py).
+        if placement(sc, s)[0]:
+            raise SosimError(f"schedule.deepspeed_version {sc.schedule.deepspeed_version}: SuperOffload with "
+                             "offload_param (weight_placement: flow) is modelled only from 0.18.9 on")
+        return superoffload_release.recipe(sc, costs, s, adam)
     # weight_placement flow = DeepSpeed's offload_param: cpu: weights streamed per layer by the stage-3 prefetcher,
     # the refresh rewrites the host bf16 partition (a CPU cast) instead of copying to the GPU.
     flow, _ = placement(sc, s)
     refresh = HostCopyOnly(cast=True) if flow else BlockingCopy("superoffload")
     return Recipe(
         layout=stage3.deepspeed_layout(sc, costs, s.sub_group_elements, s.bucket_mb, 1.0 - s.gpu_optimizer_fraction),
-        cpu=cpu.split_cores(rank_threads(sc), s.cpu_adam_core_fraction, False, s.cpu_adam),
+        cpu=cpu.split_cores(rank_threads(sc), s.cpu_adam_core_fraction, False, adam),
         weights=HostStreamed(1, BF16_BYTES) if flow else Partitioned(),
         hooks=stage3.deepspeed_hooks(sc, costs),
         grads=Stage3Gradients(overlap_comm=s.overlap_comm, pinned=s.pin_memory, superoffload=True),
