@@ -37,7 +37,8 @@ UnitInterval = Annotated[float, Field(ge=0, le=1)]
 # A piecewise-linear curve: (x, y) points with strictly increasing x.
 Curve = list[tuple[float, float]]
 
-AdamImpl = Literal["torch", "cpu_adam", "cpu_adam_sve", "grace_adam"]  # cpu_adam_sve: DeepSpeedCPUAdam's SVE kernel (PR 8365)
+# cpu_adam_sve: DeepSpeedCPUAdam's SVE kernel (DeepSpeed PR 8365; sosim/schedules/ds_version.py).
+AdamImpl = Literal["torch", "cpu_adam", "cpu_adam_sve", "grace_adam"]
 # Sanity bounds of the inputs, and the check that numbers are numbers: sosim/inputs/bounds.py (docs/limits.md).
 BandwidthGBps = Annotated[float, Field(ge=MIN_GBPS, le=MAX_GBPS)]
 GpuCount = Annotated[int, Field(gt=0, le=MAX_GPUS)]

@@ -28,8 +28,8 @@ from sosim.hardware import model as tm
 from sosim.hardware.machine import rank_threads
 from sosim.hardware.memory import MemoryUsage, check_fit
 from sosim.inputs.config import AdamImpl, Fraction, OffloadKnobs, PosFloat, UnitInterval
-from sosim.inputs.units import BF16_BYTES, FP32_BYTES
 from sosim.inputs.errors import SosimError
+from sosim.inputs.units import BF16_BYTES, FP32_BYTES
 from sosim.schedules import cpu, ds_version, layout, stage3, superoffload_release
 from sosim.schedules.driver import ActivationsOnGpu, Recipe, plan_for
 from sosim.schedules.gradients import HostGradients, Stage3Gradients

@@ -171,7 +171,8 @@ def _scenario_core(ds: dict[str, Any], sc: Scenario) -> dict[str, Any] | None:
     # Only what a DeepSpeed config cannot say comes from the scenario; batch and precision must come from
     # the dict itself, so that "auto" is kept only where the Trainer's default resolves to the same value.
     inputs = RunInputs(hardware=sc.hardware.name, gpus=sc.cluster.gpus, seq_len=sc.training.seq_len,
-                       activation_checkpointing=sc.training.activation_checkpointing)
+                       activation_checkpointing=sc.training.activation_checkpointing,
+                       deepspeed_version=sc.schedule.deepspeed_version)
     model = HfModel(model=sc.model.model_dump(), origin="<scenario>")
     try:
         mapped = map_ds_config(Located(data=ds, origin="<emitted>"), model, inputs)
