@@ -35,13 +35,15 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from sosim.costs import grace_host
+from sosim.costs.analytic import SO_WORKER_IPC_S
 from sosim.engine.plan import D2H, GPU_CAST, Category, Phase
 from sosim.hardware.machine import rank_threads, zero_group
 from sosim.inputs.units import FP32_BYTES
 from sosim.schedules import cpu, layout, stage3
 from sosim.schedules.driver import Ctx, DoneCallback, Recipe, Stream
 from sosim.schedules.gradients import _PerFlush, _reduce_scatter, _split
-from sosim.schedules.steps import OPT, R, Stage3Step, _layer, _shard
+from sosim.schedules.steps import OPT, R, Stage3Step, _layer, _shard, cpu_adam
 from sosim.schedules.weights import Partitioned
 
 if TYPE_CHECKING:
@@ -136,6 +138,17 @@ class NoCpuRefresh:
 class ReleaseStep(Stage3Step):
     """``step()`` as released: Stage3Step with every CPU sub-group handed off in backward, no refresh for them,
     and, with clipping, the expected synchronous rollback and redo when the norm exceeds the clip."""
+
+    def _worker_update(self, ctx: Ctx, g: Group, deps: list[int], with_copies: bool = False) -> int:
+        """The release-era worker's round trip: the task message only. Its gradient copy comes from the GPU
+        (``copy_(param_grad, non_blocking=True)`` from the CUDA tensor: the link op ReleaseGradients adds, which
+        the worker does not wait for), and the updated master aliases the main process's shared storage (the
+        result ``copy_`` is a no-op, as from 0.18.9). So none of the host-memory copies of the 0.18.9+ round
+        trip (``so_worker``: the gradient ``copy_`` out of shared memory) is paid; the first-touch faults of
+        the shared fp32 master (4 B/param, spread over the Adam's threads) are not modelled."""
+        del with_copies
+        ipc_s = grace_host.host_thread_s(SO_WORKER_IPC_S, ctx.sc.hardware.cpu)
+        return cpu_adam(ctx, g, deps, name="worker_adam", extra_s=ipc_s)
 
     def run(self, ctx: Ctx, arrivals: dict[int, int], backward_end: int) -> dict[int, list[int]]:
         t = ctx.sc.training

@@ -356,7 +356,8 @@ def map_ds_config(ds: Located, model: HfModel, inputs: RunInputs, name: str = ""
         _read_zero(m, out, model.model)
     if not m.problems and out.schedule:
         version = check_version(inputs.deepspeed_version or NEWEST)
-        out.schedule["deepspeed_version"] = version
+        if inputs.deepspeed_version is not None:  # else the scenario's default, the same release
+            out.schedule["deepspeed_version"] = version
         how = "command line" if inputs.deepspeed_version else "the newest modelled release"
         version_note = Note("mapped" if inputs.deepspeed_version else "defaulted", "--ds-version", how,
                                   inputs.deepspeed_version, "schedule.deepspeed_version", version,
