@@ -143,7 +143,9 @@ def deepspeed(sc: Scenario, costs: CostModel, s: SuperOffloadKnobs) -> Recipe:
         if placement(sc, s)[0]:
             raise SosimError(f"schedule.deepspeed_version {sc.schedule.deepspeed_version}: SuperOffload with "
                              "offload_param (weight_placement: flow) is modelled only from 0.18.9 on")
-        return superoffload_release.recipe(sc, costs, s, adam)
+        return superoffload_release.recipe(
+            sc, costs, sub_group_elements=s.sub_group_elements, ratio=1.0 - s.gpu_optimizer_fraction,
+            core_fraction=s.cpu_adam_core_fraction, overlap_comm=s.overlap_comm, pinned=s.pin_memory, adam=adam)
     # weight_placement flow = DeepSpeed's offload_param: cpu: weights streamed per layer by the stage-3 prefetcher,
     # the refresh rewrites the host bf16 partition (a CPU cast) instead of copying to the GPU.
     flow, _ = placement(sc, s)

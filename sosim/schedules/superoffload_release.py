@@ -50,7 +50,6 @@ if TYPE_CHECKING:
     from sosim.costs.analytic import CostModel
     from sosim.inputs.config import AdamImpl, Scenario
     from sosim.schedules.layout import Flush, Group
-    from sosim.schedules.superoffload import SuperOffloadKnobs
 
 G = Phase.GRADIENT
 
@@ -160,14 +159,16 @@ class ReleaseStep(Stage3Step):
         return super().run(ctx, arrivals, backward_end)
 
 
-def recipe(sc: Scenario, costs: CostModel, s: SuperOffloadKnobs, adam: AdamImpl) -> Recipe:
-    """The release-era DeepSpeed SuperOffload (weights in HBM; the release's offload_param path is not modelled:
-    ``weight_placement: flow`` is refused for these versions by superoffload.py)."""
+def recipe(sc: Scenario, costs: CostModel, *, sub_group_elements: float, ratio: float, core_fraction: float,
+           overlap_comm: bool, pinned: bool, adam: AdamImpl) -> Recipe:
+    """The release-era DeepSpeed SuperOffload with SuperOffload's knobs (``ratio`` = DeepSpeed's
+    ``offload_optimizer.ratio``). Weights in HBM: the release's offload_param path is not modelled
+    (superoffload.py refuses ``weight_placement: flow`` for these versions)."""
     return Recipe(
-        layout=release_layout(sc, costs, s.sub_group_elements, 1.0 - s.gpu_optimizer_fraction),
-        cpu=cpu.split_cores(rank_threads(sc), s.cpu_adam_core_fraction, False, adam),
+        layout=release_layout(sc, costs, sub_group_elements, ratio),
+        cpu=cpu.split_cores(rank_threads(sc), core_fraction, False, adam),
         weights=Partitioned(),
         hooks=stage3.deepspeed_hooks(sc, costs),
-        grads=ReleaseGradients(overlap_comm=s.overlap_comm, pinned=s.pin_memory),
+        grads=ReleaseGradients(overlap_comm=overlap_comm, pinned=pinned),
         step=ReleaseStep(NoCpuRefresh(), system="superoffload", worker=True, handed_off=True),
     )
