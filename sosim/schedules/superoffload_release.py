@@ -19,7 +19,8 @@ each difference):
   ``non_blocking=True`` (a second 4 B/param over the link), and steps DeepSpeedCPUAdam without waiting for
   that copy; sosim starts its Adam at the hand-off (the end of the layer's backward that completed the
   sub-group: the host runs at most two submodules ahead, ``__max_ongoing_fetch_events``) and puts the worker's
-  copy on the link beside it.
+  copy on the link beside it. Its round trip is the 0.18.9+ one without the host copy of the gradient and with
+  half the storage mapping (only the fp32 master is shared memory): ``ReleaseStep._worker_update``.
 * **Speculation regardless of clipping** (no ``not self.clip_grad`` gate). ``step()``: wait for the worker;
   the fixed part; when the norm exceeds ``gradient_clipping`` (``check_clip_grads``), each CPU sub-group is
   rolled back and stepped again synchronously (expected cost: ``clip_rate`` x two worker Adam passes); then
@@ -39,7 +40,7 @@ from sosim.costs import grace_host
 from sosim.costs.analytic import SO_WORKER_IPC_S
 from sosim.engine.plan import D2H, GPU_CAST, Category, Phase
 from sosim.hardware.machine import rank_threads, zero_group
-from sosim.inputs.units import FP32_BYTES
+from sosim.inputs.units import FP32_BYTES, GB
 from sosim.schedules import cpu, layout, stage3
 from sosim.schedules.driver import Ctx, DoneCallback, Recipe, Stream
 from sosim.schedules.gradients import _PerFlush, _reduce_scatter, _split
@@ -52,6 +53,8 @@ if TYPE_CHECKING:
     from sosim.schedules.layout import Flush, Group
 
 G = Phase.GRADIENT
+# The 0.18.9+ worker's gradient copy_ out of shared memory: read 4 + write 4 B per element.
+WORKER_GRAD_COPY_BYTES = 8.0
 
 
 def subgroup_flushes(groups: list[Group], tensors: list[layout.Tensor]) -> list[Flush]:
@@ -139,15 +142,20 @@ class ReleaseStep(Stage3Step):
     and, with clipping, the expected synchronous rollback and redo when the norm exceeds the clip."""
 
     def _worker_update(self, ctx: Ctx, g: Group, deps: list[int], with_copies: bool = False) -> int:
-        """The release-era worker's round trip: the task message only. Its gradient copy comes from the GPU
-        (``copy_(param_grad, non_blocking=True)`` from the CUDA tensor: the link op ReleaseGradients adds, which
-        the worker does not wait for), and the updated master aliases the main process's shared storage (the
-        result ``copy_`` is a no-op, as from 0.18.9). So none of the host-memory copies of the 0.18.9+ round
-        trip (``so_worker``: the gradient ``copy_`` out of shared memory) is paid; the first-touch faults of
-        the shared fp32 master (4 B/param, spread over the Adam's threads) are not modelled."""
+        """The release-era worker's round trip, from the 0.18.9+ one (``so_worker``: the task message, the
+        worker's ``copy_`` of the shared fp32 gradient into its pinned buffer, mapping the shared parameter and
+        gradient storages anew for each task) without what 0.18 does not do on the CPU: the gradient arrives as a
+        CUDA tensor and is copied by the GPU (``non_blocking=True``: the link op ReleaseGradients adds, which the
+        worker does not wait for), so no host copy (8 B/param at the DRAM rate) and only the fp32 master's
+        storage to map (half of the mapped bytes). The updated master aliases the main process's storage (the
+        result ``copy_`` is a no-op in both)."""
         del with_copies
-        ipc_s = grace_host.host_thread_s(SO_WORKER_IPC_S, ctx.sc.hardware.cpu)
-        return cpu_adam(ctx, g, deps, name="worker_adam", extra_s=ipc_s)
+        shard = _shard(ctx, g)
+        cpu = ctx.sc.hardware.cpu
+        ipc_s = grace_host.host_thread_s(SO_WORKER_IPC_S, cpu)
+        copy_s = shard * WORKER_GRAD_COPY_BYTES / (cpu.mem_GBps * GB)
+        mapping_s = max(0.0, ctx.costs.so_worker_roundtrip_s(shard) - ipc_s - copy_s)
+        return cpu_adam(ctx, g, deps, name="worker_adam", extra_s=ipc_s + 0.5 * mapping_s)
 
     def run(self, ctx: Ctx, arrivals: dict[int, int], backward_end: int) -> dict[int, list[int]]:
         t = ctx.sc.training
