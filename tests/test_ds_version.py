@@ -138,3 +138,16 @@ def test_gb200_pairs_share_each_grace_c2c() -> None:
     caps = {r.id: r.capacity for r in m.shared_resources()}
     uplink_h2d = [v for k, v in caps.items() if k.kind == "uplink" and k.part == "h2d"]
     assert len(uplink_h2d) == 2 and all(v < 2 * sc.hardware.link.h2d_GBps * 1e9 for v in uplink_h2d)
+
+
+def test_release_era_flush_holds_a_whole_sub_group_in_hbm() -> None:
+    from sosim.schedules.superoffload_release import release_gpu_buffers
+
+    sc = load_scenario(BLOG)
+    # The blog's sub-group (4e8) is smaller than Qwen3's embedding (151936 x 5120), which fills one sub-group:
+    # its bf16 gradients, their cat copy (bf16) and the fp32 cast, 2 + 2 + 4 B per element (one rank).
+    emb = 151936 * 5120
+    assert release_gpu_buffers(sc, 800.0, 4e8) == pytest.approx(emb * 8.0)
+    # Four ranks: the full gradients of a 4e8-element partition sub-group are 4 x 4e8 before the reduce-scatter.
+    alps = load_scenario("scenarios/alps_gh200x4_superoffload_6.7b.yaml")
+    assert release_gpu_buffers(alps, 800.0, 4e8) == pytest.approx(1.6e9 * 2 + 4e8 * 6)

@@ -101,7 +101,9 @@ def _memory(sc: Scenario, s: SuperOffloadKnobs, flow: bool) -> MemoryUsage:
             sc, weight_flow=flow, offload_checkpoints=False,
             gpu_fraction=stage3.deepspeed_gpu_fraction(sc, s.sub_group_elements, 1.0 - s.gpu_optimizer_fraction),
             cpu_state_bytes=stage3.DEEPSPEED_CPU_STATE_BYTES,
-            gpu_buffer_bytes=stage3.deepspeed_gpu_buffers(sc, s.bucket_mb))
+            gpu_buffer_bytes=(superoffload_release.release_gpu_buffers(sc, s.bucket_mb, s.sub_group_elements)
+                              if ds_version.behaviour(sc).superoffload_release_path
+                              else stage3.deepspeed_gpu_buffers(sc, s.bucket_mb)))
         # The worker's fp32 gradient scratch buffer, as large as the largest sub-group (superoffload_utils.py).
         usage.cpu_bytes["worker_grad_buffer"] = FP32_BYTES * min(s.sub_group_elements, tm.total_params(sc.model))
         return usage

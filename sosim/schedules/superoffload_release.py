@@ -39,8 +39,9 @@ from typing import TYPE_CHECKING
 from sosim.costs import grace_host
 from sosim.costs.analytic import SO_WORKER_IPC_S
 from sosim.engine.plan import D2H, GPU_CAST, Category, Phase
+from sosim.hardware import model as tm
 from sosim.hardware.machine import rank_threads, zero_group
-from sosim.inputs.units import FP32_BYTES, GB
+from sosim.inputs.units import BF16_BYTES, FP32_BYTES, GB
 from sosim.schedules import cpu, layout, stage3
 from sosim.schedules.driver import Ctx, DoneCallback, Recipe, Stream
 from sosim.schedules.gradients import _PerFlush, _reduce_scatter, _split
@@ -55,6 +56,20 @@ if TYPE_CHECKING:
 G = Phase.GRADIENT
 # The 0.18.9+ worker's gradient copy_ out of shared memory: read 4 + write 4 B per element.
 WORKER_GRAD_COPY_BYTES = 8.0
+
+
+def release_gpu_buffers(sc: Scenario, bucket_mb: float, sub_group_elements: float) -> float:
+    """HBM the release-era gradient path holds at a flush: the full bf16 gradients of one sub-group's parameters
+    (in the contiguous reduce bucket as far as it reaches, the rest as their own tensors until the flush; a
+    sub-group of ``sub_group_size`` partition elements is dp times that in full gradients), then their
+    partitions' ``torch.cat`` copy (bf16) and its ``.float()`` (fp32)."""
+    dp = zero_group(sc)
+    # A sub-group closes once it reaches sub_group_size, so one holding the largest tensor (the embedding) is at
+    # least that tensor.
+    largest = max(*tm.layer_tensor_sizes(sc.model), sc.model.vocab * sc.model.hidden)
+    full = min(max(sub_group_elements * dp, largest), float(tm.total_params(sc.model)))
+    bucket = layout.bucket_elements_from_mb(bucket_mb)
+    return max(bucket, full) * BF16_BYTES + full / dp * (BF16_BYTES + FP32_BYTES)
 
 
 def subgroup_flushes(groups: list[Group], tensors: list[layout.Tensor]) -> list[Flush]:
