@@ -40,7 +40,7 @@ from sosim.costs import grace_host
 from sosim.costs.analytic import SO_WORKER_IPC_S
 from sosim.engine.plan import D2H, GPU_CAST, Category, Phase
 from sosim.hardware import model as tm
-from sosim.hardware.machine import rank_threads, zero_group
+from sosim.hardware.machine import Machine, zero_group
 from sosim.inputs.units import BF16_BYTES, FP32_BYTES, GB
 from sosim.schedules import cpu, layout, stage3
 from sosim.schedules.driver import Ctx, DoneCallback, Recipe, Stream
@@ -49,7 +49,7 @@ from sosim.schedules.steps import OPT, R, Stage3Step, _layer, _shard, cpu_adam
 from sosim.schedules.weights import Partitioned
 
 if TYPE_CHECKING:
-    from sosim.costs.analytic import CostModel
+    from sosim.costs.model import Costs
     from sosim.inputs.config import AdamImpl, Scenario
     from sosim.schedules.layout import Flush, Group
 
@@ -81,7 +81,7 @@ def subgroup_flushes(groups: list[Group], tensors: list[layout.Tensor]) -> list[
     return out
 
 
-def release_layout(sc: Scenario, costs: CostModel, sub_group_elements: float, ratio: float) -> layout.Layout:
+def release_layout(sc: Scenario, costs: Costs, sub_group_elements: float, ratio: float) -> layout.Layout:
     units = layout.build_units(sc, costs)
     tensors = layout.build_tensors(sc.model, units)
     groups = layout.gpu_groups_by_ratio(layout.subgroups(tensors, sub_group_elements * zero_group(sc)), ratio)
@@ -182,14 +182,14 @@ class ReleaseStep(Stage3Step):
         return super().run(ctx, arrivals, backward_end)
 
 
-def recipe(sc: Scenario, costs: CostModel, *, sub_group_elements: float, ratio: float, core_fraction: float,
-           overlap_comm: bool, pinned: bool, adam: AdamImpl) -> Recipe:
+def recipe(sc: Scenario, costs: Costs, machine: Machine, *, sub_group_elements: float, ratio: float,
+           core_fraction: float, overlap_comm: bool, pinned: bool, adam: AdamImpl) -> Recipe:
     """The release-era DeepSpeed SuperOffload with SuperOffload's knobs (``ratio`` = DeepSpeed's
     ``offload_optimizer.ratio``). Weights in HBM: the release's offload_param path is not modelled
     (superoffload.py refuses ``weight_placement: flow`` for these versions)."""
     return Recipe(
         layout=release_layout(sc, costs, sub_group_elements, ratio),
-        cpu=cpu.split_cores(rank_threads(sc), core_fraction, False, adam),
+        cpu=cpu.split_cores(machine.threads_per_rank, core_fraction, False, adam),
         weights=Partitioned(),
         hooks=stage3.deepspeed_hooks(sc, costs),
         grads=ReleaseGradients(overlap_comm=overlap_comm, pinned=pinned),
