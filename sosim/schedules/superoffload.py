@@ -1,6 +1,8 @@
 """SuperOffload (Lian et al., ASPLOS'26): DeepSpeed's implementation (default) and the paper's schedule.
 
-``implementation: deepspeed`` (DeepSpeed 0.19.8, ``runtime/superoffload/superoffload_stage3.py`` and
+``implementation: deepspeed`` at ``deepspeed_version`` 0.18.0-0.18.8 is the code as released (PR 7559):
+sosim/schedules/superoffload_release.py. From 0.18.9 (PR 7906; read in 0.19.8,
+``runtime/superoffload/superoffload_stage3.py`` and
 ``superoffload_utils.py``): a ZeRO-3 path (per-layer hooks; weights in HBM, or streamed from host memory
 with ``weight_placement: flow`` = ``offload_param: cpu``) whose CPU Adam runs in a worker process on
 ``cpu_adam_core_fraction`` of the cores (``cpuadam_cores_perc``). Gradients flush per reduce bucket (bf16
@@ -85,8 +87,9 @@ class SuperOffloadKnobs(OffloadKnobs):
             raise ValueError("cast: DeepSpeed casts the refreshed parameters on the CPU (copy_ of the fp32 "
                              "master into the bf16 weights); cast: gpu needs implementation: ideal")
         if not self.speculation:
-            raise ValueError("speculation: DeepSpeed decides it (Adam during backward exactly when "
-                             "gradient_clipping is 0); speculation: false needs implementation: ideal")
+            raise ValueError("speculation: DeepSpeed decides it (Adam during backward: always in 0.18.0-0.18.8, "
+                             "exactly when gradient_clipping is 0 from 0.18.9); speculation: false needs "
+                             "implementation: ideal")
         return self
 
 
