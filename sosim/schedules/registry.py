@@ -24,8 +24,8 @@ from pydantic import Field, TypeAdapter
 from sosim.schedules import (
     fsdp2_offload,
     gpu_only,
-    megatron_offload,
     gpu_only_ds,
+    megatron_offload,
     superoffload,
     superoffload_ds,
     zero3,
