@@ -10,7 +10,6 @@ from pathlib import Path
 
 import pandas as pd
 
-from sosim.answers.result import BREAKDOWN_KEYS, Result
 from sosim.formats.output import (
     check_output_path,
     format_value,
@@ -19,6 +18,7 @@ from sosim.formats.output import (
     provenance_fields,
     write_output,
 )
+from sosim.run.result import BREAKDOWN_KEYS, Result
 
 # Rows of the table, in order; the breakdown follows so that the reader sees why one is faster.
 KEY_METRICS: tuple[str, ...] = (

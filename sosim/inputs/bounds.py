@@ -15,7 +15,7 @@ from typing import Annotated, Any, Literal, Union, get_args, get_origin
 from pydantic import BaseModel
 
 # Input bounds (docs/limits.md). Integers: above 2^53 a float no longer holds every integer, and the cost model
-# computes in floats; no count or size sosim takes comes near it (the work bound in sosim/inputs/loader.py refuses far
+# computes in floats; no count or size sosim takes comes near it (the work bound in sosim/run/loader.py refuses far
 # smaller layer counts).
 MAX_INT = 2**53
 # GPUs of one run: the largest training clusters today are ~1e5 GPUs; 1e6 leaves a 10x margin while refusing
