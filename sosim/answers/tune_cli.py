@@ -12,7 +12,7 @@ from typing import Any
 
 from sosim.answers.tune_result import TuneOptions
 from sosim.answers.tune_search import Tuner
-from sosim.answers.tune_write import write_ds_config
+from sosim.answers.tune_write_frameworks import write_winner
 from sosim.inputs.config import Scenario
 from sosim.inputs.errors import ConfigError
 from sosim.run.loader import load_scenario
@@ -191,7 +191,7 @@ def run_tune(args: Any) -> int:
             return code
     elapsed = time.perf_counter() - start
     written = ({"path": None, "skipped": "--no-write"} if args.no_write
-               else write_ds_config(result, args.out, base_ds, args.model))
+               else write_winner(result, args.out, base_ds, args.model))
     if args.format == "json":
         print_json({"scenario": sc.name, "hardware": sc.hardware.name, **to_json(result, args.top, written, elapsed)})
     else:

@@ -45,6 +45,7 @@ from sosim.inputs.units import BF16_BYTES, FP32_BYTES
 from sosim.schedules import activation_offload, cpu, layout
 from sosim.schedules.driver import ActivationsOnGpu, Ctx, DoneCallback, Recipe, plan_for
 from sosim.schedules.layout import Flush, Group, Unit
+from sosim.schedules.tuning import Knob, fmt_onoff
 
 if TYPE_CHECKING:
     from sosim.costs.analytic import CostModel
@@ -262,3 +263,17 @@ PRESETS = {"torch": torch2}
 
 def build_plan(sc: Scenario, costs: CostModel) -> Plan:
     return plan_for(sc, costs, torch2(sc, costs, _knobs(sc)))
+
+
+# What ``sosim tune`` moves (sosim/schedules/tuning.py): the Adam implementation (torchtitan's one key for it),
+# pinning, resharding (memory: all layers' bf16 weights stay when off), activation offload (structural: it
+# replaces checkpointing, and moves activations to host memory).
+TUNE_SPACE: tuple[Knob, ...] = (
+    Knob("schedule.adam_impl", "adam", "torch AdamW implementation ([optimizer] implementation)",
+         ("fused", "foreach", "forloop")),
+    Knob("schedule.pin_memory", "pin", "CPUOffloadPolicy(pin_memory)", (True, False), fmt=fmt_onoff),
+    Knob("schedule.reshard_after_forward", "reshard", "fsdp_reshard_after_forward", (True, False), memory=True,
+         fmt=fmt_onoff),
+    Knob("schedule.activation_offload", "act_offload", "activation offload instead of recomputation",
+         (False, True), structural=True, memory=True, fmt=fmt_onoff),
+)

@@ -49,6 +49,7 @@ from sosim.schedules.driver import ActivationsOnGpu, Ctx, DoneCallback, Recipe, 
 from sosim.schedules.fsdp2_offload import fsdp_layout
 from sosim.schedules.layout import Group, Unit
 from sosim.schedules.steps import gpu_adam
+from sosim.schedules.tuning import Knob, fmt_float, fmt_onoff
 
 if TYPE_CHECKING:
     from sosim.costs.analytic import CostModel
@@ -279,3 +280,13 @@ PRESETS = {"mcore": mcore}
 
 def build_plan(sc: Scenario, costs: CostModel) -> Plan:
     return plan_for(sc, costs, mcore(sc, costs, _knobs(sc)))
+
+
+# What ``sosim tune`` moves: the offload fraction (memory: HBM for host), the D2H/H2D overlap, activation offload.
+TUNE_SPACE: tuple[Knob, ...] = (
+    Knob("schedule.offload_fraction", "F", "--optimizer-offload-fraction", (0.0, 0.25, 0.5, 0.75, 1.0),
+         refine="linear", bounds=(0.0, 1.0), memory=True, fmt=fmt_float),
+    Knob("schedule.overlap_d2h_h2d", "overlap", "--overlap-cpu-optimizer-d2h-h2d", (False, True), fmt=fmt_onoff),
+    Knob("schedule.activation_offload", "act_offload", "--fine-grained-activation-offloading", (False, True),
+         structural=True, memory=True, fmt=fmt_onoff),
+)
