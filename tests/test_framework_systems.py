@@ -4,8 +4,8 @@ and op durations on the tiny analytic profile, the launcher's thread rule, and t
 from __future__ import annotations
 
 import pytest
-
 from helpers import tiny_scenario
+
 from sosim.hardware import model as tm
 from sosim.hardware.machine import rank_threads
 from sosim.inputs.errors import ConfigError
