@@ -88,6 +88,9 @@ def add_tune_parser(subparsers: Any) -> None:
     g.add_argument("--micro-batch", type=_positive_int, help="micro-batch per GPU where the config says auto")
     g.add_argument("--grad-accum", type=_positive_int, help="gradient accumulation where the config says auto")
     g.add_argument("--precision", choices=["bf16", "fp16"], help="when the config leaves it to the HF Trainer")
+    f = p.add_argument_group("a torchtitan or Megatron-LM run (instead of a scenario file; with --hardware)")
+    f.add_argument("--torchtitan", metavar="JOB.toml", help="a torchtitan job config with enable_cpu_offload")
+    f.add_argument("--megatron-args", metavar="ARGS", help="Megatron-LM arguments: a file, or a quoted string")
     s = p.add_argument_group("search")
     s.add_argument("--gpus", type=gpus_int, help="GPUs (default: the scenario's / implied by the config)")
     s.add_argument("--global-batch", type=batch_int, metavar="B",
@@ -127,6 +130,10 @@ register_cli = add_tune_parser  # the hook sosim.cli's sub-command registry call
 
 def _base_from_args(args: Any) -> tuple[Scenario, dict[str, Any] | None]:
     """The scenario to tune and, for --ds-config, the user's DeepSpeed config (kept keys in the output)."""
+    from sosim.formats import frameworks_cli
+
+    if frameworks_cli.requested(args):  # --torchtitan / --megatron-args (+ --hardware, --model, --gpus)
+        return frameworks_cli.scenario_for_run(args)[0], None
     ds_only = {"model": args.model, "hardware": args.hardware, "seq": args.seq, "micro-batch": args.micro_batch,
                "grad-accum": args.grad_accum, "precision": args.precision}
     if args.ds_config is None:
