@@ -18,6 +18,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from sosim.calibrate.records import COLUMNS
 
+DEFAULT_TENSOR_NUMEL = 2048 * 5632  # the bench's --tensor-numel default (a 1.1b MLP matrix)
+
 
 def convert(rows: list[dict[str, str]]) -> tuple[list[dict[str, str]], list[str]]:
     out, copies = [], []
@@ -28,7 +30,12 @@ def convert(rows: list[dict[str, str]]) -> tuple[list[dict[str, str]], list[str]
         if r.get("op") != "cpu_adamw" or not r.get("median_s"):
             continue
         variant = f"torch_{r['impl']}" + ("_dtensor" if r["variant"] == "dtensor" else "")
-        out.append({
+        # The per-tensor sweep (the same elements in more, smaller tensors) is its own variant: in the main
+        # curve it would put several times at one size. Its tensor count goes in the subgroups column.
+        main_tensors = -(-int(r["elements"]) // DEFAULT_TENSOR_NUMEL)
+        if r.get("n_tensors") and int(r["n_tensors"]) != main_tensors:
+            variant += "_sweep"
+        out.append({"subgroups": r.get("n_tensors", ""),
             "op": "cpu_adam", "variant": variant, "dtype": "fp32", "elements": r["elements"],
             "threads": r["threads"], "bytes": r.get("bytes", ""), "median_s": r["median_s"], "p10_s": r["p10_s"],
             "p90_s": r["p90_s"], "n_samples": r["repeats"], "device": r["device"], "host_cpu": r["cpu_model"],
