@@ -130,3 +130,36 @@ def test_activation_offload_needs_checkpointing_off_and_moves_every_layer() -> N
     out, back = _ops(sc, "act_d2h"), _ops(sc, "act_h2d")
     assert len(out) == len(back) == sc.model.layers
     assert {op.n_bytes for op in out + back} == {per_layer}
+
+
+def test_torch_adam_uses_the_measured_variant_and_its_per_tensor_cost(tmp_path) -> None:
+    from sosim.calibrate.records import COLUMNS
+    from sosim.costs.calibration_table import CalibrationTable
+    from sosim.costs.torch_adam import BENCH_TENSOR_NUMEL, per_tensor_s, torch_adam_s
+
+    rows = ["op,variant,dtype,elements,threads,median_s,p10_s,p90_s,n_samples,subgroups"]
+    # 1 ns per element at 4 threads, 2 ns at 2 (main curve); sweep: 0.05 s + 1 ms per tensor.
+    for e in (1e7, 1e8, 1e9):
+        rows.append(f"cpu_adam,torch_fused_dtensor,fp32,{e:g},4,{e * 1e-9},{e * 1e-9},{e * 1e-9},3,")
+        rows.append(f"cpu_adam,torch_fused_dtensor,fp32,{e:g},2,{e * 2e-9},{e * 2e-9},{e * 2e-9},3,")
+    for n in (12, 48, 191):
+        t = 0.05 + 1e-3 * n
+        rows.append(f"cpu_adam,torch_fused_dtensor_sweep,fp32,5e7,4,{t},{t},{t},3,{n}")
+    path = tmp_path / "m.csv"
+    header = rows[0].split(",")
+    with path.open("w") as f:
+        f.write(",".join(COLUMNS) + "\n")
+        for line in rows[1:]:
+            values = dict(zip(header, line.split(","), strict=True))
+            f.write(",".join(values.get(c, "") for c in COLUMNS) + "\n")
+    table = CalibrationTable.from_csv(path)
+
+    class Costs:  # what torch_adam_s reads: the table behind the cost object
+        components = type("C", (), {"table": table})()
+
+    assert per_tensor_s(table, "torch_fused_dtensor") == pytest.approx(1e-3)
+    assert torch_adam_s(Costs(), 1e8, "fused", True, 4, 1e8) == pytest.approx(0.1)
+    assert torch_adam_s(Costs(), 1e8, "fused", True, 16, 1e8) == pytest.approx(0.1)  # clamped to 4 threads
+    bench = -(-int(1e8) // BENCH_TENSOR_NUMEL)
+    assert torch_adam_s(Costs(), 1e8, "fused", True, 4, 1e8, bench + 20) == pytest.approx(0.1 + 20e-3)
+    assert torch_adam_s(Costs(), 5e7, "fused", True, 4, 1e8) == pytest.approx(0.05)  # share of the step

@@ -20,6 +20,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Literal
 
+import numpy as np
+
 from sosim.costs.calibration_table import CalibrationTable
 
 if TYPE_CHECKING:
@@ -49,10 +51,31 @@ def _measured_s(table: CalibrationTable, elements: float, threads: float, varian
     return table.cpu_adam_variant_time_s(elements, clamped, variant)
 
 
+# The bench's tensor size (scripts/torch_cpu_adam_bench.py --tensor-numel default, a 1.1b MLP matrix): its main
+# curve at E elements steps ceil(E / this) tensors.
+BENCH_TENSOR_NUMEL = 2048 * 5632
+
+
+def per_tensor_s(table: CalibrationTable, variant: str) -> float | None:
+    """Seconds each extra tensor adds at a fixed element count: the least-squares slope of the bench's
+    per-tensor sweep (``<variant>_sweep`` rows: the same elements in 12-191 tensors), None without one."""
+    cols = table.columns_by_op.get(("cpu_adam", f"{variant}_sweep"))
+    if cols is None or "subgroups" not in cols:
+        return None
+    n, t = cols["subgroups"], cols["median_s"]
+    ok = np.isfinite(n) & np.isfinite(t)
+    if len(set(n[ok].tolist())) < 2:
+        return None
+    slope = float(np.polyfit(n[ok], t[ok], 1)[0])
+    return max(slope, 0.0)
+
+
 def torch_adam_s(costs: CostModel, elements: float, impl: TorchAdamImpl, dtensor: bool, threads: float,
-                 total_elements: float) -> float:
-    """One AdamW step over ``elements`` fp32 parameters of a step over ``total_elements`` (the per-element
-    rate of the whole step: the for-loop's per-tensor costs are in the measured rate), on ``threads``."""
+                 total_elements: float, n_tensors: int | None = None) -> float:
+    """One AdamW step over ``elements`` fp32 parameters of a step over ``total_elements`` tensors' worth (the
+    per-element rate of the whole step), on ``threads``. ``n_tensors``: the parameter tensors of the whole
+    step; with the bench's per-tensor sweep, each tensor more than the bench stepped at that size adds the
+    measured per-tensor time."""
     if elements <= 0:
         return 0.0
     total = max(total_elements, elements)
@@ -60,8 +83,15 @@ def torch_adam_s(costs: CostModel, elements: float, impl: TorchAdamImpl, dtensor
     if table is not None:
         for variant in (variant_name(impl, dtensor), variant_name(impl, False)):
             whole = _measured_s(table, total, threads, variant)
-            if whole is not None:
-                return whole * elements / total
+            if whole is None:
+                continue
+            extra = per_tensor_s(table, variant) if n_tensors is not None else None
+            if extra is not None and n_tensors is not None:
+                bench_tensors = -(-total // BENCH_TENSOR_NUMEL)
+                # Only tensors beyond the bench's count are added: the sweep measures smaller tensors, not
+                # fewer, larger ones than the bench's 11.5M-element matrices.
+                whole += extra * max(n_tensors - bench_tensors, 0)
+            return whole * elements / total
     return costs.cpu_adam_s(elements, "torch", threads, total)
 
 

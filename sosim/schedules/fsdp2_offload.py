@@ -232,7 +232,8 @@ class TorchCpuStep:
             # clip_grad_norm_ on the CPU shards: a read for the norm, a read and write to scale (12 B/param).
             ctx.host_op("clip_grad_norm", 3.0 * ctx.costs.cpu_norm_s(shard), deps, Phase.OPTIMIZER,
                         Category.OPTIMIZER)
-        adam_s = torch_adam_s(ctx.costs, shard, self.impl, self.dtensor, ctx.cpu.optimizer_cores, shard)
+        adam_s = torch_adam_s(ctx.costs, shard, self.impl, self.dtensor, ctx.cpu.optimizer_cores, shard,
+                              len(ctx.layout.tensors))
         op = ctx.host_op(f"torch_adamw_{self.impl}", adam_s, deps, Phase.OPTIMIZER, Category.OPTIMIZER)
         return {g.index: [op] for g in ctx.layout.groups}
 
