@@ -123,13 +123,24 @@ def test_megatron_without_precision_aware_optimizer_is_refused_as_megatron_does(
 def test_activation_offload_needs_checkpointing_off_and_moves_every_layer() -> None:
     with pytest.raises(ConfigError, match="activation_checkpointing: false"):
         _sc({"system": "fsdp2_offload", "activation_offload": True}, activation_checkpointing=True)
-    sc = _sc({"system": "fsdp2_offload", "activation_offload": True})
+    sc = _sc({"system": "fsdp2_offload", "activation_offload": True, "activation_offload_streams": True})
     tokens = sc.training.micro_batch * sc.training.seq_len
     per_layer = tm.activation_bytes_per_token_layer(sc.model) * tokens
     assert activation_offload.host_activation_bytes(sc) == sc.model.layers * per_layer
     out, back = _ops(sc, "act_d2h"), _ops(sc, "act_h2d")
     assert len(out) == len(back) == sc.model.layers
     assert {op.n_bytes for op in out + back} == {per_layer}
+
+
+def test_save_on_cpu_also_moves_the_head_and_is_serial_with_compute() -> None:
+    streams = _sc({"system": "fsdp2_offload", "activation_offload": True, "activation_offload_streams": True})
+    serial = _sc({"system": "fsdp2_offload", "activation_offload": True})  # torch's save_on_cpu
+    head = 6.0 * serial.training.micro_batch * serial.training.seq_len * serial.model.vocab  # logits + fp32 softmax
+    out = _ops(serial, "act_d2h")
+    assert len(out) == serial.model.layers + 1 and out[-1].n_bytes == head
+    assert fsdp2_offload.memory_usage(serial).cpu_bytes["offloaded_activations"] == pytest.approx(
+        activation_offload.host_activation_bytes(streams) + head)
+    assert simulate(serial).metrics["step_time_s"] > simulate(streams).metrics["step_time_s"]
 
 
 def test_torch_adam_uses_the_measured_variant_and_its_per_tensor_cost(tmp_path) -> None:

@@ -65,6 +65,9 @@ class Fsdp2OffloadKnobs(ScheduleKnobs):
     reshard_after_forward: bool = True  # fully_shard's default for the layers (the root is never resharded)
     launcher: Launcher = "torchrun"
     activation_offload: bool = False
+    # How: False = torch.autograd.graph.save_on_cpu(pin_memory=True) (PyTorch's own, serial with compute);
+    # True = copies on side streams with a one-layer reload prefetch (torchao/torchtune OffloadActivations).
+    activation_offload_streams: bool = False
 
     def rank_threads_default(self, per_node: int, launched: int) -> int:
         """Threads of each rank when the run does not state them: torchrun's OMP_NUM_THREADS=1 for more than
@@ -113,7 +116,8 @@ def memory_usage(sc: Scenario) -> MemoryUsage:
         "adam_moments": 2 * FP32_BYTES * shard,  # exp_avg, exp_avg_sq: zeros_like of the CPU shards
     }
     if s.activation_offload:
-        host["offloaded_activations"] = activation_offload.host_activation_bytes(sc)
+        host["offloaded_activations"] = activation_offload.host_activation_bytes(
+            sc, with_head=not s.activation_offload_streams)
     return MemoryUsage(gpu_bytes=gpu, cpu_bytes=host)
 
 
@@ -255,7 +259,8 @@ def torch2(sc: Scenario, costs: CostModel, s: Fsdp2OffloadKnobs) -> Recipe:
         weights=Fsdp2Weights(s.pin_memory, s.reshard_after_forward),
         grads=Fsdp2Grads(s.pin_memory),
         step=TorchCpuStep(s.adam_impl, dtensor=True),
-        activations=activation_offload.ActivationsOffloaded() if s.activation_offload else ActivationsOnGpu(),
+        activations=activation_offload.ActivationsOffloaded(streams=s.activation_offload_streams)
+        if s.activation_offload else ActivationsOnGpu(),
     )
 
 
