@@ -30,7 +30,8 @@ def scenario_of(row: dict[str, str], hardware: str) -> dict:
                          "precision": "bf16", "gradient_clipping": 0.0},
             "schedule": {"system": "fsdp2_offload", "adam_impl": row["adam_impl"],
                          "pin_memory": row["pin_memory"] == "true",
-                         "reshard_after_forward": row["reshard_after_forward"] == "true", "launcher": "other"},
+                         "reshard_after_forward": row["reshard_after_forward"] == "true", "launcher": "other",
+                         "activation_offload": row.get("activation_offload") == "true"},
             "cluster": {"gpus": 1, "cpu_threads_per_rank": int(row["torch_threads"])}}
 
 
