@@ -54,6 +54,7 @@ EXTRA_SECTIONS: tuple[str, ...] = (
     "c2c_access",
     "host_warmup",
     "layer_offload",
+    "instep",
 )
 ALL_SECTIONS: tuple[str, ...] = SECTIONS + EXTRA_SECTIONS
 
@@ -306,6 +307,7 @@ def _run(torch: Any, out: Path | None, quick: bool, sections: list[str], append:
         gpu_bench,
         host_bench,
         host_warmup,
+        instep_bench,
         multi_gpu,
         offload_layer_bench,
         so_grads_bench,
@@ -354,6 +356,7 @@ def _run(torch: Any, out: Path | None, quick: bool, sections: list[str], append:
         "c2c_access": c2c_bench.bench_c2c_access,
         "host_warmup": host_warmup.bench_host_warmup,
         "layer_offload": offload_layer_bench.bench_layer_offload,
+        "instep": lambda t, tab, q: instep_bench.bench_instep(t, tab, q, out_dir=out_dir),
     }
     failed: list[str] = list(previous_meta.get("failed_sections", []))
     timings_s: dict[str, float] = dict(previous_meta.get("section_wall_s", {}))
