@@ -15,7 +15,9 @@ export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1
 { date -u; nproc; free -g; lscpu | head -20; nvidia-smi --query-gpu=name,memory.total --format=csv
   python3 -c "import torch; print('torch', torch.__version__, 'threads', torch.get_num_threads())"; } \
   > "$RES/machine.txt" 2>&1
-timeout -k 5 85 python3 scripts/torch_cpu_adam_bench.py --out "$RES" --device cuda --budget-s 70 \
+# The bench gets what the four main step jobs (~180 s with margin) leave, 40-70 s.
+BENCH_S=$(( DEADLINE_S - 180 )); [ "$BENCH_S" -gt 70 ] && BENCH_S=70; [ "$BENCH_S" -lt 40 ] && BENCH_S=40
+timeout -k 5 $(( BENCH_S + 15 )) python3 scripts/torch_cpu_adam_bench.py --out "$RES" --device cuda --budget-s "$BENCH_S" \
   > "$RES/adam_bench.log" 2>&1
 echo "[fsdp2] adam bench rc=$? at $(( $(date +%s) - START_S )) s"
 step() {  # step <timeout> <args...>: run one FSDP2 job if it fits in what is left
