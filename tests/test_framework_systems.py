@@ -83,6 +83,10 @@ def test_torchrun_gives_each_of_several_ranks_one_thread() -> None:
     assert rank_threads(stated) == 6
     one = load_scenario({**base, "schedule": {"system": "fsdp2_offload"}, "cluster": {"gpus": 1}})
     assert rank_threads(one) == one.hardware.cpu.cores
+    megatron = load_scenario({**base, "schedule": {"system": "megatron_offload"}})
+    assert rank_threads(megatron) == 1
+    ds = load_scenario({**base, "schedule": {"system": "zero_offload"}})
+    assert rank_threads(ds) == ds.hardware.cpu.cores  # DeepSpeed's launcher sets no OMP_NUM_THREADS
 
 
 def test_megatron_offloads_the_first_parameters_until_the_fraction() -> None:

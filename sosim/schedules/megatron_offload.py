@@ -46,7 +46,7 @@ from sosim.inputs.config import ScheduleKnobs, UnitInterval
 from sosim.inputs.units import BF16_BYTES, FP32_BYTES
 from sosim.schedules import activation_offload, cpu, layout
 from sosim.schedules.driver import ActivationsOnGpu, Ctx, DoneCallback, Recipe, plan_for
-from sosim.schedules.fsdp2_offload import fsdp_layout
+from sosim.schedules.fsdp2_offload import Launcher, fsdp_layout
 from sosim.schedules.layout import Group, Unit
 from sosim.schedules.steps import gpu_adam
 from sosim.schedules.tuning import Knob, fmt_float, fmt_onoff
@@ -66,6 +66,13 @@ class MegatronOffloadKnobs(ScheduleKnobs):
     use_precision_aware_optimizer: bool = True  # required with --optimizer-cpu-offload
     cpu_adam_impl: TorchAdamImpl = "fused"  # optimizer/__init__.py passes fused=True to torch's AdamW
     activation_offload: bool = False  # --fine-grained-activation-offloading
+    # Megatron is launched by torchrun (pretrain_gpt.py) or Ray (NeMo-RL, verl), both of which set
+    # OMP_NUM_THREADS=1 per process unless told otherwise: as fsdp2_offload's launcher knob.
+    launcher: Launcher = "torchrun"
+
+    def rank_threads_default(self, per_node: int, launched: int) -> int:
+        """torchrun's (and Ray's) OMP_NUM_THREADS=1 for more than one process per node."""
+        return 1 if self.launcher == "torchrun" and per_node > 1 else launched
 
     @model_validator(mode="after")
     def _precision_aware(self) -> MegatronOffloadKnobs:
