@@ -157,3 +157,21 @@ def test_tune_writes_the_winner_in_its_framework_format(tmp_path: Path, system: 
     assert Path(written["path"]).exists()
     # Only the launcher's GPU count is outside the file: the rest reads back as the winner.
     assert [c["key"] for c in written["outside_config"]] == ["cluster.gpus"]
+
+
+def test_cli_reads_a_torchtitan_job_and_refuses_a_bad_one(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from sosim.cli import main
+
+    good = tmp_path / "job.toml"
+    good.write_text(JOB)
+    out = tmp_path / "back.toml"
+    assert main(["run", "--torchtitan", str(good), "--hardware", "gh200", "--no-bands",
+                 "--emit-torchtitan", str(out)]) == 0
+    assert 'implementation = "foreach"' in out.read_text()
+    capsys.readouterr()
+    bad = tmp_path / "bad.toml"
+    bad.write_text("[training]\nenable_cpu_offload = false\n")
+    assert main(["run", "--torchtitan", str(bad), "--hardware", "gh200"]) == 2
+    assert f"{bad}:2: [training] enable_cpu_offload" in capsys.readouterr().err
+    assert main(["run", "--megatron-args", "--num-layers 2", "--hardware", "gh200"]) == 2
+    assert "--megatron-args:1: --hidden-size: required" in capsys.readouterr().err
