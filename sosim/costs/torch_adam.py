@@ -39,10 +39,8 @@ def variant_name(impl: TorchAdamImpl, dtensor: bool) -> str:
 def _table(costs: CostModel) -> CalibrationTable | None:
     """The measured table behind ``costs`` (sosim.costs.model.Costs over a TableCostModel), if any."""
     measured = getattr(costs, "measured_table", None)  # the cost object's own door, where it has one
-    if callable(measured):
-        table = measured()
-    else:
-        table = getattr(getattr(costs, "components", costs), "table", None)
+    components = getattr(costs, "components", costs)
+    table = measured() if callable(measured) else getattr(components, "table", None)
     return table if isinstance(table, CalibrationTable) else None
 
 
