@@ -45,7 +45,7 @@ from sosim.inputs.units import BF16_BYTES, FP32_BYTES
 from sosim.schedules import activation_offload, cpu, layout
 from sosim.schedules.driver import ActivationsOnGpu, Ctx, DoneCallback, Recipe, plan_for
 from sosim.schedules.layout import Flush, Group, Unit
-from sosim.schedules.tuning import Knob, fmt_onoff
+from sosim.schedules.tuning import OMP_THREADS, Knob, fmt_onoff
 
 if TYPE_CHECKING:
     from sosim.costs.analytic import CostModel
@@ -282,4 +282,5 @@ TUNE_SPACE: tuple[Knob, ...] = (
          fmt=fmt_onoff),
     Knob("schedule.activation_offload", "act_offload", "activation offload instead of recomputation",
          (False, True), structural=True, memory=True, fmt=fmt_onoff),
+    OMP_THREADS,
 )

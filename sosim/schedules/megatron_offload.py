@@ -49,7 +49,7 @@ from sosim.schedules.driver import ActivationsOnGpu, Ctx, DoneCallback, Recipe, 
 from sosim.schedules.fsdp2_offload import Launcher, fsdp_layout
 from sosim.schedules.layout import Group, Unit
 from sosim.schedules.steps import gpu_adam
-from sosim.schedules.tuning import Knob, fmt_float, fmt_onoff
+from sosim.schedules.tuning import OMP_THREADS, Knob, fmt_float, fmt_onoff
 
 if TYPE_CHECKING:
     from sosim.costs.analytic import CostModel
@@ -296,4 +296,5 @@ TUNE_SPACE: tuple[Knob, ...] = (
     Knob("schedule.overlap_d2h_h2d", "overlap", "--overlap-cpu-optimizer-d2h-h2d", (False, True), fmt=fmt_onoff),
     Knob("schedule.activation_offload", "act_offload", "--fine-grained-activation-offloading", (False, True),
          structural=True, memory=True, fmt=fmt_onoff),
+    OMP_THREADS,
 )
