@@ -33,4 +33,12 @@ step 55 --size 2.0b --adam fused
 step 55 --size 2.0b --adam foreach
 step 40 --size 1.1b --adam fused --no-ckpt --activation-offload
 step 40 --size 1.1b --adam fused --no-pin-memory
+# Megatron-Core's HybridDeviceOptimizer step reproduced with torch (scripts/hybrid_optimizer_step.py), if time is left.
+hdo() {
+  if [ "$(left_s)" -lt 35 ]; then echo "[fsdp2] skip hdo $* (left $(left_s) s)"; return; fi
+  timeout -k 5 35 python3 scripts/hybrid_optimizer_step.py "$@" --out "$RES" >> "$RES/steps.log" 2>&1
+  echo "[fsdp2] hdo $* rc=$? at $(( $(date +%s) - START_S )) s"
+}
+hdo --size 1.1b --fraction 1.0 --overlap
+hdo --size 1.1b --fraction 0.5
 grep -h "^\[fsdp2\]\|Error" "$RES/steps.log" | tail -20
