@@ -9,7 +9,10 @@ What torch does (torch/distributed/fsdp/_fully_shard, read at torch 2.13; the sa
 * before a unit runs, its shard is copied to the GPU (``all_gather_inputs``: ``.to(device,
   non_blocking=True)``, 4 B/param), cast to bf16 and all-gathered; the pre-forward hooks run ahead of the GPU
   (implicit forward prefetch) and backward prefetches one unit (``_backward_prefetch``), with at most the
-  unit in use and the next one unsharded: a unit's copy waits until the one two before it is computed;
+  unit in use and the next one unsharded: a unit's copy waits until the one two before it is computed. On
+  one rank there is no all-gather: ``unshard`` returns early (``world_size == 1``) and ``wait_for_unshard``
+  copies the shards in on the compute stream right before the unit runs, so the copies are serial with
+  compute (the lent H200's steps show it: forward = copies + compute, calibration/nvidia-h200-2026-12-01-fsdp2);
 * after forward a layer is resharded (``reshard_after_forward``; the root is not, torchtitan's choice) and
   gathered again in backward, where checkpointing recomputes inside the same unshard;
 * after each unit's backward (``foreach_reduce``) its bf16 gradient is cast to fp32, reduce-scattered and
@@ -36,7 +39,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Literal
 
 from sosim.costs.torch_adam import TorchAdamImpl, torch_adam_s, torch_adam_source
-from sosim.engine.plan import D2H, GPU_CAST, H2D, NET, Category, Phase, Plan
+from sosim.engine.plan import D2H, GPU, GPU_CAST, H2D, NET, Category, Phase, Plan
 from sosim.hardware import model as tm
 from sosim.hardware.machine import rank_threads
 from sosim.hardware.memory import MemoryUsage
@@ -150,14 +153,21 @@ class Fsdp2Weights:
                  layer: int) -> list[int]:
         shard = params / ctx.dp
         n = shard * FP32_BYTES
+        # One rank: FSDPParamGroup.unshard returns before the all-gather (world_size == 1) and wait_for_unshard
+        # copies each shard in (all_gather_inputs: .to(device) and the bf16 cast) on the current stream, right
+        # before the unit runs: the copy is serial with compute, no prefetch (torch/distributed/fsdp/
+        # _fully_shard/_fsdp_param_group.py, torch 2.13). Several ranks: the all-gather streams, prefetched.
+        serial = ctx.dp <= 1
+        if serial:
+            deps = [*deps, *ctx.computed[-1:]]
         h2d = ctx.add(H2D, f"fsdp_h2d_{name}", ctx.costs.copy_s(n, "h2d", self.pinned), [*deps, ctx.host_issue],
                       Phase.FETCH, Category.TRANSFER, layer, n)
         if not self.pinned:
             # From pageable memory the copy is synchronous for the host thread (CUDA stages it): the host
             # issues nothing else until it is done.
             ctx.host_issue = h2d
-        last = ctx.add(GPU_CAST, f"fsdp_cast_bf16_{name}", ctx.costs.gpu_cast_s(shard), [h2d], Phase.FETCH,
-                       Category.CAST, layer)
+        last = ctx.add(GPU if serial else GPU_CAST, f"fsdp_cast_bf16_{name}", ctx.costs.gpu_cast_s(shard), [h2d],
+                       Phase.FETCH, Category.CAST, layer)
         if ctx.dp > 1:
             n_all = params * BF16_BYTES
             last = ctx.add(NET, f"fsdp_allgather_{name}", ctx.costs.collective_s("all_gather", n_all, ctx.dp),
