@@ -7,7 +7,7 @@ import pytest
 from helpers import tiny_scenario
 
 from sosim.hardware import model as tm
-from sosim.hardware.machine import rank_threads
+from sosim.hardware.machine import Machine
 from sosim.inputs.errors import ConfigError
 from sosim.run.loader import load_scenario
 from sosim.run.simulate import make_costs, simulate
@@ -18,9 +18,13 @@ def _sc(schedule: dict, **training: object):
     return load_scenario(tiny_scenario(schedule, **training))
 
 
+def _threads(sc) -> int:
+    return Machine.from_scenario(sc).threads_per_rank
+
+
 def _ops(sc, prefix: str) -> list:
-    plan = fsdp2_offload.build_plan(sc, make_costs(sc)) if sc.schedule.system == "fsdp2_offload" \
-        else megatron_offload.build_plan(sc, make_costs(sc))
+    system = fsdp2_offload if sc.schedule.system == "fsdp2_offload" else megatron_offload
+    plan = system.build_plan(sc, make_costs(sc), Machine.from_scenario(sc))
     return [op for op in plan.ops if op.name.startswith(prefix) and op.iteration == 0]
 
 
@@ -75,18 +79,18 @@ def test_torchrun_gives_each_of_several_ranks_one_thread() -> None:
             "model": {"layers": 2, "hidden": 512, "heads": 8, "vocab": 1024},
             "training": {"seq_len": 512, "micro_batch": 1}, "cluster": {"gpus": 2}}
     two = load_scenario({**base, "schedule": {"system": "fsdp2_offload"}})
-    assert rank_threads(two) == 1  # torch/distributed/run.py: OMP_NUM_THREADS=1 with nproc_per_node > 1
+    assert _threads(two) == 1  # torch/distributed/run.py: OMP_NUM_THREADS=1 with nproc_per_node > 1
     other = load_scenario({**base, "schedule": {"system": "fsdp2_offload", "launcher": "other"}})
-    assert rank_threads(other) == two.hardware.cpu.cores
+    assert _threads(other) == two.hardware.cpu.cores
     stated = load_scenario({**base, "schedule": {"system": "fsdp2_offload"},
                             "cluster": {"gpus": 2, "cpu_threads_per_rank": 6}})
-    assert rank_threads(stated) == 6
+    assert _threads(stated) == 6
     one = load_scenario({**base, "schedule": {"system": "fsdp2_offload"}, "cluster": {"gpus": 1}})
-    assert rank_threads(one) == one.hardware.cpu.cores
+    assert _threads(one) == one.hardware.cpu.cores
     megatron = load_scenario({**base, "schedule": {"system": "megatron_offload"}})
-    assert rank_threads(megatron) == 1
+    assert _threads(megatron) == 1
     ds = load_scenario({**base, "schedule": {"system": "zero_offload"}})
-    assert rank_threads(ds) == ds.hardware.cpu.cores  # DeepSpeed's launcher sets no OMP_NUM_THREADS
+    assert _threads(ds) == ds.hardware.cpu.cores  # DeepSpeed's launcher sets no OMP_NUM_THREADS
 
 
 def test_megatron_offloads_the_first_parameters_until_the_fraction() -> None:
@@ -170,7 +174,8 @@ def test_torch_adam_uses_the_measured_variant_and_its_per_tensor_cost(tmp_path) 
     table = CalibrationTable.from_csv(path)
 
     class Costs:  # what torch_adam_s reads: the table behind the cost object
-        components = type("C", (), {"table": table})()
+        def measured_table(self) -> CalibrationTable:
+            return table
 
     assert per_tensor_s(table, "torch_fused_dtensor") == pytest.approx(1e-3)
     assert torch_adam_s(Costs(), 1e8, "fused", True, 4, 1e8) == pytest.approx(0.1)

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 from sosim.answers.tune_write import OutsideChange, _comparable, _reason, _set_text, write_ds_config
 from sosim.inputs.config import Scenario
 from sosim.inputs.errors import ConfigError, SosimError
+from sosim.schedules.system_api import Unsaid
 
 if TYPE_CHECKING:
     from sosim.answers.tune_result import TuneResult
@@ -56,8 +57,8 @@ def outside_changes(path: Path, winner: Scenario, not_expressible: list[str]) ->
     for key in sorted(set(want) | set(back)):
         if key in _FLAG_KEYS or key == "model.name" or want.get(key) == back.get(key):
             continue
-        changes.append(OutsideChange(key, want.get(key), _set_text(key, want.get(key)),
-                                     _reason(key, not_expressible)))
+        unsaid = [Unsaid(*line.split(": ", 1)) for line in not_expressible if ": " in line]
+        changes.append(OutsideChange(key, want.get(key), _set_text(key, want.get(key)), _reason(key, unsaid)))
     return changes
 
 

@@ -25,7 +25,7 @@ import numpy as np
 from sosim.costs.calibration_table import CalibrationTable
 
 if TYPE_CHECKING:
-    from sosim.costs.analytic import CostModel
+    from sosim.costs.model import Costs
 
 TorchAdamImpl = Literal["forloop", "foreach", "fused"]
 TORCH_ADAM_IMPLS: tuple[TorchAdamImpl, ...] = ("forloop", "foreach", "fused")
@@ -36,11 +36,9 @@ def variant_name(impl: TorchAdamImpl, dtensor: bool) -> str:
     return f"torch_{impl}" + ("_dtensor" if dtensor else "")
 
 
-def _table(costs: CostModel) -> CalibrationTable | None:
+def _table(costs: Costs) -> CalibrationTable | None:
     """The measured table behind ``costs`` (sosim.costs.model.Costs over a TableCostModel), if any."""
-    measured = getattr(costs, "measured_table", None)  # the cost object's own door, where it has one
-    components = getattr(costs, "components", costs)
-    table = measured() if callable(measured) else getattr(components, "table", None)
+    table = costs.measured_table()
     return table if isinstance(table, CalibrationTable) else None
 
 
@@ -71,7 +69,7 @@ def per_tensor_s(table: CalibrationTable, variant: str) -> float | None:
     return max(slope, 0.0)
 
 
-def torch_adam_s(costs: CostModel, elements: float, impl: TorchAdamImpl, dtensor: bool, threads: float,
+def torch_adam_s(costs: Costs, elements: float, impl: TorchAdamImpl, dtensor: bool, threads: float,
                  total_elements: float, n_tensors: int | None = None) -> float:
     """One AdamW step over ``elements`` fp32 parameters of a step over ``total_elements`` tensors' worth (the
     per-element rate of the whole step), on ``threads``. ``n_tensors``: the parameter tensors of the whole
@@ -96,7 +94,7 @@ def torch_adam_s(costs: CostModel, elements: float, impl: TorchAdamImpl, dtensor
     return costs.cpu_adam_s(elements, "torch", threads, total)
 
 
-def torch_adam_source(costs: CostModel, impl: TorchAdamImpl, dtensor: bool) -> str:
+def torch_adam_source(costs: Costs, impl: TorchAdamImpl, dtensor: bool) -> str:
     """Where :func:`torch_adam_s` takes its rate from, in words (for the result's provenance)."""
     table = _table(costs)
     if table is not None:

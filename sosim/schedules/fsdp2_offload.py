@@ -41,7 +41,6 @@ from typing import TYPE_CHECKING, Literal
 from sosim.costs.torch_adam import TorchAdamImpl, torch_adam_s, torch_adam_source
 from sosim.engine.plan import D2H, GPU, GPU_CAST, H2D, NET, Category, Phase, Plan
 from sosim.hardware import model as tm
-from sosim.hardware.machine import rank_threads
 from sosim.hardware.memory import MemoryUsage
 from sosim.inputs.config import ScheduleKnobs
 from sosim.inputs.units import BF16_BYTES, FP32_BYTES
@@ -51,7 +50,8 @@ from sosim.schedules.layout import Flush, Group, Unit
 from sosim.schedules.tuning import OMP_THREADS, Knob, fmt_onoff
 
 if TYPE_CHECKING:
-    from sosim.costs.analytic import CostModel
+    from sosim.costs.model import Costs
+    from sosim.hardware.machine import Machine
     from sosim.inputs.config import Scenario
 
 Launcher = Literal["torchrun", "other"]
@@ -124,7 +124,7 @@ def memory_usage(sc: Scenario) -> MemoryUsage:
     return MemoryUsage(gpu_bytes=gpu, cpu_bytes=host)
 
 
-def fsdp_layout(sc: Scenario, costs: CostModel) -> layout.Layout:
+def fsdp_layout(sc: Scenario, costs: Costs) -> layout.Layout:
     """One flush per layer (at its backward) and the root's (embedding + head) at the end of backward; one
     optimizer group: ``optimizer.step()`` updates every shard after backward."""
     units = layout.build_units(sc, costs)
@@ -252,20 +252,20 @@ class TorchCpuStep:
         return {g.index: [op] for g in ctx.layout.groups}
 
 
-def choices(sc: Scenario) -> dict[str, str]:
+def choices(sc: Scenario, machine: Machine) -> dict[str, str]:
     s = _knobs(sc)
-    return {"cpu_threads_per_rank": str(rank_threads(sc)), "adam": f"torch AdamW {s.adam_impl} on DTensors",
+    return {"cpu_threads_per_rank": str(machine.threads_per_rank), "adam": f"torch AdamW {s.adam_impl} on DTensors",
             "pin_memory": str(s.pin_memory)}
 
 
-def adam_source(sc: Scenario, costs: CostModel) -> str:
+def adam_source(sc: Scenario, costs: Costs) -> str:
     return torch_adam_source(costs, _knobs(sc).adam_impl, True)
 
 
-def torch2(sc: Scenario, costs: CostModel, s: Fsdp2OffloadKnobs) -> Recipe:
+def torch2(sc: Scenario, costs: Costs, s: Fsdp2OffloadKnobs, machine: Machine) -> Recipe:
     return Recipe(
         layout=fsdp_layout(sc, costs),
-        cpu=cpu.one_process(rank_threads(sc), "torch"),
+        cpu=cpu.one_process(machine.threads_per_rank, "torch"),
         weights=Fsdp2Weights(s.pin_memory, s.reshard_after_forward),
         grads=Fsdp2Grads(s.pin_memory),
         step=TorchCpuStep(s.adam_impl, dtensor=True),
@@ -274,11 +274,10 @@ def torch2(sc: Scenario, costs: CostModel, s: Fsdp2OffloadKnobs) -> Recipe:
     )
 
 
-PRESETS = {"torch": torch2}
 
 
-def build_plan(sc: Scenario, costs: CostModel) -> Plan:
-    return plan_for(sc, costs, torch2(sc, costs, _knobs(sc)))
+def build_plan(sc: Scenario, costs: Costs, machine: Machine) -> Plan:
+    return plan_for(sc, costs, torch2(sc, costs, _knobs(sc), machine))
 
 
 # What ``sosim tune`` moves (sosim/schedules/tuning.py): the Adam implementation (torchtitan's one key for it),

@@ -40,7 +40,6 @@ from pydantic import model_validator
 from sosim.costs.torch_adam import TorchAdamImpl, torch_adam_s, torch_adam_source
 from sosim.engine.plan import D2H, H2D, NET, Category, Phase, Plan
 from sosim.hardware import model as tm
-from sosim.hardware.machine import rank_threads
 from sosim.hardware.memory import MemoryUsage
 from sosim.inputs.config import ScheduleKnobs, UnitInterval
 from sosim.inputs.units import BF16_BYTES, FP32_BYTES
@@ -52,7 +51,8 @@ from sosim.schedules.steps import gpu_adam
 from sosim.schedules.tuning import OMP_THREADS, Knob, fmt_float, fmt_onoff
 
 if TYPE_CHECKING:
-    from sosim.costs.analytic import CostModel
+    from sosim.costs.model import Costs
+    from sosim.hardware.machine import Machine
     from sosim.inputs.config import Scenario
 
 
@@ -131,7 +131,7 @@ def memory_usage(sc: Scenario) -> MemoryUsage:
     return MemoryUsage(gpu_bytes=gpu, cpu_bytes=host)
 
 
-def hybrid_layout(sc: Scenario, costs: CostModel, fraction: float) -> layout.Layout:
+def hybrid_layout(sc: Scenario, costs: Costs, fraction: float) -> layout.Layout:
     """FSDP's per-layer flushes (the grad buckets' reduce-scatter); groups: one per CPU parameter (each its own
     optimizer with the overlap, and the refresh is per parameter either way), one for the GPU part."""
     base = fsdp_layout(sc, costs)
@@ -247,20 +247,20 @@ class HybridStep:
         return op
 
 
-def choices(sc: Scenario) -> dict[str, str]:
+def choices(sc: Scenario, machine: Machine) -> dict[str, str]:
     s = _knobs(sc)
-    return {"cpu_threads_per_rank": str(rank_threads(sc)), "cpu_adam": f"torch AdamW {s.cpu_adam_impl}",
+    return {"cpu_threads_per_rank": str(machine.threads_per_rank), "cpu_adam": f"torch AdamW {s.cpu_adam_impl}",
             "offload_fraction": f"{s.offload_fraction:g}"}
 
 
-def adam_source(sc: Scenario, costs: CostModel) -> str:
+def adam_source(sc: Scenario, costs: Costs) -> str:
     return torch_adam_source(costs, _knobs(sc).cpu_adam_impl, False)
 
 
-def mcore(sc: Scenario, costs: CostModel, s: MegatronOffloadKnobs) -> Recipe:
+def mcore(sc: Scenario, costs: Costs, s: MegatronOffloadKnobs, machine: Machine) -> Recipe:
     return Recipe(
         layout=hybrid_layout(sc, costs, s.offload_fraction),
-        cpu=cpu.one_process(rank_threads(sc), "torch"),
+        cpu=cpu.one_process(machine.threads_per_rank, "torch"),
         weights=_Resident(),
         grads=BucketGrads(),
         step=HybridStep(s.overlap_d2h_h2d, s.pin_cpu_grads, s.cpu_adam_impl),
@@ -282,11 +282,10 @@ class _Resident:
         return True
 
 
-PRESETS = {"mcore": mcore}
 
 
-def build_plan(sc: Scenario, costs: CostModel) -> Plan:
-    return plan_for(sc, costs, mcore(sc, costs, _knobs(sc)))
+def build_plan(sc: Scenario, costs: Costs, machine: Machine) -> Plan:
+    return plan_for(sc, costs, mcore(sc, costs, _knobs(sc), machine))
 
 
 # What ``sosim tune`` moves: the offload fraction (memory: HBM for host), the D2H/H2D overlap, activation offload.
