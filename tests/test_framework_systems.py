@@ -173,13 +173,18 @@ def test_torch_adam_uses_the_measured_variant_and_its_per_tensor_cost(tmp_path) 
             f.write(",".join(values.get(c, "") for c in COLUMNS) + "\n")
     table = CalibrationTable.from_csv(path)
 
-    class Costs:  # what torch_adam_s reads: the table behind the cost object
+    class Costs:  # what torch_adam_s reads: the table behind the cost object, and the torch Adam's scaling
         def measured_table(self) -> CalibrationTable:
             return table
 
+        def cpu_adam_s(self, params: float, impl: str, cores: float, total: float) -> float:
+            return params * 4e-9 / min(cores, 8)  # scales up to 8 cores
+
     assert per_tensor_s(table, "torch_fused_dtensor") == pytest.approx(1e-3)
     assert torch_adam_s(Costs(), 1e8, "fused", True, 4, 1e8) == pytest.approx(0.1)
-    assert torch_adam_s(Costs(), 1e8, "fused", True, 16, 1e8) == pytest.approx(0.1)  # clamped to 4 threads
+    # 16 threads: the 4-thread row scaled as the profile's torch Adam scales from 4 to 16 (8 cores: x 4/8)
+    assert torch_adam_s(Costs(), 1e8, "fused", True, 16, 1e8) == pytest.approx(0.05)
+    assert torch_adam_s(Costs(), 1e8, "fused", True, 1, 1e8) == pytest.approx(0.4)  # and from 4 to 1: x 4
     bench = -(-int(1e8) // BENCH_TENSOR_NUMEL)
     assert torch_adam_s(Costs(), 1e8, "fused", True, 4, 1e8, bench + 20) == pytest.approx(0.1 + 20e-3)
     assert torch_adam_s(Costs(), 5e7, "fused", True, 4, 1e8) == pytest.approx(0.05)  # share of the step

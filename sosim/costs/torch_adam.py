@@ -10,10 +10,10 @@ FSDP2's CPU-offloaded shards use it unless the user names foreach or fused (torc
 dispatch, per tensor, which the ``_dtensor`` variants measure.
 
 Sources, in order: the profile's calibration table rows ``cpu_adam`` / ``torch_<impl>[_dtensor]``
-(scripts/torch_cpu_adam_bench.py), at the thread count clamped into the measured range (above it: the rate at
-the largest measured count, Adam being bandwidth bound there); else the profile's ``torch`` Adam (foreach on
-plain tensors, measured or published), which stands for every implementation and says so
-(:func:`torch_adam_source`).
+(scripts/torch_cpu_adam_bench.py), at the thread count clamped into the measured range and scaled from there
+as the profile's ``torch`` Adam scales with threads (measured 1-16 threads on the H200 machine); else the
+profile's ``torch`` Adam (foreach on plain tensors, measured or published), which stands for every
+implementation and says so (:func:`torch_adam_source`).
 """
 
 from __future__ import annotations
@@ -42,12 +42,19 @@ def _table(costs: Costs) -> CalibrationTable | None:
     return table if isinstance(table, CalibrationTable) else None
 
 
-def _measured_s(table: CalibrationTable, elements: float, threads: float, variant: str) -> float | None:
+def _measured_s(costs: Costs, table: CalibrationTable, elements: float, threads: float,
+                variant: str) -> float | None:
+    """The variant's time at ``threads``; outside its measured thread counts, at the nearest one, scaled by how
+    the profile's ``torch`` Adam (measured by threads where the profile's tables have it) scales between them."""
     span = table.thread_range("cpu_adam", variant)
     if span is None:
         return None
     clamped = min(max(round(threads), span[0]), span[1])
-    return table.cpu_adam_variant_time_s(elements, clamped, variant)
+    at = table.cpu_adam_variant_time_s(elements, clamped, variant)
+    if at is None or clamped == threads:
+        return at
+    there = costs.cpu_adam_s(elements, "torch", clamped, elements)
+    return at * costs.cpu_adam_s(elements, "torch", threads, elements) / there if there > 0 else at
 
 
 # The bench's tensor size (scripts/torch_cpu_adam_bench.py --tensor-numel default, a 1.1b MLP matrix): its main
@@ -81,7 +88,7 @@ def torch_adam_s(costs: Costs, elements: float, impl: TorchAdamImpl, dtensor: bo
     table = _table(costs)
     if table is not None:
         for variant in (variant_name(impl, dtensor), variant_name(impl, False)):
-            whole = _measured_s(table, total, threads, variant)
+            whole = _measured_s(costs, table, total, threads, variant)
             if whole is None:
                 continue
             extra = per_tensor_s(table, variant) if n_tensors is not None else None
