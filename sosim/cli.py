@@ -261,6 +261,7 @@ def cmd_profiles(args: argparse.Namespace) -> int:
 def cmd_maxsize(args: argparse.Namespace) -> int:
     from sosim import load_scenario, simulate
     from sosim.answers.maxsize import find_max_size
+    from sosim.hardware.model import active_flop_params
 
     notes: list[str] = []
     sc = load_scenario(args.scenario, args.overrides, notes=notes)
@@ -273,7 +274,8 @@ def cmd_maxsize(args: argparse.Namespace) -> int:
         "scenario": sc.name, "system": sc.schedule.system, "hardware": sc.hardware.name, **provenance_fields(sc),
         "grow": args.grow,
         "max_params_b": found.params_b, "layers": m.layers, "hidden": m.hidden, "heads": m.heads,
-        "model_name": m.name, "next_size_fails_because": found.next_fit.reason,
+        "model_name": m.name, "experts": m.experts, "active_params_b": active_flop_params(m) / 1e9,
+        "next_size_fails_because": found.next_fit.reason,
         "gpu_mem_peak_gib": result.metrics["gpu_mem_peak_gib"], "cpu_mem_peak_gib": result.metrics["cpu_mem_peak_gib"],
         "tokens_per_s": result.metrics["tokens_per_s"], "model_tflops": result.metrics["model_tflops"],
     }
@@ -329,8 +331,9 @@ def _register_builtin(sub: Any) -> None:
 
     p = sub.add_parser("maxsize", help="largest model of a family that fits")
     _add_scenario_args(p)
-    p.add_argument("--grow", choices=["layers", "width", "paper"], default="layers",
-                   help="grow the layer count, the hidden size, or walk the SuperOffload paper's GPT sizes")
+    p.add_argument("--grow", choices=["layers", "width", "paper", "experts"], default="layers",
+                   help="grow the layer count, the hidden size, the routed experts of an MoE model, or walk the "
+                        "SuperOffload paper's GPT sizes")
     p.set_defaults(func=cmd_maxsize)
 
     p = sub.add_parser("calibrate", help="time kernels, copies and CPU Adam on this machine (needs torch + GPU)",

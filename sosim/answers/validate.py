@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 from sosim.answers.ablation import STEPS as ABLATION_STEPS
 from sosim.answers.ablation import run_ablation
 from sosim.answers.maxsize import PAPER_FAMILY, find_max_size
+from sosim.answers.validate_fit import FIT_WORDS, evaluate_fit
 from sosim.formats.output import print_json
 from sosim.inputs.errors import ConfigError, SosimError
 from sosim.inputs.resources import data_root, default_references
@@ -72,6 +73,9 @@ def evaluate(row: dict[str, Any], base_dir: Path) -> Row:
         pred = max(ratios) if row.get("agg") == "max" else math.exp(sum(map(math.log, ratios)) / len(ratios))
     elif kind == "ablation":
         pred = run_ablation(str(scenario), fixed)[int(row["step"])].incremental
+    elif kind == "fits":  # a "trains on N GPUs" claim: memory only (sosim/answers/validate_fit.py)
+        published_fit, predicted_fit, margin, ok = evaluate_fit(row, scenario)
+        return Row(row["id"], row["source"], published_fit, predicted_fit, margin, 0.0, ok)
     elif kind == "maxsize":
         found = find_max_size(load_scenario(scenario, fixed), "paper")
         name = found.model.name.removeprefix("gpt-")
@@ -86,7 +90,7 @@ def evaluate(row: dict[str, Any], base_dir: Path) -> Row:
     return Row(row["id"], row["source"], published, pred, err, budget, abs(err) <= budget)
 
 
-_KINDS = ("metric", "ratio", "ablation", "maxsize")
+_KINDS = ("metric", "ratio", "ablation", "maxsize", "fits")
 # kind -> (required key, expected type) beyond id, source, kind, scenario.
 _REQUIRED: dict[str, tuple[tuple[str, type | tuple[type, ...]], ...]] = {
     "metric": (("metric", str), ("published", (int, float)), ("budget_rel", (int, float))),
@@ -94,6 +98,7 @@ _REQUIRED: dict[str, tuple[tuple[str, type | tuple[type, ...]], ...]] = {
               ("budget_rel", (int, float))),
     "ablation": (("step", int), ("published", (int, float)), ("budget_rel", (int, float))),
     "maxsize": (("published_model", str), ("budget_steps", (int, float))),
+    "fits": (("published", str),),
 }
 _TYPE_NAMES = {str: "a string", list: "a list", int: "an integer", (int, float): "a number"}
 
@@ -137,6 +142,8 @@ def row_problems(row: Any, i: int, loc: Located, base_dir: Path) -> list[str]:
                         f"{', '.join(_FAMILY_ORDER)})")
     if kind == "ablation" and isinstance(row.get("step"), int) and not 0 <= row["step"] <= len(ABLATION_STEPS):
         problems.append(f"{at('step')}: must be 0..{len(ABLATION_STEPS)}")
+    if kind == "fits" and isinstance(row.get("published"), str) and row["published"] not in FIT_WORDS:
+        problems.append(f"{at('published')}: must be one of {', '.join(FIT_WORDS)}")
     if kind == "ratio" and row.get("agg", "mean") not in ("mean", "max"):
         problems.append(f"{at('agg')}: must be mean or max")
     return problems
@@ -220,6 +227,8 @@ def _cmd(args: argparse.Namespace) -> int:
             unit = " steps" if isinstance(r.published, str) else ""
             err = f"{r.error:.0f}{unit}" if unit else f"{r.error:+.1%}"
             bud = f"{r.budget:.0f}{unit}" if unit else f"{r.budget:.0%}"
+            if r.published in FIT_WORDS:  # error: the tighter memory's use - 1; the claim must hold
+                err, bud = f"{r.error:+.0%} mem", "same"
             print(f"{r.id:<34} {pub:>10} {pred:>10} {err:>8} {bud:>7}  {'yes' if r.within else 'NO'}")
         print(f"\n{len(rows) - len(bad)}/{len(rows)} rows within budget")
         if measured is not None:

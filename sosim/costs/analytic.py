@@ -17,6 +17,7 @@ import numpy as np
 
 from sosim.costs import grace_host, training_stack
 from sosim.hardware import model as tm
+from sosim.hardware import moe
 from sosim.hardware.machine import AIO_BLOCK_BYTES, AIO_QUEUE_DEPTH, AIO_THREADS
 from sosim.inputs.config import AdamImpl, Curve, HardwareProfile, ModelSpec, TrainingSpec
 from sosim.inputs.units import BF16_BYTES, FP32_BYTES, GB, TFLOP, us_to_s
@@ -107,7 +108,22 @@ def parameter_tensors_per_layer(m: ModelSpec) -> int:
     if m.ffn_kind == "gelu":
         return 2 * len(tm.layer_gemms(m)) + 4  # weight + bias per linear, LayerNorm scale + bias twice
     # Hugging Face Llama keeps q, k, v and gate, up as separate Linear modules: 7 weights + 2 RMSNorm scales.
-    return 7 + 2
+    # Qwen3 adds q_norm / k_norm, GPT-OSS its sinks; an MoE layer's MLP is its router, the experts' two 3-D
+    # tensors and a shared expert's three (sosim/hardware/moe.py: transformers 5.x's layout).
+    extras = (2 if m.qk_norm else 0) + (1 if m.attention_sinks else 0)
+    mlp = moe.mlp_tensors(m) if m.is_moe else 3
+    return 4 + mlp + 2 + extras
+
+
+def hooked_modules_per_layer(m: ModelSpec) -> int:
+    """What DeepSpeed's ZeRO-3 hooks run over in one decoder layer, counted as the per-tensor figure below was
+    fitted (a Hugging Face Llama layer: 9 tensors, each in its own module): for a dense layer its parameter
+    tensors; for an MoE layer its attention and norm modules plus the MLP's hooked modules (a leaf MoE block is
+    one: sosim/hardware/moe.py hooked_mlp_modules)."""
+    if not m.is_moe:
+        return parameter_tensors_per_layer(m)
+    extras = (2 if m.qk_norm else 0) + (1 if m.attention_sinks else 0)
+    return 4 + 2 + extras + moe.hooked_mlp_modules(m)
 
 
 def model_parameter_tensors(m: ModelSpec) -> int:
@@ -183,13 +199,17 @@ class AnalyticCostModel:
 
     @cached_property
     def _attention_flops_fwd(self) -> float:
-        # The stack's share of that work (sosim/costs/training_stack.py: 1 unless attention skips padding).
-        return (tm.attention_flops_fwd(self.model, self.tokens_per_gpu, self.training.seq_len) * CAUSAL_WORK_FRACTION
+        # The stack's share of that work (sosim/costs/training_stack.py: 1 unless attention skips padding);
+        # sliding-window layers do less (tm.causal_attention_fraction, CAUSAL_WORK_FRACTION without them).
+        return (tm.attention_flops_fwd(self.model, self.tokens_per_gpu, self.training.seq_len)
+                * tm.causal_attention_fraction(self.model, self.training.seq_len)
                 * training_stack.attention_work_fraction(self.training))
 
     def elementwise_fwd_s(self) -> float:
         """The memory-bound kernels of one layer's forward (norms, residuals, rotary, activation)."""
         elem_bytes = tm.elementwise_bytes_fwd_per_token(self.model) * self.hw.gpu.elementwise_traffic_factor
+        if self.model.is_moe:  # the token permutation's single kernels, at their bytes (sosim/hardware/moe.py)
+            elem_bytes += moe.permutation_elems_fwd_per_token(self.model) * BF16_BYTES
         return elem_bytes * self.tokens_per_gpu / self._hbm_Bps
 
     @cached_property
@@ -197,11 +217,38 @@ class AnalyticCostModel:
         """(gemm, attention, elementwise, overhead) forward seconds of one layer."""
         t = self.tokens_per_gpu
         gemm = sum(self.gemm_shape_s(t, g.n_out, g.k_in) for g in tm.layer_gemms(self.model))
-        return gemm, self.attention_fwd_s(), self.elementwise_fwd_s(), us_to_s(self.hw.gpu.layer_overhead_us)
+        over = us_to_s(self.hw.gpu.layer_overhead_us)
+        if self.model.is_moe:
+            gemm += self._moe_expert_gemms_s()
+            over += moe.eager_host_syncs_fwd(self.model, t) * HOST_SYNC_S
+        return gemm, self.attention_fwd_s(), self.elementwise_fwd_s(), over
+
+    def _moe_expert_gemms_s(self) -> float:
+        """The routed experts' GEMMs of the mean layer (the router and shared experts are in layer_gemms):
+        grouped_mm: one GEMM per projection over every expert's tile-padded rows; eager: one per expert at its
+        routed tokens. A model with dense layers adds their dense MLP GEMMs in proportion."""
+        m, t = self.model, self.tokens_per_gpu
+        (k1, n1), (k2, n2) = moe.routed_gemm_shapes(m)
+        if m.experts_impl == "grouped_mm":
+            rows = moe.grouped_rows(m, t)
+            routed = self.gemm_shape_s(rows, n1, k1) + self.gemm_shape_s(rows, n2, k2) if rows else 0.0
+        else:
+            counts = [round(c) for c in moe.expert_tokens(m, t)]
+            routed = sum(self.gemm_shape_s(c, n1, k1) + self.gemm_shape_s(c, n2, k2) for c in counts if c > 0)
+        dense = 0.0
+        if m.dense_layers:
+            f, h = m.ffn_dim, m.hidden
+            dense = self.gemm_shape_s(t, 2 * f, h) + self.gemm_shape_s(t, h, f)
+        return (routed * m.moe_layers + dense * m.dense_layers) / m.layers
 
     @cached_property
     def _min_fwd_s(self) -> float:
-        return us_to_s(self.hw.gpu.layer_min_fwd_us)
+        # The launch-bound floor, measured on Llama layers; an MoE layer (or Qwen3's q/k norms) dispatches more
+        # ops: the floor per op (sosim/hardware/moe.py host_ops_fwd).
+        floor = us_to_s(self.hw.gpu.layer_min_fwd_us)
+        if not self.model.is_moe and not self.model.qk_norm:
+            return floor
+        return floor * moe.host_ops_fwd(self.model, self.tokens_per_gpu) / moe.LLAMA_LAYER_FWD_OPS
 
     @cached_property
     def _layer_flops_fwd(self) -> float:
@@ -352,7 +399,7 @@ class AnalyticCostModel:
         """
         del tokens, backward  # the estimate depends on neither
         per_tensor = grace_host.host_thread_s(STAGE3_HOOK_S_PER_TENSOR, self.hw.cpu)
-        return per_tensor * parameter_tensors_per_layer(self.model)
+        return per_tensor * hooked_modules_per_layer(self.model)
 
     def ds_unscale_clip_s(self, elements: float, system: str) -> float:
         """DeepSpeed stage 3's ``unscale_and_clip_grads`` over one sub-group's fp32 host gradients: a CPU

@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from sosim.costs.analytic import parameter_tensors_per_layer
+from sosim.costs.analytic import hooked_modules_per_layer
 from sosim.engine.plan import Category, Phase
 from sosim.hardware import model as tm
 from sosim.hardware.machine import zero_group
@@ -87,7 +87,7 @@ def deepspeed_hooks(sc: Scenario, costs: Costs) -> InterleavedHooks:
     fwd = costs.stage3_hook_s(tokens, False)
     bwd = costs.stage3_hook_s(tokens, True) + (fwd if sc.training.activation_checkpointing else 0.0)
     return InterleavedHooks(fwd, bwd, costs.layer_fwd_s(), costs.layer_bwd_s(),
-                            parameter_tensors_per_layer(sc.model))
+                            hooked_modules_per_layer(sc.model))
 
 
 def footprint(sc: Scenario, *, weight_flow: bool, offload_checkpoints: bool, gpu_fraction: float,

@@ -282,6 +282,20 @@ def _check_max_live(m: _Mapper, path: KeyPath, value: Any, model: dict[str, Any]
         m.ignored(path, f"a cap above sosim's working set ({working} parameters): it does not bind")
 
 
+def _refuse_expert_parallel(m: _Mapper) -> None:
+    """DeepSpeed 0.19's AutoEP (``expert_parallel``: runtime/config.py get_expert_parallel_config,
+    module_inject/auto_ep_config.py) shards the experts over ranks and moves tokens by all-to-all: outside
+    sosim's scope (docs/scenarios.md, "Mixture of experts"), so an enabled section is an error, not a guess."""
+    node = m.get(("expert_parallel",))
+    if not isinstance(node, dict) or not _enabled(node):
+        return
+    size = node.get("autoep_size", 1)
+    m.error(("expert_parallel", "enabled"), f"expert parallelism (autoep_size {size!r}) is not modelled by sosim: "
+            "every rank holds every expert (remove expert_parallel, or set enabled: false; docs/scenarios.md)")
+    if "use_data_before_expert_parallelism" in m.loc.data:
+        m.handled.add(("use_data_before_expert_parallelism",))
+
+
 def _unknown_keys(m: _Mapper) -> None:
     """Keys DeepSpeed's pydantic sections would reject, and top-level keys sosim has no entry for."""
     data = m.loc.data
@@ -331,6 +345,7 @@ def map_ds_config(ds: Located, model: HfModel, inputs: RunInputs, name: str = ""
     _read_ckpt(m, out)
     if not m.problems:
         _read_zero(m, out, model.model)
+    _refuse_expert_parallel(m)
     if not m.problems:
         _unknown_keys(m)
     if m.problems:
