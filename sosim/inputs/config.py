@@ -639,6 +639,10 @@ class Scenario(_Strict):
                 f"schedule.cpu_adam: '{sched.cpu_adam}' has no timing in profile '{self.hardware.name}' "
                 f"(cpu.adam_s_by_gparams has: {known})"
             )
+        check = getattr(sched, "check_scenario", None)
+        problem = check(self) if callable(check) else None
+        if problem:
+            raise ValueError(problem)
         node = self.hardware.node
         if getattr(type(sched), "NEEDS_NVME", False) and (node is None or node.nvme is None):
             raise ValueError(
