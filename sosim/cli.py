@@ -160,15 +160,24 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     trace = check_output_path(args.trace, "--trace") if args.trace is not None else None
     plot = check_output_path(args.plot, "--plot", plot_suffixes()) if args.plot is not None else None
-    sc, ds_mapping = dsconfig.scenario_for_run(args)  # a scenario file, or --ds-config + --model
+    from sosim.formats import frameworks_cli
+
+    fw_mapping = None
+    if frameworks_cli.requested(args):  # --torchtitan job.toml / --megatron-args (+ --hardware, --model)
+        sc, fw_mapping = frameworks_cli.scenario_for_run(args)
+        ds_mapping = None
+    else:
+        sc, ds_mapping = dsconfig.scenario_for_run(args)  # a scenario file, or --ds-config + --model
     if args.scenario is not None:
         from sosim.run.loader import profile_notes
 
         _print_notes(profile_notes(args.scenario, args.overrides, getattr(args, "profiles", [])))
     result = simulate(sc, engine=args.engine)
-    check_finite_result(args.scenario or args.ds_config or sc.name, result.metrics)
+    check_finite_result(args.scenario or args.ds_config or (fw_mapping.origin if fw_mapping else sc.name),
+                        result.metrics)
     band, no_band = band_for_run(args, sc, result)  # p10/p50/p90 from component spread (sosim.answers.bands)
     ds_extra = dsconfig.finish_run(args, sc, ds_mapping)  # mapping report, --emit-ds-config
+    ds_extra |= frameworks_cli.finish_run(args, sc, fw_mapping)  # --emit-torchtitan / --emit-megatron-args
     if trace is not None:
         from sosim.formats.trace import write_trace
 
@@ -297,6 +306,9 @@ def _register_builtin(sub: Any) -> None:
     from sosim.formats.dsconfig import add_arguments as add_ds_arguments
 
     add_ds_arguments(p)
+    from sosim.formats.frameworks_cli import add_arguments as add_framework_arguments
+
+    add_framework_arguments(p)
     p.add_argument("--trace", metavar="OUT.json", help="write a Chrome/Perfetto trace")
     p.add_argument("--plot", metavar="OUT.png", help="write a timeline + breakdown figure (.png, .svg, .pdf...)")
     from sosim.run.simulate import DEFAULT_ENGINE, ENGINES

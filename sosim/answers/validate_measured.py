@@ -56,6 +56,7 @@ from sosim.engine.plan import Category, Op, Phase, Plan, ResourceKind
 from sosim.formats.hf_model import model_from_hf
 from sosim.hardware.moe import runtime_from_tag
 from sosim.inputs.config import Scenario
+from sosim.inputs.ds_versions import NEWEST
 from sosim.inputs.errors import ConfigError
 from sosim.inputs.resources import data_root, shipped_calibration_dir
 from sosim.run.loader import Located, available_profiles, load_scenario
@@ -139,6 +140,9 @@ class MeasuredRun:
     sub_group_size: float
     model_label: str
     session: str = ""  # the step script's output folder of the device session that measured it ("" unknown)
+    # The DeepSpeed release the run imported (its deepspeed_version column; "" in old rows: the release of every
+    # earlier campaign, 0.19.8). The prediction runs that release's code (sosim/schedules/ds_version.py).
+    deepspeed_version: str = NEWEST
 
     @property
     def pair_key(self) -> tuple[Any, ...]:
@@ -327,6 +331,7 @@ def read_runs(folder: Path) -> tuple[list[MeasuredRun], list[Skipped]]:
             ratio=_num(row, "ratio", where, 1.0), cores_perc=_num(row, "cpuadam_cores_perc", where, 0.8),
             sub_group_size=_num(row, "sub_group_size", where, 0.0), model_label=_cell(row, "model"),
             session=_session(ds_path),
+            deepspeed_version=_cell(row, "deepspeed_version").split("+")[0] or NEWEST,
         ))
     return runs, skipped
 
@@ -357,7 +362,8 @@ def scenario_dict(run: MeasuredRun, profile: str, overrides: Sequence[str] = ())
 
     assert run.ds_config is not None
     inputs = RunInputs(hardware=profile, gpus=run.gpus, seq_len=run.seq,
-                       activation_checkpointing=run.activation_checkpointing, overrides=tuple(overrides))
+                       activation_checkpointing=run.activation_checkpointing, overrides=tuple(overrides),
+                       deepspeed_version=None if run.deepspeed_version == NEWEST else run.deepspeed_version)
     mapping = map_ds_config(read_json(run.ds_config), hf, inputs, name=f"{run.run_id}@{run.machine}")
     return mapping.scenario
 

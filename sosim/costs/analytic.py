@@ -52,11 +52,15 @@ FIRST_TOUCH_GBps_PER_CORE = grace_host.REFERENCE_FIRST_TOUCH_GBps_PER_CORE  # at
 # DeepSpeed ZeRO-3 runs Python hooks around every submodule's forward and backward (fetch, release,
 # partition bookkeeping) even on one GPU; with the kernel launches after them, this host work is what a
 # layer's pass waits for. Fallback where no table measured it (e.g. GH200's Grace host): the x86 H200
-# machine's measurement carried over per parameter tensor: a Hugging Face Llama layer (9 parameter tensors)
-# under ZeRO-3 takes 8.1-10.0 ms forward and 7.7-8.2 ms backward alone whatever its shape at 2048-8192
-# tokens (calibration/nvidia-h200-2026-11-30/measurements.csv, layer z3_fwd / z3_fwd_bwd) = ~1.0 ms per
-# tensor per pass. Not measured on any other host (its single-thread speed sets it).
-STAGE3_HOOK_S_PER_TENSOR = 1.0e-3
+# machine's measurement carried over per parameter-holding submodule: a Hugging Face Llama layer (9 such
+# modules, one parameter tensor each) under ZeRO-3 takes 8.1-10.0 ms forward and 7.7-8.2 ms backward alone
+# whatever its shape at 2048-8192 tokens (calibration/nvidia-h200-2026-11-30/measurements.csv, layer z3_fwd /
+# z3_fwd_bwd) = ~1.0 ms per module per pass. Per module, not per tensor (issue 21): DeepSpeed's hook time timed
+# on the lent H200 for GPT-2 layers (12 tensors in 6 parameter modules) against Llama layers (9 in 9) at two
+# sizes (calibration/nvidia-h200-2026-12-01-z3hooks): GPT-2 / Llama 0.70 and 0.75 (per tensor would give 1.34);
+# least squares over the 8 rows: 1.14 ms per parameter module per step, mean error 12% (per tensor: 29%), and a
+# per-tensor term beside it fits to ~0. Not measured on any other host (its single-thread speed sets it).
+STAGE3_HOOK_S_PER_MODULE = 1.0e-3
 # Host waiting for the GPU stream to drain (torch.cuda.synchronize / event sync, e.g. the norm's .item()):
 # the GPU runs dry for the kernel-launch pipeline depth. Estimate: 100 us.
 HOST_SYNC_S = 100e-6
@@ -116,14 +120,26 @@ def parameter_tensors_per_layer(m: ModelSpec) -> int:
 
 
 def hooked_modules_per_layer(m: ModelSpec) -> int:
-    """What DeepSpeed's ZeRO-3 hooks run over in one decoder layer, counted as the per-tensor figure below was
-    fitted (a Hugging Face Llama layer: 9 tensors, each in its own module): for a dense layer its parameter
-    tensors; for an MoE layer its attention and norm modules plus the MLP's hooked modules (a leaf MoE block is
-    one: sosim/hardware/moe.py hooked_mlp_modules)."""
+    """What DeepSpeed's ZeRO-3 hooks run over in one decoder layer, counted per hooked parameter-holding module
+    (the hook time follows modules, not tensors: STAGE3_HOOK_S_PER_MODULE): a dense layer's parameter modules;
+    an MoE layer's attention and norm modules plus the MLP's hooked modules (a leaf MoE block is one:
+    sosim/hardware/moe.py hooked_mlp_modules)."""
     if not m.is_moe:
-        return parameter_tensors_per_layer(m)
+        return parameter_modules_per_layer(m)
     extras = (2 if m.qk_norm else 0) + (1 if m.attention_sinks else 0)
     return 4 + 2 + extras + moe.hooked_mlp_modules(m)
+
+
+def parameter_modules_per_layer(m: ModelSpec) -> int:
+    """Submodules of one decoder layer that hold parameters (what DeepSpeed's ZeRO-3 hooks fetch and release,
+    one module at a time): one Linear per GEMM (weight, and GPT's bias) and the two norms. Hugging Face Llama keeps
+    q, k, v and gate, up as separate Linear modules: 7 + 2; Qwen3's q_norm / k_norm are two more, GPT-OSS's sinks
+    make its attention module hold a parameter of its own. An MoE layer: its hooked modules."""
+    if m.is_moe:
+        return hooked_modules_per_layer(m)
+    if m.ffn_kind == "gelu":
+        return len(tm.layer_gemms(m)) + 2
+    return 7 + 2 + (2 if m.qk_norm else 0) + (1 if m.attention_sinks else 0)
 
 
 def model_parameter_tensors(m: ModelSpec) -> int:
@@ -394,12 +410,13 @@ class AnalyticCostModel:
         """Host-side time of one decoder layer's forward (or backward alone) under DeepSpeed's ZeRO-3 hooks,
         kernel launches included: the GPU's pass of the layer waits for it when it is longer.
 
-        Analytic: a per-parameter-tensor figure, the same in both passes and for every token count, on this
-        profile's host thread (sosim.costs.grace_host: the x86 VM's figure / cpu.host_thread_speed).
+        Analytic: a figure per parameter-holding submodule (measured to follow modules, not tensors:
+        STAGE3_HOOK_S_PER_MODULE), the same in both passes and for every token count, on this profile's host
+        thread (sosim.costs.grace_host: the x86 VM's figure / cpu.host_thread_speed).
         """
         del tokens, backward  # the estimate depends on neither
-        per_tensor = grace_host.host_thread_s(STAGE3_HOOK_S_PER_TENSOR, self.hw.cpu)
-        return per_tensor * hooked_modules_per_layer(self.model)
+        per_module = grace_host.host_thread_s(STAGE3_HOOK_S_PER_MODULE, self.hw.cpu)
+        return per_module * hooked_modules_per_layer(self.model)
 
     def ds_unscale_clip_s(self, elements: float, system: str) -> float:
         """DeepSpeed stage 3's ``unscale_and_clip_grads`` over one sub-group's fp32 host gradients: a CPU

@@ -27,6 +27,7 @@ from pydantic import (
 )
 
 from sosim.inputs.bounds import MAX_GBPS, MAX_GPUS, MIN_GBPS, FieldProblem, field_problem
+from sosim.inputs.ds_versions import NEWEST, DeepSpeedVersion
 
 PosFloat = Annotated[float, Field(gt=0)]
 NonNegFloat = Annotated[float, Field(ge=0)]
@@ -36,7 +37,8 @@ UnitInterval = Annotated[float, Field(ge=0, le=1)]
 # A piecewise-linear curve: (x, y) points with strictly increasing x.
 Curve = list[tuple[float, float]]
 
-AdamImpl = Literal["torch", "cpu_adam", "grace_adam"]
+# cpu_adam_sve: DeepSpeedCPUAdam's SVE kernel (DeepSpeed PR 8365; sosim/schedules/ds_version.py).
+AdamImpl = Literal["torch", "cpu_adam", "cpu_adam_sve", "grace_adam"]
 # Sanity bounds of the inputs, and the check that numbers are numbers: sosim/inputs/bounds.py (docs/limits.md).
 BandwidthGBps = Annotated[float, Field(ge=MIN_GBPS, le=MAX_GBPS)]
 GpuCount = Annotated[int, Field(gt=0, le=MAX_GPUS)]
@@ -544,6 +546,9 @@ class ScheduleKnobs(_Strict):
     """Base of every system's knobs (each system module defines its subclass with a ``system`` literal)."""
 
     system: str
+    # Which DeepSpeed release runs the system (sosim/inputs/ds_versions.py lists the modelled ones; what each
+    # does differently: sosim/schedules/ds_version.py). Ignored by the paper's schedules (implementation: ideal).
+    deepspeed_version: DeepSpeedVersion = NEWEST
 
 
 class OffloadKnobs(ScheduleKnobs):
@@ -634,6 +639,10 @@ class Scenario(_Strict):
                 f"schedule.cpu_adam: '{sched.cpu_adam}' has no timing in profile '{self.hardware.name}' "
                 f"(cpu.adam_s_by_gparams has: {known})"
             )
+        check = getattr(sched, "check_scenario", None)
+        problem = check(self) if callable(check) else None
+        if problem:
+            raise ValueError(problem)
         node = self.hardware.node
         if getattr(type(sched), "NEEDS_NVME", False) and (node is None or node.nvme is None):
             raise ValueError(
