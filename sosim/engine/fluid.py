@@ -130,7 +130,13 @@ class Contention:
                 raise ValueError(f"Contention: capacity of {self.names[k]} must be positive and finite, got {cap}")
         uses = self.uses.template if isinstance(self.uses, RepeatedUses) else self.uses
         n = len(self.names)
+        # Each demand tuple once (ops of one size on one resource share theirs): the first op holding a bad one
+        # is still the one named.
+        checked: set[int] = set()
         for op_id, ks in uses.items():
+            if id(ks) in checked:
+                continue
+            checked.add(id(ks))
             for k, demand in ks:
                 if not 0 <= k < n or not demand >= 0:
                     raise ValueError(f"Contention: op {op_id} uses resource {k} with demand {demand}")
@@ -173,6 +179,9 @@ def effective_contention(plan: Plan, contention: Contention | None) -> Contentio
     # Whether nothing would be dropped below even if every resource is contended: every op that draws lasts
     # and draws something on each resource it lists.
     clean = True
+    # (demands, serial resource) pairs already taken in, by identity: ops of one size on one resource share
+    # their demand tuple (sosim/engine/rules.py), and taking a pair in again changes no maximum and no order.
+    seen: set[tuple[int, int]] = set()
     for op_id, ks in all_uses.items():
         if op_id >= n:
             raise ValueError(f"Contention: op {op_id} is not in the plan")
@@ -180,6 +189,10 @@ def effective_contention(plan: Plan, contention: Contention | None) -> Contentio
         if not ks or not op.duration_s > 0:
             clean = False
         queue = op.resource
+        pair = (id(ks), id(queue))
+        if pair in seen:
+            continue
+        seen.add(pair)
         kind, instance = id(queue.kind), queue.instance
         for k, demand in ks:
             if not demand > 0:
