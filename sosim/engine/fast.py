@@ -200,15 +200,20 @@ def _full_speed(plan: Plan, active: Contention, start: list[float], end: list[fl
     ``start_s``/``end_s``: the same as arrays, when the caller has them."""
     tops, copies, tuses = _template_view(plan, active)
     m = len(tops)
-    queues = ops_by_resource(tops)
     if len(tuses) * copies < array_from:
         jobs = [(base + i, start[base + i], end[base + i], u)
                 for base in range(0, copies * m, m) for i, u in tuses.items()]
-        return never_throttled(jobs, active.capacity, _follows(plan, tops, queues))
-    worker_of = [0] * m
-    for w, queue in enumerate(queues.values()):
-        for i in queue:
-            worker_of[i] = w
+        return never_throttled(jobs, active.capacity, _follows(plan, tops))
+    # Each op's serial resource, numbered in order of first use (the order of ops_by_resource's queues).
+    # By the resource object's identity first: hashing a Resource runs Python code.
+    by_id: dict[int, int] = {}
+    number: dict[Resource, int] = {}
+    worker_of = []
+    for op in tops:
+        w = by_id.get(id(op.resource))
+        if w is None:
+            w = by_id[id(op.resource)] = number.setdefault(op.resource, len(number))
+        worker_of.append(w)
     template = np.fromiter(tuses.keys(), dtype=np.int64, count=len(tuses))
     ids = (np.arange(copies, dtype=np.int64)[:, None] * m + template[None, :]).ravel()
     per_k: dict[int, tuple[list[int], list[float]]] = {}
@@ -227,17 +232,21 @@ def _full_speed(plan: Plan, active: Contention, start: list[float], end: list[fl
         return True
     uses = list(tuses.values()) * copies
     jobs = list(zip(ids.tolist(), start_s[ids].tolist(), end_s[ids].tolist(), uses, strict=True))
-    return never_throttled(jobs, active.capacity, _follows(plan, tops, queues))
+    return never_throttled(jobs, active.capacity, _follows(plan, tops))
 
 
-def _follows(plan: Plan, tops: list[Op], queues: dict[Resource, list[int]]) -> Callable[[int], tuple[int, ...]]:
+def _follows(plan: Plan, tops: list[Op]) -> Callable[[int], tuple[int, ...]]:
     """Op id -> the ops whose completion its start waits for: its dependencies and its resource's previous op
-    (asked only where two contended ops meet at one instant: a repeated plan's carried dependencies are
-    resolved then, not before)."""
+    (asked only where two contended ops meet at one instant: a repeated plan's carried dependencies and the
+    resources' queues are worked out then, not before)."""
     m = len(tops)
     repeated = _is_template(plan, tops)
+    made: list[dict[Resource, list[int]]] = []
 
     def follows(g: int) -> tuple[int, ...]:
+        if not made:
+            made.append(ops_by_resource(tops))
+        queues = made[0]
         k, i = divmod(g, m)
         base = k * m
         special = plan.copy_deps[k] if repeated else {}
