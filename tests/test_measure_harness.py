@@ -141,7 +141,7 @@ def test_model_counts_modules_and_tensors() -> None:
     # mlp container with c_fc and c_proj (2 each): 9 modules, 6 holding parameters, 12 tensors.
     block = Module(0, [Module(2, []), Module(0, [Module(2, []), Module(2, [])]), Module(2, []),
                        Module(0, [Module(2, []), Module(2, [])])])
-    assert model_counts(block) == {"hooked_modules": 9, "param_modules": 6, "param_tensors": 12}
+    assert model_counts(block) == {"hooked_modules": 9, "param_modules": 6, "param_tensors": 12, "z3_leaf_modules": 0}
 
 
 def test_family_sizes() -> None:
@@ -163,7 +163,7 @@ def test_new_columns_only_at_the_end() -> None:
     columns = list(step.CSV_COLUMNS)
     last_timer = columns.index(f"t_{step.TIMER_NAMES[-1]}_s")
     assert columns.index("lease") < columns.index("t_opt_step_s") < last_timer < columns.index("family")
-    assert columns[-1] == "t_grad_epilogue_calls" and len(columns) == len(set(columns))
+    assert columns[-1] == "z3_leaf_modules" and len(columns) == len(set(columns))
 
 
 def test_hook_step_values_sum_phases() -> None:
