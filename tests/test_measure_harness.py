@@ -275,3 +275,22 @@ def test_campaign_job_list_parses_and_the_step_script_accepts_every_job(tmp_path
     versions = [j for j in jobs if "ds=0.18.8" in j]
     assert {run_all.parse_job(j)[0][3] for j in versions} == {"zero2", "zero3", "superoffload"}
     assert {run_all.parse_job(j)[0][0] for j in versions} == {"1.1b", "G12h2048a16f8192"}
+
+
+def test_validate_reads_gpt2_rows_and_skips_zero3gpu(tmp_path: Path) -> None:
+    from sosim.answers.validate_measured import read_runs
+
+    step = _script("ds_train_step")
+    (tmp_path / "runs").mkdir()
+    (tmp_path / "runs" / "g.ds_config.json").write_text('{"zero_optimization": {"stage": 3}}\n')
+    base = {"timing": "unsynced", "status": "ok", "layers": "12", "hidden": "2048", "heads": "16", "kv_heads": "16",
+            "head_dim": "128", "ffn": "8192", "vocab": "32000", "seq": "2048", "micro_batch": "4", "n_steps": "4",
+            "step_median_s": "1.0", "step_p10_s": "0.9", "step_p90_s": "1.1", "family": "gpt2",
+            "model": "G12h2048a16f8192", "ds_config_file": "runs/g.ds_config.json"}
+    rows = [base | {"run_id": "g-zero3", "config": "zero3"}, base | {"run_id": "g-gpu", "config": "zero3gpu"}]
+    step.append_rows(tmp_path / "deepspeed_steps.csv", rows)
+    runs, skipped = read_runs(tmp_path)
+    assert [r.run_id for r in runs] == ["g-zero3"] and [s.run_id for s in skipped] == ["g-gpu"]
+    model = runs[0].model
+    assert model["model_type"] == "gpt2" and model["n_inner"] == 8192 and model["tie_word_embeddings"] is False
+    assert "no sosim system" in skipped[0].reason
