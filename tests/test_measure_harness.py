@@ -294,3 +294,25 @@ def test_validate_reads_gpt2_rows_and_skips_zero3gpu(tmp_path: Path) -> None:
     model = runs[0].model
     assert model["model_type"] == "gpt2" and model["n_inner"] == 8192 and model["tie_word_embeddings"] is False
     assert "no sosim system" in skipped[0].reason
+
+
+def test_instep_report_compares_with_the_same_lease_lookup(tmp_path: Path) -> None:
+    from sosim.costs.calibration_table import CalibrationTable
+
+    report_mod = _script("instep_report")
+    lease = ROOT / "calibration" / "nvidia-h200-2026-12-01"
+    (tmp_path / "measurements.csv").write_text((lease / "measurements.csv").read_text())
+    header = "system,component,part,median_s,p10_s,p90_s,n_steps,layers,hidden,seq,micro_batch,params,subgroups,threads"
+    tail = ",6,8,2048,2048,2,500000000,5,16"
+    (tmp_path / "instep.csv").write_text("\n".join([
+        header, "zero3,refresh,all,0.3,0.3,0.3" + tail, "zero3,refresh,end,0.25,0.25,0.25" + tail,
+        "zero3,refresh_calls,all,5,5,5" + tail, "zero3,fwd,all,0.1,0.1,0.1" + tail]) + "\n")
+    steps = report_mod.read_instep(tmp_path / "instep.csv")
+    assert set(steps) == {("zero3", "refresh"), ("zero3", "fwd")} and steps[("zero3", "refresh")].calls == 5
+    table = CalibrationTable.from_csv(tmp_path / "measurements.csv")
+    iso, how = report_mod.isolated_s(table, "zero3", "refresh", steps[("zero3", "refresh")])
+    per_call = table.ds_refresh_time_s(1e8, 16, "zero3")
+    assert per_call is not None and iso == pytest.approx(5 * per_call) and "x 5" in how
+    assert report_mod.isolated_s(table, "zero3", "fwd", steps[("zero3", "fwd")]) == (None, "")
+    text = report_mod.report(tmp_path)
+    assert f"{0.3 / iso:.2f}" in text and "0.25" in text
