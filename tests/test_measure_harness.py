@@ -316,3 +316,28 @@ def test_instep_report_compares_with_the_same_lease_lookup(tmp_path: Path) -> No
     assert report_mod.isolated_s(table, "zero3", "fwd", steps[("zero3", "fwd")]) == (None, "")
     text = report_mod.report(tmp_path)
     assert f"{0.3 / iso:.2f}" in text and "0.25" in text
+
+
+def test_instep_rows_are_readable_by_the_calibration_table(tmp_path: Path) -> None:
+    from sosim.calibrate.instep_bench import instep_rows
+    from sosim.calibrate.records import Context, Table
+    from sosim.costs.calibration_table import CalibrationTable
+
+    dims = {"elements": 5e8, "subgroups": 5, "threads": 16, "layers": 8, "hidden": 2048, "seq": 2048, "batch": 2}
+    samples = {"refresh": [0.3, 0.31, 0.29, 0.3, 0.32, 0.3], "wait_async": [0.0] * 6,
+               "sync_cpu_optimizer": [0.0, 0.0, 0.1, 0.0, 0.0, 0.0], "fixed": [0.05] * 6, "opt": [1.0] * 6}
+    counts = {"hooked_modules": 60, "z3_leaf_modules": 0}
+    rows = instep_rows("zero3", samples, counts, dims)
+    variants = {r[1] for r in rows}
+    assert "zero3_refresh@all" in variants and "zero3_refresh@end" in variants
+    assert not any(v.startswith("zero3_wait_async") for v in variants)  # never called: no row
+    assert "zero3_sync_cpu_optimizer@start" not in variants and "zero3_sync_cpu_optimizer@middle" in variants
+    assert "zero3_z3_leaf_modules@all" not in variants
+    assert ("ds_step_fixed", "zero3") in {(r[0], r[1]) for r in rows} and "zero3_step_wall" in variants
+    assert not any(r[0] == "ds_step_fixed" for r in instep_rows("zero2", samples, counts, dims))
+    table = Table(Context(device="d", host_cpu="c", torch_version="t", date="2026-12-01"))
+    for op, variant, dtype, times, shape in rows:
+        table.add(op, variant, dtype, list(times), **shape)
+    table.write_csv(tmp_path / "measurements.csv")
+    loaded = CalibrationTable.from_csv(tmp_path / "measurements.csv")  # one zero median would raise here
+    assert ("instep", "zero3_refresh@all") in loaded.columns_by_op

@@ -22,8 +22,10 @@ from __future__ import annotations
 
 import csv
 import os
+import statistics
 import sys
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -209,20 +211,34 @@ def instep_target(emit: Emit, system: str, steps: int) -> None:
             samples.setdefault(name, []).append(value)
     dims = {"elements": shape.params_count(), "subgroups": subgroups, "threads": len(os.sched_getaffinity(0)),
             "layers": layers, "hidden": hidden, "seq": INSTEP_SEQ, "batch": INSTEP_BATCH}
+    for row in instep_rows(system, samples, counts, dims):
+        emit(row)
+    engine.destroy()
+
+
+def instep_rows(system: str, samples: dict[str, list[float]], counts: Mapping[str, int],
+                dims: Mapping[str, float]) -> list[Any]:
+    """The section's rows from one system's per-step samples: instep/<system>_<name>@<part> (positive medians
+    only), the model's counts, and for zero3 / superoffload the ds_step_fixed rows."""
+    rows: list[Any] = []
     for name, values in samples.items():
-        if not any(v > 0 for v in values):
-            continue
         for part, chunk in split_parts(values).items():
-            emit(("instep", f"{system}_{name}@{part}", "bf16", chunk, dims))
+            # Why only positive medians: sosim's calibration table refuses a row whose median_s is 0 (a method
+            # this system never calls, a part of the run where it did not run), and one such row would make
+            # the whole measurements.csv, and the profile naming it, unreadable.
+            if chunk and statistics.median(chunk) > 0:
+                rows.append(("instep", f"{system}_{name}@{part}", "bf16", chunk, dims))
     for key, value in counts.items():
-        emit(("instep", f"{system}_{key}@all", "count", [float(value)], dims))
+        if value > 0:
+            rows.append(("instep", f"{system}_{key}@all", "count", [float(value)], dims))
     if system in ("zero3", "superoffload"):
         # The ds_step_fixed section's rows, from the same steps (its model, sub-group size and timers).
-        fixed_dims = {"elements": dims["elements"], "subgroups": subgroups, "threads": dims["threads"]}
-        emit(("ds_step_fixed", system, "bf16", samples["fixed"], fixed_dims))
+        fixed_dims = {"elements": dims["elements"], "subgroups": dims["subgroups"], "threads": dims["threads"]}
+        if samples.get("fixed") and statistics.median(samples["fixed"]) > 0:
+            rows.append(("ds_step_fixed", system, "bf16", samples["fixed"], fixed_dims))
         for name in ("step_wall", "opt_step", "wait_async", "pre_step", "partition_all", "overflow_check", "norm",
                      "unscale_clip", "optimizer", "refresh", "post_step"):
             key = "opt" if name == "step_wall" else name  # ds_step_fixed's step_wall is step() alone
-            if key in samples and any(v > 0 for v in samples[key]):
-                emit(("ds_step_fixed", f"{system}_{name}", "bf16", samples[key], fixed_dims))
-    engine.destroy()
+            if samples.get(key) and statistics.median(samples[key]) > 0:
+                rows.append(("ds_step_fixed", f"{system}_{name}", "bf16", samples[key], fixed_dims))
+    return rows
