@@ -154,7 +154,8 @@ def step_values(phases: dict[str, dict[str, tuple[float, int]]], walls: dict[str
     return out
 
 
-def instep_target(emit: Emit, system: str, steps: int) -> None:
+def instep_target(emit: Emit, system: str, steps: int, model_dims: tuple[int, int] | None = None,
+                  seq: int = INSTEP_SEQ) -> None:
     import torch
 
     from . import llama
@@ -165,12 +166,15 @@ def instep_target(emit: Emit, system: str, steps: int) -> None:
     setup_single_process_env()
     import deepspeed
 
-    deepspeed.init_distributed(dist_backend="nccl")
-    layers, hidden = INSTEP_MODEL
+    # DS_ACCELERATOR=cpu: a smoke test of this code on a machine without a GPU (gloo; its times mean nothing).
+    on_cpu = os.environ.get("DS_ACCELERATOR") == "cpu"
+    device = "cpu" if on_cpu else "cuda"
+    deepspeed.init_distributed(dist_backend="gloo" if on_cpu else "nccl")
+    layers, hidden = model_dims if model_dims is not None else INSTEP_MODEL
     heads = hidden // 128
     shape = llama.LlamaShape(layers, hidden, heads, llama.default_kv_heads(heads), llama.swiglu_ffn(hidden), 32000)
     torch.manual_seed(0)
-    with torch.device("cuda"):
+    with torch.device(device):
         model = llama.LlamaModel(shape, checkpoint_layers=True)
     model = model.to(torch.bfloat16)
     llama.init_weights_(model)
@@ -182,10 +186,14 @@ def instep_target(emit: Emit, system: str, steps: int) -> None:
     hooks = HookTimers(MethodTimers())
     hooks.attach(engine)
     subgroups = len(getattr(engine.optimizer, "fp16_groups", []) or getattr(engine.optimizer, "bit16_groups", []))
-    tokens = torch.randint(0, 32000, (INSTEP_BATCH, INSTEP_SEQ), device="cuda")
+    tokens = torch.randint(0, 32000, (INSTEP_BATCH, seq), device=device)
     labels = torch.roll(tokens, -1, dims=1)
     samples: dict[str, list[float]] = {}
-    sync = torch.cuda.synchronize
+
+    def sync() -> None:
+        if not on_cpu:
+            torch.cuda.synchronize()
+
     for index in range(2 + steps):
         sync()
         methods.take()
@@ -210,7 +218,7 @@ def instep_target(emit: Emit, system: str, steps: int) -> None:
         for name, value in step_values(phases, walls, fixed_part_s).items():
             samples.setdefault(name, []).append(value)
     dims = {"elements": shape.params_count(), "subgroups": subgroups, "threads": len(os.sched_getaffinity(0)),
-            "layers": layers, "hidden": hidden, "seq": INSTEP_SEQ, "batch": INSTEP_BATCH}
+            "layers": layers, "hidden": hidden, "seq": seq, "batch": INSTEP_BATCH}
     for row in instep_rows(system, samples, counts, dims):
         emit(row)
     engine.destroy()
