@@ -12,7 +12,7 @@
 # copies the main CSVs to $OUT. A call on a fresh machine (the warm one was lost) installs again and continues
 # with what that machine has (nothing): the lease id changes with the boot id.
 # Environment: OUT, CALL (1, 2, 3), DEADLINE_S (whole call, default 560), WHL_DIR (default .whl), PROFILE
-# (default h200-lease-<UTC date>), CAL_TIMEOUT_S (calibrate's limit, default 500), JOBS_FILE (default
+# (default h200-lease-<UTC date>), CAL_TIMEOUT_S (calibrate's limit, default 540), JOBS_FILE (default
 # scripts/campaign_jobs.txt), DS_JOB_TIMEOUT_S (default 130), FSDP_S (call 3: time kept for FSDP2, default 240).
 set -u -o pipefail
 OUT=${OUT:-/tmp/out}
@@ -81,7 +81,7 @@ if [ "$CALL" = "1" ] && [ ! -f "$RES/profiles/$PROFILE.yaml" ]; then
   build_188 300 &
   BUILD188_PID=$!
   CAL_START=$(date +%s)
-  timeout -k 10 "${CAL_TIMEOUT_S:-500}" python3 sosim/calibrate/cli.py --quick --profile "$PROFILE" \
+  timeout -k 10 "${CAL_TIMEOUT_S:-540}" python3 sosim/calibrate/cli.py --quick --profile "$PROFILE" \
     --profiles "$RES/profiles" 2>&1 | tee "$RES/logs/calibrate.log" | grep -E "^\[calibrate\]|Error"
   CODE=${PIPESTATUS[0]}
   echo "calibrate --quick exit $CODE wall $(( $(date +%s) - CAL_START )) s (CPUAdam build included)" \

@@ -341,3 +341,11 @@ def test_instep_rows_are_readable_by_the_calibration_table(tmp_path: Path) -> No
     table.write_csv(tmp_path / "measurements.csv")
     loaded = CalibrationTable.from_csv(tmp_path / "measurements.csv")  # one zero median would raise here
     assert ("instep", "zero3_refresh@all") in loaded.columns_by_op
+
+
+def test_quick_layer_offload_keeps_what_the_simulator_reads() -> None:
+    from sosim.calibrate.offload_layer_bench import LAYER_OFFLOAD_PLAN, layer_offload_plan
+
+    quick = {(hidden, modes) for hidden, groups in layer_offload_plan(True) for modes in groups}
+    assert quick == {(2048, ("hf", "z2_offload")), (2048, ("z3_offload_param",))}
+    assert layer_offload_plan(False) == LAYER_OFFLOAD_PLAN
