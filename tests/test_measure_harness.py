@@ -349,3 +349,73 @@ def test_quick_layer_offload_keeps_what_the_simulator_reads() -> None:
     quick = {(hidden, modes) for hidden, groups in layer_offload_plan(True) for modes in groups}
     assert quick == {(2048, ("hf", "z2_offload")), (2048, ("z3_offload_param",))}
     assert layer_offload_plan(False) == LAYER_OFFLOAD_PLAN
+
+
+def _instep_fixture(folder: Path) -> None:
+    """A measurements.csv with isolated refresh / CPU Adam rows and an instep.csv of the same lease."""
+    from sosim.calibrate.records import Context, Table
+
+    table = Table(Context(device="NVIDIA H200", host_cpu="x86", torch_version="t", date="2026-12-01"))
+    for elements, seconds in ((1e7, 0.006), (1e8, 0.05), (3e8, 0.15)):
+        table.add("ds_refresh", "zero3", "fp32", [seconds] * 5, elements=elements, threads=16, bytes=2 * elements)
+        table.add("ds_refresh", "superoffload", "fp32", [2 * seconds] * 5, elements=elements, threads=3)
+    for elements, seconds in ((1e8, 0.1), (1e9, 1.0)):
+        table.add("cpu_adam", "deepspeed", "fp32", [seconds] * 5, elements=elements, threads=16)
+        table.add("cpu_adam", "deepspeed", "fp32", [4 * seconds] * 5, elements=elements, threads=4)
+    table.write_csv(folder / "measurements.csv")
+    lines = ["system,component,part,median_s,p10_s,p90_s,n_steps,layers,hidden,seq,micro_batch,params,subgroups,"
+             "threads,deepspeed_version"]
+    tail = ",6,8,2048,2048,2,500000000,{g},16,0.19.8"
+    lines += ["zero3,refresh,all,0.30,0.29,0.31" + tail.format(g=5), "zero3,refresh_calls,all,5,5,5" + tail.format(g=5),
+              "superoffload,refresh,all,0.50,0.5,0.5" + tail.format(g=5),
+              "superoffload,refresh_calls,all,5,5,5" + tail.format(g=5),
+              "zero2,optimizer,all,0.75,0.7,0.8" + tail.format(g=1),
+              "zero2,optimizer_calls,all,1,1,1" + tail.format(g=1)]
+    (folder / "instep.csv").write_text("\n".join(lines) + "\n")
+
+
+def test_instep_factors_rescale_the_isolated_curves(tmp_path: Path) -> None:
+    from sosim.calibrate.instep_profile import write_instep_table
+    from sosim.calibrate.records import COLUMNS
+    from sosim.costs.calibration_table import CalibrationTable
+
+    _instep_fixture(tmp_path)
+    path, found = write_instep_table(tmp_path, COLUMNS)
+    assert path is not None
+    by = {(f.op, f.variant): f for f in found}
+    # zero3: 0.30 s / 5 calls of 1e8 elements = 0.06 s against 0.05 s isolated at 1e8, 16 threads.
+    assert by[("ds_refresh", "zero3")].factor == pytest.approx(1.2)
+    # superoffload: main share int(0.2 x 16) = 3 threads; 0.10 s per call against 0.10 s isolated.
+    assert by[("ds_refresh", "superoffload")].threads == 3 and by[("ds_refresh", "superoffload")].factor == (
+        pytest.approx(1.0))
+    # zero2: 0.75 s for 5e8 elements; isolated per element at 5e8, 16 threads, is 1e-9 (flat between the sizes).
+    assert by[("cpu_adam", "deepspeed")].factor == pytest.approx(1.5)
+    merged = CalibrationTable.merged([CalibrationTable.from_csv(tmp_path / "measurements.csv"),
+                                      CalibrationTable.from_csv(path)])
+    assert merged.ds_refresh_time_s(1e8, 16, "zero3") == pytest.approx(0.06)
+    assert merged.ds_refresh_time_s(3e8, 16, "zero3") == pytest.approx(0.18)  # the curve's shape, rescaled
+    assert merged.cpu_adam_time_s(1e9, 4, "deepspeed") == pytest.approx(6.0)  # every thread count rescaled
+    assert not merged.session_log_sd  # a variant of its own: no fake lease-to-lease spread
+    alone = CalibrationTable.from_csv(tmp_path / "measurements.csv")
+    assert alone.ds_refresh_time_s(1e8, 16, "zero3") == pytest.approx(0.05)  # no in-step rows: isolated
+
+
+def test_profile_lists_the_instep_table_and_says_so(tmp_path: Path) -> None:
+    import json
+
+    import yaml
+
+    from sosim.calibrate.profile_writer import write_profile
+
+    profiles = tmp_path / "profiles"
+    cal = profiles / "box.calibration"
+    cal.mkdir(parents=True)
+    _instep_fixture(cal)
+    (cal / "calibration_meta.json").write_text(json.dumps({"date": "2026-12-01", "device": "NVIDIA H200"}))
+    written = write_profile("box", profiles, cal, ROOT / "hardware_profiles" / "h200-pcie-gen5-x86.yaml",
+                            "h200-pcie-gen5-x86", "pcie")
+    data = yaml.safe_load(written.path.read_text())
+    assert data["calibration"] == ["box.calibration/measurements.csv", "box.calibration/instep_table.csv"]
+    assert "ds_refresh/zero3 x1.20" in data["description"]
+    assert "In-step host figures" in written.path.read_text()
+    assert any("in-step figures used" in n for n in written.notes)
