@@ -13,7 +13,7 @@ checks that none occurs for the shipped scenarios and DeepSpeed inputs.
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -23,6 +23,7 @@ from sosim.inputs.errors import ConfigError, SosimError
 
 if TYPE_CHECKING:
     from sosim.answers.tune_result import TuneResult
+    from sosim.schedules.system_api import Unsaid
 
 # Scenario keys a DeepSpeed config never holds, and what decides them in a real run.
 OUTSIDE_REASONS: dict[str, str] = {
@@ -80,12 +81,12 @@ def _flag(key: str, value: Any) -> str:
     return _set_text(key, value)
 
 
-def _reason(key: str, not_expressible: list[str]) -> str:
+def _reason(key: str, unsaid: Sequence[Unsaid]) -> str:
     if key in OUTSIDE_REASONS:
         return OUTSIDE_REASONS[key]
-    said = [n for n in not_expressible if n.split(":")[0] == key]
+    said = [u.reason for u in unsaid if u.key == key]
     if said:
-        return said[0].split(": ", 1)[-1]
+        return said[0]
     if key.startswith("hardware."):
         return "the machine (the profile with the tuned scenario's overrides)"
     return "not a DeepSpeed config key (it describes the run or sosim's model of it)"
@@ -121,7 +122,7 @@ def _back_by_name(config: Mapping[str, Any], winner: Scenario) -> tuple[Scenario
             f"no shipped profile is named {name!r}: save the scenario's hardware section as a profile YAML")]
 
 
-def outside_changes(config: Mapping[str, Any], winner: Scenario, not_expressible: list[str]) -> list[OutsideChange]:
+def outside_changes(config: Mapping[str, Any], winner: Scenario, unsaid: Sequence[Unsaid]) -> list[OutsideChange]:
     """What the winner needs besides ``config``: the always-given flags, then every key that reads back
     differently (as --set). Raises ConfigError when the config does not read back."""
     t, c = winner.training, winner.cluster
@@ -135,7 +136,7 @@ def outside_changes(config: Mapping[str, Any], winner: Scenario, not_expressible
     for key in sorted(set(want) | set(back)):
         if key in _FLAGS or want.get(key) == back.get(key):
             continue
-        changes.append(OutsideChange(key, want.get(key), _set_text(key, want.get(key)), _reason(key, not_expressible)))
+        changes.append(OutsideChange(key, want.get(key), _set_text(key, want.get(key)), _reason(key, unsaid)))
     return changes
 
 
@@ -159,7 +160,7 @@ def write_ds_config(result: TuneResult, out: str | Path, base_ds: Mapping[str, A
         return {"path": None, "skipped": "no configuration fits"}
     emitted = dsconfig.ds_config_from_scenario(best.scenario, base_ds)
     try:
-        changes = outside_changes(emitted.config, best.scenario, emitted.not_expressible)
+        changes = outside_changes(emitted.config, best.scenario, emitted.unsaid)
     except SosimError as exc:  # a system's DeepSpeed form writes what it cannot read: say so, write nothing
         raise ConfigError([f"--out {out}: the winner's DeepSpeed config does not read back: {exc}"]) from None
     path = Path(out)

@@ -493,7 +493,7 @@ def run_engine(plan: Plan, sc: Scenario | None = None) -> tuple[np.ndarray, np.n
     from sosim.engine.simpy_engine import run_plan_detailed
     from sosim.hardware.machine import Machine
 
-    node, contention, ranks = node_plan(sc, Machine.from_scenario(sc), plan)
+    node, contention, ranks = node_plan(Machine.from_scenario(sc), plan)
     run = run_plan_detailed(node, contention)
     return run.start_s[::ranks], run.end_s[::ranks]
 

@@ -2,8 +2,8 @@
 
 :class:`AnalyticCostModel` derives durations from a hardware profile (roofline with efficiency curves;
 published CPU-Adam latencies). A measured calibration table, when a profile names one, takes precedence
-for the operations it covers (see :mod:`sosim.costs.table`). The schedules only see the
-:class:`CostModel` protocol, so either can feed them.
+for the operations it covers (see :mod:`sosim.costs.table`). The schedules see neither: they are handed the
+cost object, :class:`sosim.costs.model.Costs`, built over one of them (its *components*).
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from functools import cached_property
-from typing import Literal, Protocol
+from typing import TYPE_CHECKING, Literal
 
 import numpy as np
 
@@ -20,6 +20,9 @@ from sosim.hardware import model as tm
 from sosim.hardware.machine import AIO_BLOCK_BYTES, AIO_QUEUE_DEPTH, AIO_THREADS
 from sosim.inputs.config import AdamImpl, Curve, HardwareProfile, ModelSpec, TrainingSpec
 from sosim.inputs.units import BF16_BYTES, FP32_BYTES, GB, TFLOP, us_to_s
+
+if TYPE_CHECKING:
+    from sosim.costs.calibration_table import CalibrationTable
 
 Direction = Literal["h2d", "d2h"]
 CollectiveKind = Literal["all_reduce", "reduce_scatter", "all_gather", "all_to_all"]
@@ -117,35 +120,6 @@ def model_parameter_tensors(m: ModelSpec) -> int:
 def stage3_variant(system: str) -> str:
     """The calibration variant of a DeepSpeed stage-3 cost: SuperOffload's engine, or plain ZeRO-3's."""
     return "superoffload" if system == "superoffload" else "zero3"
-
-
-class CostModel(Protocol):
-    """Durations in seconds for one GPU's share of the work."""
-
-    def layer_fwd_s(self) -> float: ...
-    def layer_bwd_s(self) -> float: ...
-    def head_fwd_s(self) -> float: ...
-    def head_bwd_s(self) -> float: ...
-    def gpu_adam_s(self, params: float) -> float: ...
-    def gpu_cast_s(self, elements: float) -> float: ...
-    def gpu_quantize_s(self, elements: float, kernel: QuantKernel, fused: bool) -> float: ...
-    def copy_s(self, n_bytes: float, direction: Direction, pinned: bool) -> float: ...
-    def cpu_adam_s(self, params: float, impl: AdamImpl, cores: float, total_params: float) -> float: ...
-    def cpu_cast_s(self, elements: float, cores: float) -> float: ...
-    def cpu_norm_s(self, params: float) -> float: ...
-    # ``per_node`` and the aio settings are the topology's (sosim/costs/model.py); component models ignore them.
-    def collective_s(self, kind: CollectiveKind, n_bytes: float, ranks: int, per_node: int | None = None) -> float: ...
-    def disk_s(self, n_bytes: float, write: bool, block_bytes: float = AIO_BLOCK_BYTES,
-               queue_depth: int = AIO_QUEUE_DEPTH, threads: int = AIO_THREADS) -> float: ...
-    # DeepSpeed stage-3 paths (docs/model.md "Costs: measured baseline and what-if").
-    def ds_refresh_s(self, elements: float, threads: float, pinned: bool, system: str = "zero3_offload") -> float: ...
-    def stage3_hook_s(self, tokens: int, backward: bool) -> float: ...
-    def ds_unscale_clip_s(self, elements: float, system: str) -> float: ...
-    def ds_step_fixed_s(self, params: float, subgroups: int, system: str) -> float: ...
-    def so_worker_roundtrip_s(self, elements: float, with_copies: bool = False) -> float: ...
-    def so_flush_s(self, elements: float) -> float | None: ...
-    @property
-    def provenance(self) -> dict[str, str]: ...
 
 
 def interp_log_x(curve: Curve, x: float) -> float:
@@ -413,6 +387,10 @@ class AnalyticCostModel:
         """SuperOffload's whole gradient flush of ``elements`` as measured (``so_grads``), or None: the
         analytic model has no number of its own, and the plan then sums its copy and cast ops."""
         del elements
+        return None
+
+    def measured_table(self) -> CalibrationTable | None:
+        """No table: every duration here is the analytic model's."""
         return None
 
     @property

@@ -38,7 +38,6 @@ from sosim.costs.analytic import (
     ADAM_BYTES_PER_PARAM,
     AnalyticCostModel,
     CollectiveKind,
-    CostModel,
     Direction,
     model_parameter_tensors,
     stage3_variant,
@@ -454,6 +453,10 @@ class TableCostModel(AnalyticCostModel):
             return None
         return self._use("so_flush", measured, lambda a: so_flush_parts_s(a, elements))
 
+    def measured_table(self) -> CalibrationTable:
+        """The table these costs are measured in (a band replay's: the sampled one)."""
+        return self.table
+
     # --- provenance ------------------------------------------------------------------------------------------
     @property
     def provenance(self) -> dict[str, str]:
@@ -533,7 +536,7 @@ def beyond_measured_threads_s(measured_s: float, threads: int, cores: float, n_b
     return min(measured_s, max(measured_s * threads / cores, floor_s))
 
 
-def so_flush_parts_s(costs: CostModel, elements: float) -> float:
+def so_flush_parts_s(costs: AnalyticCostModel, elements: float) -> float:
     """The four ops of one SuperOffload flush as the plan builds them: bf16 D2H and H2D (pinned host buffer),
     the GPU cast to fp32, the pageable fp32 D2H (``gradients.Stage3Gradients``)."""
     b16 = elements * 2.0

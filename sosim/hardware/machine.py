@@ -357,11 +357,6 @@ def nvme_s(m: Machine, n_bytes: float, write: bool, block_bytes: float = AIO_BLO
 
 
 # --- what the schedules ask of the machine ----------------------------------------------------------------------
-def rank_threads(sc: Scenario) -> int:
-    """CPU threads of each rank (its OpenMP pool): see :attr:`Machine.threads_per_rank`."""
-    return Machine.from_scenario(sc).threads_per_rank
-
-
 def zero_group(sc: Scenario) -> int:
     """Ranks a ZeRO partition is spread over: data x sequence parallel. With Ulysses every sequence rank
     computes gradients of all parameters on its slice of the sequence, so DeepSpeed reduces and partitions

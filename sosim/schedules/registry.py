@@ -1,8 +1,8 @@
 """The systems sosim knows: one line each.
 
 A system is everything sosim knows about it, carried in its :class:`System` entry: its knobs model (with a
-``system`` literal), ``build_plan(scenario, costs) -> Plan``, ``memory_usage(scenario) -> MemoryUsage``,
-optionally ``choices(scenario) -> dict[str, str]`` (what it decided, for the result's provenance) and
+``system`` literal), ``build_plan(scenario, costs, machine) -> Plan``, ``memory_usage(scenario) -> MemoryUsage``,
+optionally ``choices(scenario, machine) -> dict[str, str]`` (what it decided, for the result's provenance) and
 ``PRESETS`` (implementation -> recipe), its DeepSpeed form (``DEEPSPEED``: how it reads from and writes to a
 DeepSpeed config, sosim/schedules/system_api.py; None for a system DeepSpeed cannot run) and its tuning space
 (``TUNE_SPACE``: the knobs ``sosim tune`` moves). sosim.formats.dsconfig and sosim.answers.tune_space ask this
@@ -39,8 +39,9 @@ from sosim.schedules import (
 )
 
 if TYPE_CHECKING:
-    from sosim.costs.analytic import CostModel
+    from sosim.costs.model import Costs
     from sosim.engine.plan import Plan
+    from sosim.hardware.machine import Machine
     from sosim.hardware.memory import MemoryUsage
     from sosim.inputs.config import Scenario, ScheduleKnobs
     from sosim.schedules.system_api import DeepSpeedForm
@@ -49,17 +50,19 @@ if TYPE_CHECKING:
 
 class System(NamedTuple):
     knobs: type[ScheduleKnobs]
-    build_plan: Callable[[Scenario, CostModel], Plan]
+    # The Machine (sosim/hardware/machine.py) is resolved once per simulation by the caller and handed in: a
+    # system reads its threads per rank, nodes and volumes there and never rebuilds it from the scenario.
+    build_plan: Callable[[Scenario, Costs, Machine], Plan]
     memory_usage: Callable[[Scenario], MemoryUsage]
-    choices: Callable[[Scenario], dict[str, str]]
+    choices: Callable[[Scenario, Machine], dict[str, str]]
     deepspeed: DeepSpeedForm | None = None
     tune_space: tuple[Knob, ...] = ()
     # Implementation -> recipe builder (``PRESETS``); empty for a system with one plan (gpu_only, zero3).
     presets: Mapping[str, Callable[..., Any]] = MappingProxyType({})
 
 
-def _no_choices(sc: Scenario) -> dict[str, str]:
-    del sc
+def _no_choices(sc: Scenario, machine: Machine) -> dict[str, str]:
+    del sc, machine
     return {}
 
 

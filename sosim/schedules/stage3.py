@@ -16,7 +16,7 @@ from sosim.inputs.units import BF16_BYTES, FP32_BYTES
 from sosim.schedules import layout
 
 if TYPE_CHECKING:
-    from sosim.costs.analytic import CostModel
+    from sosim.costs.model import Costs
     from sosim.inputs.config import Scenario
     from sosim.schedules.driver import Ctx
     from sosim.schedules.layout import Unit
@@ -29,7 +29,7 @@ OPT_STATE_BYTES = 16.0
 DEEPSPEED_CPU_STATE_BYTES = 18.0
 
 
-def deepspeed_layout(sc: Scenario, costs: CostModel, sub_group_elements: float, bucket_mb: float,
+def deepspeed_layout(sc: Scenario, costs: Costs, sub_group_elements: float, bucket_mb: float,
                      ratio: float) -> layout.Layout:
     """Reduce buckets flushed on overflow, sub-groups of ``sub_group_size`` partition elements in registration
     order, the first int((1 - ratio) * n) sub-groups updated on the GPU."""
@@ -80,7 +80,7 @@ class InterleavedHooks:
         ctx.host_issue = lead
 
 
-def deepspeed_hooks(sc: Scenario, costs: CostModel) -> InterleavedHooks:
+def deepspeed_hooks(sc: Scenario, costs: Costs) -> InterleavedHooks:
     """Per-layer host-side hook cost, forward and backward; a checkpointed layer's recompute in backward runs
     the forward hooks again."""
     tokens = tm.tokens_per_gpu(sc)

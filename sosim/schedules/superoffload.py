@@ -25,7 +25,7 @@ from pydantic import BaseModel, model_validator
 
 from sosim.engine.plan import Plan
 from sosim.hardware import model as tm
-from sosim.hardware.machine import rank_threads
+from sosim.hardware.machine import Machine
 from sosim.hardware.memory import MemoryUsage, check_fit
 from sosim.inputs.config import AdamImpl, Fraction, OffloadKnobs, PosFloat, UnitInterval
 from sosim.inputs.units import BF16_BYTES, FP32_BYTES
@@ -36,7 +36,7 @@ from sosim.schedules.steps import AfterBackward, BlockingCopy, CastAndCopy, Host
 from sosim.schedules.weights import CheckpointsOnHost, HostStreamed, Partitioned
 
 if TYPE_CHECKING:
-    from sosim.costs.analytic import CostModel
+    from sosim.costs.model import Costs
     from sosim.inputs.config import Scenario
 
 
@@ -124,7 +124,7 @@ def memory_usage(sc: Scenario) -> MemoryUsage:
     return _memory(sc, s, placement(sc, s)[0])
 
 
-def choices(sc: Scenario) -> dict[str, str]:
+def choices(sc: Scenario, machine: Machine) -> dict[str, str]:
     s = _knobs(sc)
     flow, reason = placement(sc, s)
     clip = sc.training.gradient_clipping > 0
@@ -133,14 +133,14 @@ def choices(sc: Scenario) -> dict[str, str]:
             "speculation_active": str(spec)}
 
 
-def deepspeed(sc: Scenario, costs: CostModel, s: SuperOffloadKnobs) -> Recipe:
+def deepspeed(sc: Scenario, costs: Costs, s: SuperOffloadKnobs, machine: Machine) -> Recipe:
     # weight_placement flow = DeepSpeed's offload_param: cpu: weights streamed per layer by the stage-3 prefetcher,
     # the refresh rewrites the host bf16 partition (a CPU cast) instead of copying to the GPU.
     flow, _ = placement(sc, s)
     refresh = HostCopyOnly(cast=True) if flow else BlockingCopy("superoffload")
     return Recipe(
         layout=stage3.deepspeed_layout(sc, costs, s.sub_group_elements, s.bucket_mb, 1.0 - s.gpu_optimizer_fraction),
-        cpu=cpu.split_cores(rank_threads(sc), s.cpu_adam_core_fraction, False, s.cpu_adam),
+        cpu=cpu.split_cores(machine.threads_per_rank, s.cpu_adam_core_fraction, False, s.cpu_adam),
         weights=HostStreamed(1, BF16_BYTES) if flow else Partitioned(),
         hooks=stage3.deepspeed_hooks(sc, costs),
         grads=Stage3Gradients(overlap_comm=s.overlap_comm, pinned=s.pin_memory, superoffload=True),
@@ -148,7 +148,7 @@ def deepspeed(sc: Scenario, costs: CostModel, s: SuperOffloadKnobs) -> Recipe:
     )
 
 
-def ideal(sc: Scenario, costs: CostModel, s: SuperOffloadKnobs) -> Recipe:
+def ideal(sc: Scenario, costs: Costs, s: SuperOffloadKnobs, machine: Machine) -> Recipe:
     flow, _ = placement(sc, s)
     gpu_cast = s.cast == "gpu"
     units = layout.build_units(sc, costs)
@@ -165,7 +165,7 @@ def ideal(sc: Scenario, costs: CostModel, s: SuperOffloadKnobs) -> Recipe:
             else AfterBackward(refresh, norm=t.gradient_clipping > 0 or t.precision == "fp16", wait_for_all=True))
     return Recipe(
         layout=layout.make_layout(units, tensors, flushes, groups),
-        cpu=cpu.split_cores(rank_threads(sc), s.cpu_adam_core_fraction, True, s.cpu_adam),
+        cpu=cpu.split_cores(machine.threads_per_rank, s.cpu_adam_core_fraction, True, s.cpu_adam),
         weights=HostStreamed(1, refresh_bytes) if flow else Partitioned(),
         activations=CheckpointsOnHost() if flow else ActivationsOnGpu(),
         grads=HostGradients(fp32_on_gpu=gpu_cast, overlap_comm=s.overlap_comm),
@@ -176,6 +176,6 @@ def ideal(sc: Scenario, costs: CostModel, s: SuperOffloadKnobs) -> Recipe:
 PRESETS = {"deepspeed": deepspeed, "ideal": ideal}
 
 
-def build_plan(sc: Scenario, costs: CostModel) -> Plan:
+def build_plan(sc: Scenario, costs: Costs, machine: Machine) -> Plan:
     s = _knobs(sc)
-    return plan_for(sc, costs, PRESETS[s.implementation](sc, costs, s))
+    return plan_for(sc, costs, PRESETS[s.implementation](sc, costs, s, machine))

@@ -84,18 +84,31 @@ class ZeroView:
         return (*ZERO, names[0]), MISSING
 
 
+@dataclass(frozen=True)
+class Unsaid:
+    """A setting of the scenario that a DeepSpeed config cannot express: its ``key`` (a scenario key path, or a
+    DeepSpeed one) and why, or what the run needs instead (``reason``). Printed as ``key: reason``."""
+
+    key: str
+    reason: str
+
+    def __str__(self) -> str:
+        return f"{self.key}: {self.reason}"
+
+
 @dataclass
 class Emitted:
     """What an emitter decides: DeepSpeed key path -> value (or DELETE), and what it cannot express."""
 
     settings: dict[KeyPath, Any] = field(default_factory=dict)
-    notes: list[str] = field(default_factory=list)
+    notes: list[Unsaid] = field(default_factory=list)
 
     def __setitem__(self, path: KeyPath, value: Any) -> None:
         self.settings[path] = value
 
-    def note(self, text: str) -> None:
-        self.notes.append(text)
+    def note(self, key: str, reason: str) -> None:
+        """``key`` cannot be said in the config: ``reason``."""
+        self.notes.append(Unsaid(key, reason))
 
 
 @dataclass(frozen=True)

@@ -16,15 +16,20 @@ from sosim.inputs.errors import ConfigError
 from sosim.run.loader import KeyPath, Located
 from sosim.schedules import registry
 from sosim.schedules.ds_schema import MISSING
-from sosim.schedules.system_api import DELETE, Emitted
+from sosim.schedules.system_api import DELETE, Emitted, Unsaid
 
 
 @dataclass
 class EmitResult:
-    """A DeepSpeed config for a scenario, and what it cannot express (one line each, naming the scenario key)."""
+    """A DeepSpeed config for a scenario, and what it cannot express: ``unsaid`` (key and reason each), and the
+    same as lines ``key: reason`` (``not_expressible``)."""
 
     config: dict[str, Any]
-    not_expressible: list[str]
+    unsaid: list[Unsaid]
+
+    @property
+    def not_expressible(self) -> list[str]:
+        return [str(u) for u in self.unsaid]
 
     def report(self, path: str | None = None) -> dict[str, Any]:
         return {"path": path, "not_expressible": self.not_expressible}
@@ -53,24 +58,24 @@ def _batch_and_precision(sc: Scenario, base: Mapping[str, Any], out: Emitted) ->
 def _outside_notes(sc: Scenario, out: Emitted) -> None:
     """What the run needs besides the config: the model code, the launcher, the machine."""
     t, c = sc.training, sc.cluster
-    out.note("training.activation_checkpointing: "
-             + ("on: enable it in the model code (HF: model.gradient_checkpointing_enable() or "
-                "--gradient_checkpointing)" if t.activation_checkpointing else
-                "off: make sure the model code does not checkpoint")
+    out.note("training.activation_checkpointing",
+             ("on: enable it in the model code (HF: model.gradient_checkpointing_enable() or "
+              "--gradient_checkpointing)" if t.activation_checkpointing else
+              "off: make sure the model code does not checkpoint")
              + "; a DeepSpeed config cannot switch it")
     if t.loss_chunk_tokens is not None:
-        out.note(f"training.loss_chunk_tokens: {t.loss_chunk_tokens} (chunked loss) lives in the model code")
+        out.note("training.loss_chunk_tokens", f"{t.loss_chunk_tokens} (chunked loss) lives in the model code")
     if t.stack != "eager":
-        out.note(f"training.stack: {t.stack} (attention implementation and padding) lives in the model code")
+        out.note("training.stack", f"{t.stack} (attention implementation and padding) lives in the model code")
     if t.clip_rate > 0:
-        out.note(f"training.clip_rate: {t.clip_rate:g} describes the run (how often the norm exceeds the threshold), "
+        out.note("training.clip_rate", f"{t.clip_rate:g} describes the run (how often the norm exceeds the threshold), "
                  "not a setting")
-    out.note(f"cluster.gpus: launch on {c.gpus} GPU(s) (deepspeed --num_gpus {c.gpus}); train_batch_size assumes "
+    out.note("cluster.gpus", f"launch on {c.gpus} GPU(s) (deepspeed --num_gpus {c.gpus}); train_batch_size assumes "
              f"{c.dp} data-parallel rank(s)")
-    out.note(f"hardware: {sc.hardware.name} is not part of a DeepSpeed config")
+    out.note("hardware", f"{sc.hardware.name} is not part of a DeepSpeed config")
 
 
-def _core_settings(sc: Scenario, base: Mapping[str, Any]) -> tuple[dict[KeyPath, Any], list[str]]:
+def _core_settings(sc: Scenario, base: Mapping[str, Any]) -> tuple[dict[KeyPath, Any], list[Unsaid]]:
     """Key path -> value (or DELETE) for every DeepSpeed key the scenario decides, and what it cannot say.
 
     The system's own keys come from its DeepSpeed form (sosim/schedules/registry.py)."""
@@ -79,7 +84,7 @@ def _core_settings(sc: Scenario, base: Mapping[str, Any]) -> tuple[dict[KeyPath,
     system = sc.schedule.system
     form = registry.SYSTEMS[system].deepspeed
     if form is None:
-        out.note(f"schedule.system: {system} has no DeepSpeed form; the config keeps the base's ZeRO section")
+        out.note("schedule.system", f"{system} has no DeepSpeed form; the config keeps the base's ZeRO section")
     else:
         form.emit(sc, base, out)
     _outside_notes(sc, out)
@@ -133,7 +138,7 @@ def ds_config_from_scenario(sc: Scenario, base: Mapping[str, Any] | None = None)
     if base is not None:
         config = _keep_base_spellings(sc, base_dict, config, settings)
         notes += _replaced_autos(base_dict, config, settings)
-    return EmitResult(config=config, not_expressible=notes)
+    return EmitResult(config=config, unsaid=notes)
 
 
 # The HF Trainer argument that fills an "auto" key (transformers/integrations/deepspeed.py trainer_config_process):
@@ -147,10 +152,10 @@ _HF_ARGUMENT: dict[KeyPath, str] = {
 }
 
 
-def _replaced_autos(base: dict[str, Any], config: dict[str, Any], settings: dict[KeyPath, Any]) -> list[str]:
+def _replaced_autos(base: dict[str, Any], config: dict[str, Any], settings: dict[KeyPath, Any]) -> list[Unsaid]:
     """Keys of the user's config that said "auto" and now hold a number: the HF Trainer argument that fills
     them must say the same (micro-batch, accumulation, ...), which is a change outside the config."""
-    notes: list[str] = []
+    notes: list[Unsaid] = []
     for path in settings:
         value = _get(config, path)
         if _get(base, path) != "auto" or value is MISSING or value == "auto":
@@ -162,7 +167,8 @@ def _replaced_autos(base: dict[str, Any], config: dict[str, Any], settings: dict
             how = f"{'pass' if value else 'do not pass'} {arg} to the HF Trainer"
         else:
             how = f"pass {arg} {json.dumps(value)} to the HF Trainer"
-        notes.append(f"{'.'.join(str(p) for p in path)}: \"auto\" in your config is now {json.dumps(value)}; {how}")
+        key = ".".join(str(p) for p in path)
+        notes.append(Unsaid(key, f"\"auto\" in your config is now {json.dumps(value)}; {how}"))
     return notes
 
 
