@@ -67,7 +67,9 @@ def isolated_s(table: object, system: str, component: str, step: InStep) -> tupl
     groups = step.subgroups if step.subgroups == step.subgroups and step.subgroups > 0 else 1.0
     if component == "refresh":
         if system == "superoffload":
-            main = max(1, int(0.2 * step.threads))  # SuperOffloadCPUOptimizer._set_cpu_affinity's main share
+            # The row's threads: the main process's affinity after its steps, which SuperOffload has pinned to
+            # int(0.2 x cores) (SuperOffloadCPUOptimizer._set_cpu_affinity).
+            main = int(step.threads)
             per = table.ds_refresh_time_s(step.params / groups, main, "superoffload")
             return (None if per is None else per * groups), f"ds_refresh/superoffload x {groups:g} at {main} threads"
         per = table.ds_refresh_time_s(step.params / groups, step.threads, "zero3")

@@ -9,7 +9,7 @@ elements between the measured sizes, clamped at the ends):
 - ``ds_refresh/zero3``: zero3's ``_reassign_or_swap_out_partitioned_parameters`` per call (one call per
   sub-group; elements per call = parameters / sub-groups; all threads);
 - ``ds_refresh/superoffload``: the same under SuperOffload, at the main process's share of the cores
-  (int(0.2 x cores), SuperOffloadCPUOptimizer._set_cpu_affinity);
+  (int(0.2 x cores), SuperOffloadCPUOptimizer._set_cpu_affinity: the instep row's threads, read after the steps);
 - ``cpu_adam/deepspeed``: ZeRO-2's ``_optimizer_step`` (DeepSpeed CPUAdam over every parameter, one call, all
   threads).
 
@@ -37,7 +37,6 @@ SOURCES: tuple[tuple[str, str, str, str], ...] = (
     ("ds_refresh", "superoffload", "superoffload", "refresh"),
     ("cpu_adam", "deepspeed", "zero2", "optimizer"),
 )
-SUPEROFFLOAD_MAIN_SHARE = 0.2  # 1 - cpuadam_cores_perc 0.8 (superoffload_utils.py _set_cpu_affinity)
 
 
 @dataclass(frozen=True)
@@ -93,7 +92,9 @@ def factors(measurements: Sequence[Row], instep: Mapping[tuple[str, str], Row]) 
         params, cores = _f(step, "params"), int(_f(step, "threads"))
         if not (calls >= 1 and params > 0 and cores > 0):
             continue
-        threads = max(1, int(SUPEROFFLOAD_MAIN_SHARE * cores)) if variant == "superoffload" else cores
+        # The instep row's threads are the measuring process's affinity after its steps: under SuperOffload the main
+        # process that refreshes is pinned to its share of the cores by then (int(0.2 x cores)).
+        threads = cores
         elements = params / calls
         per = per_element_at(isolated, elements, threads)
         if per is None:
