@@ -9,7 +9,7 @@ profiles/<own>.yaml with its calibration table. Every run is predicted through t
 (sosim.answers.validate_measured.predict: the run's own DeepSpeed config and shape, as `sosim run --ds-config ...
 --model ...` builds it) with each profile, with p10-p90 bands. Runs the simulator does not replay (zero3gpu, or a
 model family it refuses) are listed with the reason. Data only: no hand-typed number.
-Sections: lease-table-<TAG>, lease-summary-<TAG>.
+Sections: lease-table-<TAG>, lease-summary-<TAG>, hooks-<TAG>, instep-<TAG> (with --cal-dir).
 """
 
 from __future__ import annotations
@@ -29,6 +29,7 @@ ROOT = Path(__file__).resolve().parent.parent
 SHIPPED = "h200-pcie-gen5-x86"
 SHIPPED_LEASES = ("nvidia-h200-2026-11-29", "nvidia-h200-2026-11-30", "nvidia-h200-2026-11-30b",
                   "nvidia-h200-2026-11-30c")
+MODELLED_DS = "0.19."  # the DeepSpeed version the measured-run replay models (sosim/schedules/*_ds.py)
 # Issue 23's targets, stated before the result.
 TARGETS = {"own": (0.04, 0.08), "shipped": (0.05, 0.10)}
 TARGET_COVERAGE, TARGET_HALF_WIDTH = 0.80, 0.12
@@ -90,10 +91,19 @@ def collect(folder: Path, own: str, bands: int) -> tuple[list[Result], list[str]
     runs, skipped = read_runs(folder)
     notes = [f"{s.run_id}: not replayed ({s.reason})" for s in skipped]
     with (folder / "deepspeed_steps.csv").open(newline="") as handle:
-        leases = {r["run_id"]: r.get("lease", "") for r in csv.DictReader(handle)}
+        csv_rows = list(csv.DictReader(handle))
+    leases = {r["run_id"]: r.get("lease", "") for r in csv_rows}
+    versions = {r["run_id"]: r.get("deepspeed_version", "") for r in csv_rows}
     known = tabled_layers()
     results = []
     for run in runs:
+        version = versions.get(run.run_id, "")
+        if version and not version.startswith(MODELLED_DS):
+            # Why not predicted: the replay models DeepSpeed's code as of 0.19.x; an older version's run is compared
+            # only once the scenario carries the version (issue 21 item 1).
+            notes.append(f"{run.run_id}: not predicted (measured on DeepSpeed {version}; the replay models "
+                         f"{MODELLED_DS}x)")
+            continue
         label, key = describe(run.model)
         system = run.config + (" + offload_param (ZeRO-Infinity)" if "-offparam" in run.run_id else "")
         predicted: dict[str, float] = {}
@@ -103,7 +113,8 @@ def collect(folder: Path, own: str, bands: int) -> tuple[list[Result], list[str]
                 res = predict(run, profile, bands=bands, seed=0)
                 predicted[who], band[who] = res.predicted_s, res.band
         except Exception as error:  # one run the simulator refuses must not hide the others; say why
-            notes.append(f"{run.run_id}: not predicted ({type(error).__name__}: {str(error)[:160]})")
+            reasons = sorted({line.rsplit(": ", 1)[-1] for line in str(error).splitlines() if line.strip()})
+            notes.append(f"{run.run_id}: not predicted ({type(error).__name__}: {'; '.join(reasons)[:220]})")
             continue
         results.append(Result(run.run_id, leases.get(run.run_id, ""), label, key is None or key not in known,
                               system, (run.step.median, run.step.p10, run.step.p90), predicted, band))
@@ -156,6 +167,61 @@ def summary(results: list[Result]) -> str:
     return "\n".join(out)
 
 
+def hooks(folder: Path) -> str:
+    """Stage 3's hook host time per step (scripts/ds_train_step.py --hook-timers, phased rows) against what drives
+    it: hooked modules or parameter tensors (issue 21 item 2), with the least-squares fits over the runs."""
+    import numpy as np
+
+    with (folder / "deepspeed_steps.csv").open(newline="") as handle:
+        rows = [r for r in csv.DictReader(handle) if r.get("timing") == "phased" and r.get("t_hook_total_s")
+                and r.get("family") in ("gpt2", "llama") and r.get("status") == "ok"]
+    if not rows:
+        return "(no runs with hook timers)"
+    out = ["| run | family | hooked modules | parameter tensors | hook host s / step (fwd + bwd) | fetch calls | "
+           "fetch s | per module ms | per tensor ms |", "|---|---|---|---|---|---|---|---|---|"]
+    mods, tens, tot = [], [], []
+    for r in rows:
+        m, t, total = float(r["hooked_modules"]), float(r["param_tensors"]), float(r["t_hook_total_s"])
+        mods.append(m)
+        tens.append(t)
+        tot.append(total)
+        fwd, bwd = float(r["t_hook_total_fwd_s"]), float(r["t_hook_total_bwd_s"])
+        out.append(f"| {r['run_id']} | {r['family']} | {m:.0f} | {t:.0f} | {total:.4f} ({fwd:.4f} + {bwd:.4f}) "
+                   f"| {float(r['n_fetch']):.0f} | {float(r['t_fetch_s']):.4f} | {1e3 * total / m:.3f} "
+                   f"| {1e3 * total / t:.3f} |")
+    y = np.array(tot)
+    fits = []
+    models = (("per hooked module", ("modules",), [mods]), ("per parameter tensor", ("tensors",), [tens]),
+              ("both", ("modules", "tensors"), [mods, tens]))
+    for label, names, cols in models:
+        x = np.array(cols, dtype=float).T
+        coef, *_ = np.linalg.lstsq(x, y, rcond=None)
+        resid = x @ coef / y - 1
+        terms = " + ".join(f"{1e3 * c:.3f} ms x {n}" for c, n in zip(coef, names, strict=True))
+        fits.append(f"* {label}: {terms}; residuals {', '.join(f'{v:+.0%}' for v in resid)} "
+                    f"(max |{max(abs(v) for v in resid):.0%}|)")
+    return "\n".join([*out, "", "Least-squares fits of the hook host time per step (no intercept):", *fits])
+
+
+def instep(cal_dir: Path) -> str:
+    """Isolated vs in-step per component (scripts/instep_report.py), as a table."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("instep_report", ROOT / "scripts" / "instep_report.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its dataclass looks its module up while the class is built
+    spec.loader.exec_module(module)
+    text = module.report(cal_dir).splitlines()[2:]
+    out = ["| system | component | in-step s / step | start / middle / end | isolated s | in-step / isolated "
+           "| isolated lookup |", "|---|---|---|---|---|---|---|"]
+    for line in text:
+        parts = line.split(None, 6)
+        if len(parts) == 7:
+            out.append("| " + " | ".join(parts) + " |")
+    return "\n".join(out)
+
+
 def write(page: Path, bodies: dict[str, str]) -> list[str]:
     text = page.read_text()
     missing = []
@@ -177,12 +243,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--tag", required=True, help="marker suffix, e.g. 2026-12-01b")
     parser.add_argument("--bands", type=int, default=60)
     parser.add_argument("--write", type=Path, default=None)
+    parser.add_argument("--cal-dir", type=Path, default=None, help="the lease's calibration folder (instep section)")
     args = parser.parse_args(argv)
     if not (args.folder / "deepspeed_steps.csv").is_file():
         print(f"lease_report: {args.folder}/deepspeed_steps.csv: not found", file=sys.stderr)
         return 2
     results, notes = collect(args.folder, args.own_profile, args.bands)
-    bodies = {f"lease-table-{args.tag}": table(results, notes), f"lease-summary-{args.tag}": summary(results)}
+    bodies = {f"lease-table-{args.tag}": table(results, notes), f"lease-summary-{args.tag}": summary(results),
+              f"hooks-{args.tag}": hooks(args.folder)}
+    if args.cal_dir is not None:
+        bodies[f"instep-{args.tag}"] = instep(args.cal_dir)
     if args.write is None:
         for name, body in bodies.items():
             print(f"<!-- generated:{name} -->\n{body}\n<!-- /generated:{name} -->\n")
