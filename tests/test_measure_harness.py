@@ -419,3 +419,23 @@ def test_profile_lists_the_instep_table_and_says_so(tmp_path: Path) -> None:
     assert "ds_refresh/zero3 x1.20" in data["description"]
     assert "In-step host figures" in written.path.read_text()
     assert any("in-step figures used" in n for n in written.notes)
+
+
+def test_validate_skips_unreadable_models_and_other_deepspeed_versions(tmp_path: Path) -> None:
+    from sosim.answers.validate_measured import read_runs
+
+    step = _script("ds_train_step")
+    (tmp_path / "runs").mkdir()
+    (tmp_path / "runs" / "c.ds_config.json").write_text('{"zero_optimization": {"stage": 3}}\n')
+    base = {"timing": "unsynced", "status": "ok", "layers": "8", "hidden": "2048", "heads": "32", "kv_heads": "4",
+            "head_dim": "128", "ffn": "768", "vocab": "32000", "seq": "2048", "micro_batch": "4", "n_steps": "4",
+            "step_median_s": "1.0", "config": "zero3", "ds_config_file": "runs/c.ds_config.json",
+            "deepspeed_version": "0.19.8"}
+    rows = [base | {"run_id": "moe", "family": "moe", "moe_experts": "64", "moe_top_k": "8"},
+            base | {"run_id": "old", "family": "llama", "heads": "16", "ffn": "5632", "deepspeed_version": "0.18.8"},
+            base | {"run_id": "ok", "family": "llama", "heads": "16", "ffn": "5632"}]
+    step.append_rows(tmp_path / "deepspeed_steps.csv", rows)
+    runs, skipped = read_runs(tmp_path)
+    assert [r.run_id for r in runs] == ["ok"]
+    reasons = {s.run_id: s.reason for s in skipped}
+    assert "mixture-of-experts" in reasons["moe"] and "0.18.8" in reasons["old"]

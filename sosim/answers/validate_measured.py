@@ -82,6 +82,9 @@ SYSTEM_NAMES: dict[str, str] = {
     "superoffload": "SuperOffload",
 }
 OFFLOADED = ("zero2", "zero3", "superoffload")
+# The DeepSpeed version the replay models (sosim/schedules/*_ds.py); rows of another version are skipped (the
+# version is a column of scripts/ds_train_step.py's rows).
+MODELLED_DEEPSPEED = "0.19."
 # Configurations the step script measures that no sosim system replays: skipped with the reason, not an error.
 UNMODELLED_CONFIGS: dict[str, str] = {
     "zero3gpu": "ZeRO-3 without offload (GPU AdamW): measured for its stage-3 hook timers, no sosim system replays it",
@@ -334,13 +337,26 @@ def read_runs(folder: Path) -> tuple[list[MeasuredRun], list[Skipped]]:
             skipped.append(Skipped(run_id, folder.name, where, f"DeepSpeed config {ds_file or '(none)'} not found "
                                    f"in {folder}"))
             continue
+        version = _cell(row, "deepspeed_version")
+        if config != "floor" and version and not version.startswith(MODELLED_DEEPSPEED):
+            # The replay models DeepSpeed 0.19.x's code; a run of another version waits for the version input.
+            skipped.append(Skipped(run_id, folder.name, where, f"measured on DeepSpeed {version}; the replay models "
+                                   f"{MODELLED_DEEPSPEED}x"))
+            continue
+        model = _hf_config(row, where)
+        try:  # a shape the model reader refuses (MoE, head_dim x heads != hidden) is skipped, located, not fatal
+            model_from_hf(Located(model, f"{where} (model shape columns)"))
+        except ConfigError as error:
+            reason = "; ".join(sorted({p.rsplit(": ", 1)[-1] for p in error.problems}))
+            skipped.append(Skipped(run_id, folder.name, where, f"model not readable by sosim: {reason}"))
+            continue
         step = _stat(row, "step", where)
         runs.append(MeasuredRun(
             run_id=run_id, machine=folder.name, where=where, config=config,
             step=step if step is not None else Stat(_num(row, "step_median_s", where)),
             n_steps=int(_num(row, "n_steps", where, 0)),
             phased_total=_stat(phased_row, "step", pwhere) if phased_row else None,
-            phases=phases, timers=timers, ds_config=ds_path, model=_hf_config(row, where),
+            phases=phases, timers=timers, ds_config=ds_path, model=model,
             seq=int(_num(row, "seq", where)), micro_batch=int(_num(row, "micro_batch", where)),
             activation_checkpointing=_bool(row, "activation_checkpointing", where, True),
             gpus=int(_num(row, "gpus", where, 1)), clip=_num(row, "gradient_clipping", where, 0.0),
