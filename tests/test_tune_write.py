@@ -14,6 +14,9 @@ import pytest
 from sosim import load_scenario, simulate
 from sosim.answers.tune import TuneOptions, tune
 from sosim.answers.tune_write import outside_changes, read_back
+from sosim.answers.tune_write_frameworks import FORMATS as FRAMEWORK_FORMATS
+from sosim.answers.tune_write_frameworks import read_back as framework_read_back
+from sosim.answers.tune_write_frameworks import write_winner
 from sosim.cli import main
 from sosim.formats.dsconfig import ds_config_from_scenario
 from sosim.schedules.system_api import Unsaid
@@ -31,10 +34,16 @@ def _said(unsaid: list[Unsaid]) -> set[str]:
 
 
 @pytest.mark.parametrize("path", SHIPPED, ids=lambda p: p.stem)
-def test_the_written_config_of_every_shipped_scenario_predicts_the_winner(path: Path) -> None:
+def test_the_written_config_of_every_shipped_scenario_predicts_the_winner(path: Path, tmp_path: Path) -> None:
     result = tune(load_scenario(path), TuneOptions(budget=10, jobs=1, progress=False))
     best = result.best
     assert best is not None and best.scenario is not None and best.metrics is not None
+    if best.system in FRAMEWORK_FORMATS:  # FSDP2 / Megatron: written in their own format, read back as run does
+        written = write_winner(result, tmp_path / "ds_config.tuned.json")
+        assert {c["key"] for c in written["outside_config"]} <= {"cluster.gpus"}
+        back_fw = framework_read_back(Path(written["path"]), best.scenario)
+        assert simulate(back_fw).metrics["tokens_per_s"] == best.metrics["tokens_per_s"]
+        return
     emitted = ds_config_from_scenario(best.scenario)
     changes = outside_changes(emitted.config, best.scenario, emitted.unsaid)
     assert [c.key for c in changes[:3]] == ["cluster.gpus", "training.seq_len", "training.activation_checkpointing"]

@@ -103,7 +103,8 @@ def read_back(config: Mapping[str, Any], winner: Scenario, overrides: list[str],
 
     t = winner.training
     inputs = RunInputs(hardware=winner.hardware.name, gpus=winner.cluster.gpus, seq_len=t.seq_len,
-                       activation_checkpointing=t.activation_checkpointing, overrides=tuple(overrides))
+                       activation_checkpointing=t.activation_checkpointing, overrides=tuple(overrides),
+                       deepspeed_version=winner.schedule.deepspeed_version)
     model = HfModel(model=winner.model.model_dump(), origin="<model>")
     mapping = map_ds_config(Located(data=json.loads(json.dumps(config)), origin="<written>"), model, inputs)
     hardware = mapping.scenario["hardware"] if profile_by_name else winner.hardware.model_dump()

@@ -35,14 +35,15 @@ def pin(m: DsReader, v: ZeroView, sec: Mapping[str, Any], section: str) -> bool:
         return bool(m.boolean(path))
     if "cpu_offload_use_pin_memory" in v.zero:
         return bool(m.boolean((*ZERO, "cpu_offload_use_pin_memory")))
-    return True
+    return v.default_pin
 
 
 def read_pin(m: DsReader, v: ZeroView, sched: dict[str, Any], *, with_params: bool) -> bool:
     """pin_memory: one knob in sosim. A system that also moves parameters: pageable if either side is."""
     opt_pin = pin(m, v, v.opt, "offload_optimizer")
     pin_value = opt_pin
-    reason = "" if "pin_memory" in v.opt else "DeepSpeed default (pinned)"
+    reason = "" if "pin_memory" in v.opt else ("DeepSpeed default (pinned; from 0.19.5, PR 8207)" if v.default_pin
+                                               else "DeepSpeed default before 0.19.5 (pageable; PR 8207)")
     if with_params:
         param_pin = pin(m, v, v.param, "offload_param")
         pin_value = opt_pin and param_pin

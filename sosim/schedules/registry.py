@@ -22,8 +22,10 @@ from typing import TYPE_CHECKING, Annotated, Any, NamedTuple, Union
 from pydantic import Field, TypeAdapter
 
 from sosim.schedules import (
+    fsdp2_offload,
     gpu_only,
     gpu_only_ds,
+    megatron_offload,
     superoffload,
     superoffload_ds,
     zero3,
@@ -85,6 +87,8 @@ _REGISTERED: dict[str, System] = {
     "zero_infinity_nvme": system_of(zero_infinity_nvme, zero_infinity_nvme.ZeroInfinityNvmeKnobs,
                                     zero_infinity_nvme_ds),
     "zero3": system_of(zero3, zero3.Zero3Knobs, zero3_ds),
+    "fsdp2_offload": system_of(fsdp2_offload, fsdp2_offload.Fsdp2OffloadKnobs),
+    "megatron_offload": system_of(megatron_offload, megatron_offload.MegatronOffloadKnobs),
 }
 # A read-only view (tests add a toy system to the dict underneath, with monkeypatch.setitem).
 SYSTEMS: MappingProxyType[str, System] = MappingProxyType(_REGISTERED)

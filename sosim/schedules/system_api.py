@@ -75,6 +75,9 @@ class ZeroView:
     is_super: bool  # offload_optimizer.super_offload
     dp: int  # data-parallel ranks
     model: Mapping[str, Any]  # the scenario's model section
+    # offload_*.pin_memory when a config leaves it out: False before PR 8207 (0.19.5), True from it
+    # (sosim/schedules/ds_version.py default_pin_memory).
+    default_pin: bool = True
 
     def key(self, *names: str) -> tuple[KeyPath, Any]:
         """The first of ``names`` present in the ZeRO section (aliases), and its value (MISSING: absent)."""

@@ -20,7 +20,7 @@ from sosim.engine.plan import Plan
 from sosim.hardware.machine import Machine, zero_group
 from sosim.hardware.memory import MemoryUsage
 from sosim.inputs.config import AdamImpl, Fraction, OffloadKnobs, PosFloat
-from sosim.schedules import cpu, layout, stage3
+from sosim.schedules import cpu, ds_version, layout, stage3
 from sosim.schedules.driver import Recipe, plan_for
 from sosim.schedules.gradients import HostGradients, Stage3Gradients
 from sosim.schedules.steps import AfterBackward, BlockingCopy, CastAndCopy, Stage3Step
@@ -84,10 +84,12 @@ def memory_usage(sc: Scenario) -> MemoryUsage:
 def deepspeed(sc: Scenario, costs: Costs, s: Stage3OffloadKnobs, machine: Machine) -> Recipe:
     return Recipe(
         layout=stage3.deepspeed_layout(sc, costs, s.sub_group_elements, s.bucket_mb, ratio=1.0),
-        cpu=cpu.one_process(machine.threads_per_rank, s.cpu_adam),
+        cpu=cpu.one_process(machine.threads_per_rank, ds_version.adam_impl(sc, s.cpu_adam)),
         weights=Partitioned(),
         hooks=stage3.deepspeed_hooks(sc, costs),
-        grads=Stage3Gradients(overlap_comm=s.overlap_comm, pinned=s.pin_memory, superoffload=False),
+        # Before PR 8207 (0.19.5) the fp32 gradient copy_ is blocking: the host waits for each flush.
+        grads=Stage3Gradients(overlap_comm=s.overlap_comm, pinned=s.pin_memory, superoffload=False,
+                              blocking_fp32_copy=ds_version.behaviour(sc).zero3_blocking_grad_copy),
         step=Stage3Step(BlockingCopy("zero3_offload"), system="zero3_offload", worker=False, handed_off=False),
     )
 

@@ -29,7 +29,7 @@ from sosim.hardware.machine import Machine
 from sosim.hardware.memory import MemoryUsage
 from sosim.inputs.config import AdamImpl, Fraction, OffloadKnobs, PosFloat
 from sosim.inputs.units import BF16_BYTES, FP32_BYTES, MB
-from sosim.schedules import cpu, layout
+from sosim.schedules import cpu, ds_version, layout
 from sosim.schedules.driver import NoHooks, Recipe, plan_for
 from sosim.schedules.gradients import HostGradients, Stage2Gradients
 from sosim.schedules.steps import AfterBackward, CastAndCopy, CopyBf16, Stage2Step
@@ -111,7 +111,7 @@ def deepspeed(sc: Scenario, costs: Costs, s: ZeroOffloadKnobs, machine: Machine)
     flush_costs = z2_flush_costs(costs)
     return Recipe(
         layout=layout.make_layout(units, tensors, flushes, whole),
-        cpu=cpu.one_process(machine.threads_per_rank, s.cpu_adam),
+        cpu=cpu.one_process(machine.threads_per_rank, ds_version.adam_impl(sc, s.cpu_adam)),
         weights=Replicated(),
         # Measured flush costs replace the earlier per-layer estimate of the same waits; a profile without
         # the z2_flush rows keeps the estimate.
@@ -119,7 +119,8 @@ def deepspeed(sc: Scenario, costs: Costs, s: ZeroOffloadKnobs, machine: Machine)
         if flush_costs is None else NoHooks(),
         grads=Stage2Gradients(overlap_comm=s.overlap_comm, pinned=s.pin_memory, host_waits_for_copies=True,
                               flush_costs=flush_costs),
-        step=Stage2Step(CastAndCopy(cast_on_gpu=False, pinned=s.pin_memory, allgather=True)),
+        step=Stage2Step(CastAndCopy(cast_on_gpu=False, pinned=s.pin_memory, allgather=True),
+                        unscale_always=ds_version.behaviour(sc).zero2_unscale_always),
         staleness=2 if s.dpu else 1,
         warmup_iterations=2 if s.dpu else 0,
     )

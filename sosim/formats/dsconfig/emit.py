@@ -12,6 +12,7 @@ from typing import Any
 from sosim.formats.dsconfig.read import RunInputs, map_ds_config
 from sosim.formats.hf_model import HfModel
 from sosim.inputs.config import Scenario
+from sosim.inputs.ds_versions import NEWEST
 from sosim.inputs.errors import ConfigError
 from sosim.run.loader import KeyPath, Located
 from sosim.schedules import registry
@@ -58,6 +59,10 @@ def _batch_and_precision(sc: Scenario, base: Mapping[str, Any], out: Emitted) ->
 def _outside_notes(sc: Scenario, out: Emitted) -> None:
     """What the run needs besides the config: the model code, the launcher, the machine."""
     t, c = sc.training, sc.cluster
+    version = sc.schedule.deepspeed_version
+    if version != NEWEST:
+        out.note("schedule.deepspeed_version", f"{version}: a DeepSpeed config does not say which release runs it; "
+                 f"install DeepSpeed {version} (sosim run --ds-config ... --ds-version {version} reads it so)")
     out.note("training.activation_checkpointing",
              ("on: enable it in the model code (HF: model.gradient_checkpointing_enable() or "
               "--gradient_checkpointing)" if t.activation_checkpointing else
@@ -177,7 +182,8 @@ def _scenario_core(ds: dict[str, Any], sc: Scenario) -> dict[str, Any] | None:
     # Only what a DeepSpeed config cannot say comes from the scenario; batch and precision must come from
     # the dict itself, so that "auto" is kept only where the Trainer's default resolves to the same value.
     inputs = RunInputs(hardware=sc.hardware.name, gpus=sc.cluster.gpus, seq_len=sc.training.seq_len,
-                       activation_checkpointing=sc.training.activation_checkpointing)
+                       activation_checkpointing=sc.training.activation_checkpointing,
+                       deepspeed_version=sc.schedule.deepspeed_version)
     model = HfModel(model=sc.model.model_dump(), origin="<scenario>")
     try:
         mapped = map_ds_config(Located(data=ds, origin="<emitted>"), model, inputs)
