@@ -29,7 +29,6 @@ ROOT = Path(__file__).resolve().parent.parent
 SHIPPED = "h200-pcie-gen5-x86"
 SHIPPED_LEASES = ("nvidia-h200-2026-11-29", "nvidia-h200-2026-11-30", "nvidia-h200-2026-11-30b",
                   "nvidia-h200-2026-11-30c")
-MODELLED_DS = "0.19."  # the DeepSpeed version the measured-run replay models (sosim/schedules/*_ds.py)
 # Issue 23's targets, stated before the result.
 TARGETS = {"own": (0.04, 0.08), "shipped": (0.05, 0.10)}
 TARGET_COVERAGE, TARGET_HALF_WIDTH = 0.80, 0.12
@@ -93,19 +92,13 @@ def collect(folder: Path, own: str, bands: int) -> tuple[list[Result], list[str]
     with (folder / "deepspeed_steps.csv").open(newline="") as handle:
         csv_rows = list(csv.DictReader(handle))
     leases = {r["run_id"]: r.get("lease", "") for r in csv_rows}
-    versions = {r["run_id"]: r.get("deepspeed_version", "") for r in csv_rows}
     known = tabled_layers()
     results = []
     for run in runs:
-        version = versions.get(run.run_id, "")
-        if version and not version.startswith(MODELLED_DS):
-            # Why not predicted: the replay models DeepSpeed's code as of 0.19.x; an older version's run is compared
-            # only once the scenario carries the version (issue 21 item 1).
-            notes.append(f"{run.run_id}: not predicted (measured on DeepSpeed {version}; the replay models "
-                         f"{MODELLED_DS}x)")
-            continue
         label, key = describe(run.model)
         system = run.config + (" + offload_param (ZeRO-Infinity)" if "-offparam" in run.run_id else "")
+        if run.deepspeed_version and not run.deepspeed_version.startswith("0.19"):
+            system += f" (DeepSpeed {run.deepspeed_version})"
         predicted: dict[str, float] = {}
         band: dict[str, tuple[float, float, float] | None] = {}
         try:

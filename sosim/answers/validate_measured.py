@@ -84,9 +84,6 @@ SYSTEM_NAMES: dict[str, str] = {
     "superoffload": "SuperOffload",
 }
 OFFLOADED = ("zero2", "zero3", "superoffload")
-# The DeepSpeed version the replay models (sosim/schedules/*_ds.py); rows of another version are skipped (the
-# version is a column of scripts/ds_train_step.py's rows).
-MODELLED_DEEPSPEED = "0.19."
 # Configurations the step script measures that no sosim system replays: skipped with the reason, not an error.
 UNMODELLED_CONFIGS: dict[str, str] = {
     "zero3gpu": "ZeRO-3 without offload (GPU AdamW): measured for its stage-3 hook timers, no sosim system replays it",
@@ -214,7 +211,7 @@ def _hf_config(row: Mapping[str, str], where: str) -> dict[str, Any]:
     """The measured model as a Hugging Face config. Column ``family`` (added 2026-12-01; empty in older files:
     llama): ``llama`` is sosim's torch Llama (SwiGLU, RMSNorm, untied embeddings, no biases:
     sosim/calibrate/llama.py), ``gpt2`` the GPT-2 family of sosim/calibrate/families.py (biases, LayerNorm,
-    GELU, learned positions, untied head), ``moe`` transformers' Qwen3-MoE (every layer sparse)."""
+    GELU, learned positions, untied head); an MoE row (family ``moe``) adds its Qwen3-MoE keys (:func:`_moe_config`)."""
     family = _cell(row, "family") or "llama"
     if family == "gpt2":
         return {
@@ -227,27 +224,6 @@ def _hf_config(row: Mapping[str, str], where: str) -> dict[str, Any]:
             "n_head": int(_num(row, "heads", where)),
             "n_inner": int(_num(row, "ffn", where)),
             "n_positions": max(int(_num(row, "seq", where)), 1024),
-            "vocab_size": int(_num(row, "vocab", where)),
-        }
-    if family == "moe":
-        experts, top_k = int(_num(row, "moe_experts", where)), int(_num(row, "moe_top_k", where))
-        return {
-            "_name_or_path": f"measured-qwen3moe-{_cell(row, 'model') or 'model'}",
-            "model_type": "qwen3_moe",
-            "hidden_act": "silu",
-            "tie_word_embeddings": False,
-            "hidden_size": int(_num(row, "hidden", where)),
-            "num_hidden_layers": int(_num(row, "layers", where)),
-            "num_attention_heads": int(_num(row, "heads", where)),
-            "num_key_value_heads": int(_num(row, "kv_heads", where)),
-            "head_dim": int(_num(row, "head_dim", where)),
-            "intermediate_size": int(_num(row, "ffn", where)) * top_k,
-            "moe_intermediate_size": int(_num(row, "ffn", where)),
-            "num_experts": experts,
-            "num_experts_per_tok": top_k,
-            "decoder_sparse_step": 1,
-            "mlp_only_layers": [],
-            "norm_topk_prob": True,
             "vocab_size": int(_num(row, "vocab", where)),
         }
     return {
@@ -364,12 +340,6 @@ def read_runs(folder: Path) -> tuple[list[MeasuredRun], list[Skipped]]:
         if config != "floor" and (ds_path is None or not ds_path.is_file()):
             skipped.append(Skipped(run_id, folder.name, where, f"DeepSpeed config {ds_file or '(none)'} not found "
                                    f"in {folder}"))
-            continue
-        version = _cell(row, "deepspeed_version")
-        if config != "floor" and version and not version.startswith(MODELLED_DEEPSPEED):
-            # The replay models DeepSpeed 0.19.x's code; a run of another version waits for the version input.
-            skipped.append(Skipped(run_id, folder.name, where, f"measured on DeepSpeed {version}; the replay models "
-                                   f"{MODELLED_DEEPSPEED}x"))
             continue
         model = _hf_config(row, where)
         try:  # a shape the model reader refuses (MoE, head_dim x heads != hidden) is skipped, located, not fatal
