@@ -224,6 +224,10 @@ class _FakeCuda:
     def get_device_name(index: int) -> str:
         return "NVIDIA H200"
 
+    @staticmethod
+    def device_count() -> int:
+        return 1
+
 
 class _FakeTorch:
     cuda = _FakeCuda()
@@ -327,3 +331,16 @@ def test_every_planned_section_has_a_runner() -> None:
     for arch, info, gpu in (("x86_64", X86_CPUINFO, "NVIDIA H200"), ("aarch64", GRACE_CPUINFO, "NVIDIA GH200 480GB")):
         plan = plan_for(detect(arch=arch, cpuinfo_text=info, gpu_name=gpu, cores=8), quick=True, deepspeed=True)
         assert set(plan.sections) <= set(calcli.ALL_SECTIONS)
+
+
+def test_two_gpus_add_the_multi_gpu_sections_one_gpu_does_not() -> None:
+    """Issue 27: a two-GPU lease's profile measures NCCL and both ranks' host work at once; a one-GPU lease cannot."""
+    one = plan_for(detect(arch="x86_64", cpuinfo_text=X86_CPUINFO, gpu_name="NVIDIA H200", cores=32), True, True)
+    two = plan_for(detect(arch="x86_64", cpuinfo_text=X86_CPUINFO, gpu_name="NVIDIA H200", cores=32, gpus=2),
+                   True, True)
+    assert not {"nccl", "host_shared"} & set(one.sections)
+    assert two.sections[-2:] == ("nccl", "host_shared")
+    assert set(two.sections) <= set(calcli.ALL_SECTIONS)
+    no_ds = plan_for(detect(arch="x86_64", cpuinfo_text=X86_CPUINFO, gpu_name="NVIDIA H200", cores=32, gpus=2),
+                     True, False)
+    assert "host_shared" not in no_ds.sections  # it times DeepSpeed's CPUAdam in two processes

@@ -192,7 +192,7 @@ def _calibrate_profile(args: argparse.Namespace) -> int:
     folder = profiles_folder(args.profiles)
     cal_dir = folder / f"{args.profile}.calibration"
     has_ds = importlib.util.find_spec("deepspeed") is not None
-    plat = detect(gpu_name=torch.cuda.get_device_name(0))
+    plat = detect(gpu_name=torch.cuda.get_device_name(0), gpus=int(torch.cuda.device_count()))
     plan = plan_for(plat, args.quick, has_ds)
     sections = [s.strip() for s in args.only.split(",") if s.strip()] if args.only else list(plan.sections)
     for note in plan.notes:
