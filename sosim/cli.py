@@ -15,6 +15,7 @@ import argparse
 import contextlib
 import importlib
 import os
+import signal
 import sys
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -22,17 +23,16 @@ from typing import Any
 
 from sosim.formats.output import (
     check_finite_result,
-    check_output_path,
     format_value,
     plot_suffixes,
     print_json,
     provenance_fields,
-    write_output,
 )
-from sosim.inputs.errors import ConfigError, SosimError
+from sosim.inputs.errors import ConfigError, SosimError, Terminated
 
 EXIT_USAGE = 2
 EXIT_INTERRUPTED = 130
+EXIT_TERMINATED = 143  # 128 + SIGTERM
 EXIT_INTERNAL = 70  # EX_SOFTWARE: a bug in sosim, not the input
 DEBUG_ENV = "SOSIM_DEBUG"  # set to 1 to see the traceback of an internal error
 
@@ -156,10 +156,15 @@ def _metrics_table(metrics: dict[str, Any]) -> str:
 def cmd_run(args: argparse.Namespace) -> int:
     from sosim import simulate
     from sosim.answers.bands import band_for_run, band_json
-    from sosim.formats import dsconfig
+    from sosim.formats import dsconfig, safe_write
 
-    trace = check_output_path(args.trace, "--trace") if args.trace is not None else None
-    plot = check_output_path(args.plot, "--plot", plot_suffixes()) if args.plot is not None else None
+    # Outputs are checked before any work, and never replace a file sosim did not write (without --force)
+    # nor an input of this run (sosim/formats/safe_write.py).
+    force, inputs = getattr(args, "force", False), _run_inputs(args)
+    trace = (safe_write.prepare_output(args.trace, "--trace", "trace", safe_write.TRACE, force=force, inputs=inputs)
+             if args.trace is not None else None)
+    plot = (safe_write.prepare_output(args.plot, "--plot", "figure", safe_write.FIGURE, force=force, inputs=inputs,
+                                      suffixes=plot_suffixes()) if args.plot is not None else None)
     sc, ds_mapping = dsconfig.scenario_for_run(args)  # a scenario file, or --ds-config + --model
     if args.scenario is not None:
         from sosim.inputs.loader import profile_notes
@@ -173,13 +178,13 @@ def cmd_run(args: argparse.Namespace) -> int:
         from sosim.formats.trace import write_trace
 
         # The band's markers only when there is a band (keeps write_trace's two-argument form otherwise).
-        write_output(trace, "--trace", lambda p: write_trace(result, p, band=band.metrics()) if band
-                     else write_trace(result, p))
+        safe_write.write_atomic(trace, "--trace", "trace", lambda p: write_trace(result, p, band=band.metrics())
+                                if band else write_trace(result, p), safe_write.TRACE, force=force, inputs=inputs)
     if plot is not None:
         from sosim.formats.plot import plot_result
 
-        write_output(plot, "--plot", lambda p: plot_result(result, p, band=band.metrics()) if band
-                     else plot_result(result, p))
+        safe_write.write_atomic(plot, "--plot", "figure", lambda p: plot_result(result, p, band=band.metrics())
+                                if band else plot_result(result, p), safe_write.FIGURE, force=force, inputs=inputs)
     if args.format == "json":
         gpu_usable, cpu_usable = usable_memory_gib(sc)
         print_json({"scenario": sc.name, "system": sc.schedule.system, **provenance_fields(sc, args.engine),
@@ -190,6 +195,12 @@ def cmd_run(args: argparse.Namespace) -> int:
         print(run_table(sc, result.metrics, result.provenance))
         print(f"\nerror band: {band.line()}" if band is not None else f"\nerror band: none ({no_band})")
     return 0
+
+
+def _run_inputs(args: argparse.Namespace) -> list[str]:
+    """The files ``sosim run`` reads (an output must not replace one of them)."""
+    return [str(v) for v in (getattr(args, "scenario", None), getattr(args, "ds_config", None),
+                             getattr(args, "model", None)) if v]
 
 
 def cmd_examples(args: argparse.Namespace) -> int:
@@ -329,6 +340,9 @@ def _add_common_options(p: argparse.ArgumentParser, default: Any) -> None:
     p.add_argument("--profiles", metavar="DIR", action="append", default=default,
                    help="folder of hardware profiles searched by name before $SOSIM_PROFILES and the shipped "
                         "ones; repeatable")
+    p.add_argument("--force", action="store_true", default=argparse.SUPPRESS if default is argparse.SUPPRESS
+                   else False, help="let an output replace an existing file that sosim did not write (never a "
+                                    "link, FIFO, device or an input of the command)")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -374,11 +388,52 @@ def _profile_folders(dirs: Sequence[str]) -> Iterator[None]:
             os.environ[PROFILES_ENV] = old
 
 
+# Problems printed for one error: a file of 100,000 unknown keys printed 100,000 lines; the first ones say what
+# is wrong and the count says how much.
+MAX_SHOWN_PROBLEMS = 50
+
+
 def report_error(exc: SosimError) -> None:
-    """Problems in files are printed as they are (``file:line: key: message``); others after ``sosim:``."""
+    """Problems in files are printed as they are (``file:line: key: message``); others after ``sosim:``. At most
+    MAX_SHOWN_PROBLEMS lines, then how many more there are."""
     lines = exc.problems if isinstance(exc, ConfigError) else str(exc).splitlines()
-    for line in lines:
+    for line in lines[:MAX_SHOWN_PROBLEMS]:
         print(line if isinstance(exc, ConfigError) else f"sosim: {line}", file=sys.stderr)
+    if len(lines) > MAX_SHOWN_PROBLEMS:
+        print(f"sosim: ... and {len(lines) - MAX_SHOWN_PROBLEMS:,} more problem(s) (the first {MAX_SHOWN_PROBLEMS} are "
+              "shown)", file=sys.stderr)
+
+
+def _on_sigterm(signum: int, frame: object) -> None:
+    raise Terminated()
+
+
+def install_stop_handlers() -> dict[int, Any]:
+    """SIGTERM raises Terminated (a KeyboardInterrupt) and SIGINT KeyboardInterrupt from here on, so that a
+    signal at any instant (while pandas and pyarrow import, in validate or check) ends the command with one
+    line and 130 / 143. A SIGINT the parent set to be ignored (``nohup``, a background job) stays ignored.
+    Called before anything heavy is imported (sosim/__init__.py imports lazily for that). Returns the handlers
+    it replaced (main() puts them back: main() is also called in-process, by tests and notebooks)."""
+    if not threading_main():
+        return {}
+    previous: dict[int, Any] = {signal.SIGTERM: signal.signal(signal.SIGTERM, _on_sigterm)}
+    if signal.getsignal(signal.SIGINT) is not signal.SIG_IGN:
+        previous[signal.SIGINT] = signal.signal(signal.SIGINT, signal.default_int_handler)
+    if hasattr(signal, "pthread_sigmask"):  # held by sosim/__main__.py while this module imported: deliver now
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT, signal.SIGTERM})
+    return previous
+
+
+def threading_main() -> bool:
+    import threading
+
+    return threading.current_thread() is threading.main_thread()
+
+
+def _stopped(exc: KeyboardInterrupt) -> int:
+    terminated = isinstance(exc, Terminated)
+    print("sosim: terminated (SIGTERM)" if terminated else "sosim: interrupted", file=sys.stderr)
+    return EXIT_TERMINATED if terminated else EXIT_INTERRUPTED
 
 
 def _robust_streams() -> None:
@@ -391,6 +446,18 @@ def _robust_streams() -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    previous = install_stop_handlers()  # first: a signal while the parser imports the commands (pandas...) too
+    try:
+        return _main(argv)
+    except KeyboardInterrupt as exc:  # a signal while the parser was being built, or outside a command
+        return _stopped(exc)
+    finally:
+        for signum, handler in previous.items():
+            if handler is not None:
+                signal.signal(signum, handler)
+
+
+def _main(argv: Sequence[str] | None) -> int:
     args_list = list(sys.argv[1:] if argv is None else argv)
     _robust_streams()
     if args_list[:1] == ["calibrate"]:
@@ -404,9 +471,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     except SosimError as exc:
         report_error(exc)
         return EXIT_USAGE
-    except KeyboardInterrupt:
-        print("sosim: interrupted", file=sys.stderr)
-        return EXIT_INTERRUPTED
+    except KeyboardInterrupt as exc:
+        return _stopped(exc)
     except BrokenPipeError:
         # The reader went away (sosim ... | head): not an error. Point stdout at devnull so the interpreter's
         # final flush does not complain either.

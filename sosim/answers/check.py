@@ -30,7 +30,8 @@ from importlib.resources import files
 from pathlib import Path
 from typing import Any
 
-from sosim.formats.output import check_finite_result, check_output_path, json_safe, print_json, write_output
+from sosim.formats import safe_write
+from sosim.formats.output import check_finite_result, json_safe, print_json
 from sosim.inputs.errors import ConfigError, SosimError
 
 BASELINE_FORMAT = "sosim-check/1"
@@ -163,7 +164,8 @@ def _stored_source(given: str, baseline: Path) -> tuple[str, bool]:
         return str(Path(given).resolve()), False
 
 
-def write_baseline(path: Path, sources: Sequence[str], overrides: Sequence[str], progress: bool) -> list[Entry]:
+def write_baseline(path: Path, sources: Sequence[str], overrides: Sequence[str], progress: bool,
+                   force: bool = False) -> list[Entry]:
     dupes = sorted({s for s in sources if sources.count(s) > 1})
     if dupes:
         raise SosimError(f"check --write: scenario(s) given twice: {', '.join(dupes)}")
@@ -180,9 +182,10 @@ def write_baseline(path: Path, sources: Sequence[str], overrides: Sequence[str],
            "scenarios": [{"id": e.id, "source": e.source, "example": e.example, "overrides": e.overrides,
                           "metrics": e.metrics, "inputs": e.inputs} for e in entries]}
     text = json.dumps(json_safe(doc), indent=2, allow_nan=False) + "\n"
-    tmp = path.with_name(f".{path.name}.tmp")
-    write_output(tmp, "--write", lambda p: p.write_text(text))
-    os.replace(tmp, path)  # a reader never sees half a baseline
+    # Atomic (a reader never sees half a baseline), and never over a file that is not a baseline, nor over a
+    # scenario it records (sosim/formats/safe_write.py).
+    safe_write.write_atomic(path, "--write", "sosim check baseline", lambda p: p.write_text(text),
+                            safe_write.CHECK_BASELINE, force=force, inputs=sources)
     return entries
 
 
@@ -448,8 +451,10 @@ def _cmd(args: argparse.Namespace) -> int:
         sources = [s for s in (args.baseline, *args.scenarios) if s is not None]
         if not sources:
             raise SosimError("check --write BASELINE: name the scenario files (or shipped examples) to record")
-        path = check_output_path(args.write, "--write")
-        entries = write_baseline(path, sources, args.overrides, progress)
+        force = getattr(args, "force", False)
+        path = safe_write.prepare_output(args.write, "--write", "sosim check baseline", safe_write.CHECK_BASELINE,
+                                         force=force, inputs=sources)
+        entries = write_baseline(path, sources, args.overrides, progress, force)
         print(f"wrote {path}: {len(entries)} scenario(s), sosim {sosim_version()}")
         for e in entries:
             print(f"  {e.id}: {e.metrics['tokens_per_s']:,.0f} tokens/s, profile {e.inputs['profile']}"
@@ -459,13 +464,16 @@ def _cmd(args: argparse.Namespace) -> int:
         raise SosimError("check: give one BASELINE to check (sosim check BASELINE), or record one with "
                          "sosim check --write BASELINE SCENARIO...")
     tol = parse_tolerances(args.tolerance)
-    junit = check_output_path(args.junit, "--junit") if args.junit is not None else None
+    force = getattr(args, "force", False)
+    junit = (safe_write.prepare_output(args.junit, "--junit", "JUnit report", safe_write.JUNIT, force=force,
+                                       inputs=[args.baseline]) if args.junit is not None else None)
     baseline = Path(args.baseline)
     entries = read_baseline(baseline)
     outcomes = check_entries(entries, baseline, tol, args.overrides, args.only_worse, progress)
     if junit is not None:
         text = junit_xml(outcomes, baseline)
-        write_output(junit, "--junit", lambda p: p.write_text(text))
+        safe_write.write_atomic(junit, "--junit", "JUnit report", lambda p: p.write_text(text), safe_write.JUNIT,
+                                force=force, inputs=[args.baseline])
     if args.format == "json":
         print_json(_json_report(outcomes, baseline, tol))
     else:

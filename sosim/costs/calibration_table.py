@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import io
 import math
 from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -22,6 +23,8 @@ import pandas as pd
 
 # One schema for writer and reader: the harness's records module is torch-free and imports nothing else.
 from sosim.calibrate.records import COLUMNS
+from sosim.inputs.errors import ConfigError
+from sosim.inputs.safe_read import MAX_TABLE_BYTES, read_bytes
 
 Array = np.ndarray
 _T = TypeVar("_T")
@@ -168,13 +171,13 @@ class CalibrationTable:
     @classmethod
     def from_csv(cls, path: str | Path) -> CalibrationTable:
         path = Path(path)
-        try:
-            raw_bytes = path.read_bytes()
-        except FileNotFoundError:
-            raise CalibrationError(f"{path}: calibration file not found") from None
-        except OSError as error:
-            raise CalibrationError(f"{path}: cannot read calibration file: {error.strerror}") from None
-        frame = _read_frame(path)
+        if not path.exists():
+            raise CalibrationError(f"{path}: calibration file not found")
+        try:  # the one bounded reader (regular files only: a FIFO or /dev/zero is refused, not read)
+            raw_bytes = read_bytes(path, "calibration file", MAX_TABLE_BYTES)
+        except ConfigError as error:
+            raise CalibrationError("; ".join(error.problems)) from None
+        frame = _read_frame(path, raw_bytes)
         return cls(path=path, sha256=hashlib.sha256(raw_bytes).hexdigest(), columns_by_op=_group(frame),
                    published_paths=frozenset({path}) if declares_published(path) else frozenset())
 
@@ -598,9 +601,9 @@ class CalibrationTable:
 # ---- reading -------------------------------------------------------------------------------------------
 
 
-def _read_frame(path: Path) -> pd.DataFrame:
+def _read_frame(path: Path, raw_bytes: bytes) -> pd.DataFrame:
     try:
-        frame = pd.read_csv(path, dtype=str, keep_default_na=False)
+        frame = pd.read_csv(io.BytesIO(raw_bytes), dtype=str, keep_default_na=False)
     except pd.errors.EmptyDataError:
         raise CalibrationError(f"{path}: calibration file is empty") from None
     except pd.errors.ParserError as error:

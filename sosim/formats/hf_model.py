@@ -186,6 +186,9 @@ def model_from_hf(loc: Located, name: str = "") -> HfModel:
         r.defaulted("tie_word_embeddings", "tied_embeddings", tied,
                     f"absent: the {model_type or 'PretrainedConfig'} default in transformers")
     head_dim = r.data.get("head_dim")
+    if head_dim is not None and (isinstance(head_dim, bool) or not isinstance(head_dim, int) or head_dim <= 0):
+        r.error("head_dim", f"expected a positive integer, got {head_dim!r}")  # {} or "64" was a TypeError below
+        head_dim = None
     if head_dim is not None and hidden and heads:
         if head_dim * heads != hidden:
             r.error("head_dim", f"{head_dim} x {heads} heads != hidden_size {hidden}: attention wider or narrower "
