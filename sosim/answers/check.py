@@ -189,6 +189,8 @@ def write_baseline(path: Path, sources: Sequence[str], overrides: Sequence[str],
     return entries
 
 
+# Metrics a prediction always has above zero (step time, throughput); the others are at least 0.
+_POSITIVE_METRICS = frozenset(("tokens_per_s", "step_time_s"))
 _ENTRY_KEYS: dict[str, type | tuple[type, ...]] = {
     "id": str, "source": str, "example": bool, "overrides": list, "metrics": dict, "inputs": dict}
 
@@ -228,6 +230,12 @@ def _entry_problems(row: Any, i: int, loc: Any) -> list[str]:
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
                 problems.append(f"{loc.where(('scenarios', i, 'metrics', key))}: scenarios[{i}].metrics.{key}: "
                                 f"must be a finite number, got {value!r}")
+            elif value < 0 or (value == 0 and key in _POSITIVE_METRICS):
+                # --write never records these (a step takes time, a feasible or not run moves tokens): an edited
+                # baseline, which would be compared as +inf% and blamed on the environment.
+                problems.append(f"{loc.where(('scenarios', i, 'metrics', key))}: scenarios[{i}].metrics.{key}: "
+                                f"must be {'positive' if key in _POSITIVE_METRICS else 'at least 0'}, got {value!r}; "
+                                "sosim check --write never records that (an edited baseline?)")
         if not isinstance(metrics.get("feasible"), bool):
             problems.append(f"{where}: scenarios[{i}].metrics.feasible: must be true or false")
     if isinstance(row.get("overrides"), list) and not all(isinstance(o, str) for o in row["overrides"]):

@@ -36,7 +36,7 @@ def check_out_target(path: Path, parquet: bool) -> None:
         raise SosimError(f"--out {shown}: {problem}")
     try:
         st = os.lstat(path)
-    except FileNotFoundError:
+    except (FileNotFoundError, NotADirectoryError):  # absent: the folder above it is checked by the caller
         return
     except OSError as exc:
         raise SosimError(f"--out {shown}: {exc.strerror or exc}") from None
@@ -70,7 +70,10 @@ def read_done_csv(path: Path, columns: Sequence[str]) -> tuple[set[str], int | N
     end = raw.rfind(b"\n") + 1
     if end == 0:  # not even a complete header line: a crash cannot leave that behind once a row was written
         raise ConfigError([f"{shown}:1: not the output of this sweep (no header line); use another --out"])
-    decode_text(raw, shown)  # every byte UTF-8, or the line of the first that is not
+    try:
+        decode_text(raw, shown)  # every byte UTF-8, or the line of the first that is not
+    except ConfigError as exc:
+        raise ConfigError([f"{exc.problems[0]}; not the output of this sweep: use another --out"]) from None
     complete = raw[:end].decode("utf-8-sig")
     cut = end if end < len(raw) else None
     reader = csv.reader(complete.splitlines(keepends=True), strict=True)

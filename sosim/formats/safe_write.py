@@ -100,12 +100,14 @@ def target_problem(path: Path, what: str, owned: Recogniser | None, force: bool,
     """Why ``path`` must not be replaced (None: it may be). ``what`` names the output ('sosim check baseline')."""
     try:
         st = os.lstat(path)
-    except FileNotFoundError:
+    except (FileNotFoundError, NotADirectoryError):  # absent (prepare_output checks the folder above it)
         return None
     except OSError as exc:
         return str(exc.strerror or exc)
     if stat.S_ISLNK(st.st_mode):
         return "is a symbolic link; sosim does not write through links (give the real path)"
+    if stat.S_ISDIR(st.st_mode):
+        return "is a folder; give a file name"
     if not stat.S_ISREG(st.st_mode):
         return f"is {file_kind(st.st_mode)}; sosim writes regular files only"
     if any(_same_file(st, i) for i in inputs if i):
@@ -128,16 +130,18 @@ def prepare_output(path: str | Path, option: str, what: str, owned: Recogniser |
     replaced (see :func:`target_problem`), an unsupported suffix."""
     text = str(path)
     shown = shown_path(text)
+    if not text.strip():
+        raise SosimError(f"{option}: empty file name")
     problem = path_problem(text)
     if problem is not None:
         raise SosimError(f"{option} {shown}: {problem}")
     out = Path(text)
-    if suffixes is not None and out.suffix.lower().lstrip(".") not in suffixes:
-        raise SosimError(f"{option} {shown}: unsupported file type '{out.suffix or '(none)'}'; use one of "
-                         + ", ".join(f".{s}" for s in sorted(suffixes)))
     problem = target_problem(out, what, owned, force, inputs)
     if problem is not None:
         raise SosimError(f"{option} {shown}: {problem}")
+    if suffixes is not None and out.suffix.lower().lstrip(".") not in suffixes:
+        raise SosimError(f"{option} {shown}: unsupported file type '{out.suffix or '(none)'}'; use one of "
+                         + ", ".join(f".{s}" for s in sorted(suffixes)))
     parent = out.parent
     while not parent.exists() and parent != parent.parent:
         parent = parent.parent

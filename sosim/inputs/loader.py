@@ -668,8 +668,9 @@ def _override_tables(value: Any, text: str) -> Any:
         if not value:
             raise ConfigError([f"--set {text}: calibration: an empty list; leave the key out for an uncalibrated "
                                "profile"])
-        bad = next((item for item in value if not isinstance(item, str)), None)
-        if bad is not None:
+        bad = [item for item in value if not isinstance(item, str)]
+        if bad:
+            bad = bad[0]
             raise ConfigError([f"--set {text}: calibration: each entry must be a path to a measurements.csv, got "
                                f"{bad!r}"])
         return [one(item) for item in value]
@@ -692,7 +693,7 @@ def _check_calibration(table: Path, where: str) -> None:
     except OSError:
         st = None  # missing: load_table says so, naming the file
     if st is not None and not stat.S_ISREG(st.st_mode):
-        raise ConfigError([f"{where}: calibration: {shown_path(table)}: {file_kind(st.st_mode)}, not a regular file"])
+        raise ConfigError([f"{where}: calibration: {shown_path(table)}: not a regular file ({file_kind(st.st_mode)})"])
     if st is not None and st.st_size > MAX_TABLE_BYTES:
         raise ConfigError([f"{where}: calibration: {table}: larger than {MAX_TABLE_BYTES // 2**20} MiB: not a "
                            "calibration table"])

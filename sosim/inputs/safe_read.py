@@ -50,7 +50,7 @@ def shown_path(path: str | Path) -> str:
         text = text.encode("unicode_escape", "backslashreplace").decode("ascii")
     if len(text) <= MAX_SHOWN_PATH:
         return text
-    return f"{text[:MAX_SHOWN_PATH - 40]}...({len(str(path)):,} characters)"
+    return f"{text[:MAX_SHOWN_PATH - 40]}...({len(str(path))} characters)"
 
 
 def path_problem(path: str | Path) -> str | None:
