@@ -138,7 +138,8 @@ def _check(kind: str, args: list[str], root: Path, capsys: pytest.CaptureFixture
     if code == 2:
         assert err.strip(), args
         first = err.strip().splitlines()[0]
-        assert first.startswith(("sosim", "--set", "/", str(root), "usage:")) or ":" in first, first
+        # A file (path[:line]: ...), an override or an option (--set ..., --ds-config ...), or sosim's own line.
+        assert first.startswith(("sosim", "--", "/", str(root), "usage:")) or ":" in first, first
     return code, out, err
 
 
@@ -226,9 +227,10 @@ def test_fuzz_special_files_as_outputs(route: int, special: str, force: bool,
                                        capsys: pytest.CaptureFixture[str]) -> None:
     with _folder() as root:
         args = [*WRITE_ROUTES[route](special), *(["--force"] if force else [])]
-        # Only a regular file that is not an input may be replaced, and only with --force.
-        replaceable = force and special == "notes.txt"
-        _check("special outputs", args, root, capsys, may_change=lambda p: replaceable and p.endswith("notes.txt"))
+        # Only a regular file that this command does not read may be replaced, and only with --force.
+        replaceable = force and special in ("notes.txt", "ds.json", "scenario.yaml") and args.count(special) == 1
+        _check("special outputs", args, root, capsys,
+               may_change=lambda p: replaceable and Path(p).name == special and Path(p).parent == root)
 
 
 # --------------------------------------------------------------------------------- list-form tables

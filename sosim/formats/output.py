@@ -11,7 +11,7 @@ import json
 import math
 import os
 import sys
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -101,13 +101,6 @@ def plot_suffixes() -> list[str]:
     from matplotlib.backend_bases import FigureCanvasBase
 
     return list(FigureCanvasBase.get_supported_filetypes())
-
-
-def write_output(path: Path, option: str, write: Callable[[Path], object]) -> None:
-    try:
-        write(path)
-    except OSError as exc:
-        raise SosimError(f"{option} {path}: cannot write: {exc.strerror or exc}") from None
 
 
 def non_finite_metrics(metrics: dict[str, Any]) -> list[str]:
