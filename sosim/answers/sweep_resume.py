@@ -85,22 +85,25 @@ def read_done_csv(path: Path, columns: Sequence[str]) -> tuple[set[str], int | N
         raise ConfigError([f"{shown}:1: its columns differ from this sweep's (expected {','.join(columns)[:200]}); "
                            "use another --out"])
     ids: set[str] = set()
-    try:
-        for record in reader:
-            line = reader.line_num
-            if not record:  # the csv module's blank line (a line break inside quotes is part of a field)
-                raise ConfigError([f"{shown}:{line}: a blank line: not how sosim writes a sweep's rows; use another "
-                                   "--out (or delete the line)"])
-            if len(record) != len(header):
-                raise ConfigError([f"{shown}:{line}: {len(record)} field(s) where the header has {len(header)}; the "
-                                   "file is damaged: use another --out"])
-            if not _POINT_ID.fullmatch(record[0]):
-                raise ConfigError([f"{shown}:{line}: point_id: {record[0][:40]!r} is not a point id sosim wrote; use "
-                                   "another --out"])
-            ids.add(record[0])
-    except csv.Error as exc:
-        raise ConfigError([f"{shown}:{reader.line_num}: not a well-formed CSV record ({exc}); the file is damaged: "
-                           "use another --out"]) from None
+    while True:
+        start = reader.line_num + 1  # where the next record begins (a quoted field may span lines)
+        try:
+            record = next(reader, None)
+        except csv.Error as exc:
+            raise ConfigError([f"{shown}:{start}: not a well-formed CSV record ({exc}); the file is damaged: use "
+                               "another --out"]) from None
+        if record is None:
+            break
+        if not record:  # the csv module's blank line (a line break inside quotes is part of a field)
+            raise ConfigError([f"{shown}:{start}: a blank line: not how sosim writes a sweep's rows; use another "
+                               "--out (or delete the line)"])
+        if len(record) != len(header):
+            raise ConfigError([f"{shown}:{start}: {len(record)} field(s) where the header has {len(header)}; the file "
+                               "is damaged: use another --out"])
+        if not _POINT_ID.fullmatch(record[0]):
+            raise ConfigError([f"{shown}:{start}: point_id: {record[0][:40]!r} is not a point id sosim wrote; use "
+                               "another --out"])
+        ids.add(record[0])
     return ids, cut
 
 

@@ -59,6 +59,11 @@ NUMERIC_COLUMNS: tuple[str, ...] = tuple(c for c in COLUMNS if c not in TEXT_COL
 )
 TIMING_COLUMNS: frozenset[str] = frozenset(("median_s", "p10_s", "p90_s"))
 
+# A measured time past a day is not a measurement of one piece of a step (the longest shipped median is ~2 s;
+# issue 26: a row of median_s 1e300 gave a "feasible" 1e300 s step). Sizes and counts: as bounds.MAX_INT (2^53).
+MAX_MEASURED_S = 86_400.0
+MAX_TABLE_NUMBER = float(2**53)
+
 # Sizes closer than this relative gap count as the same measured point (CSV round-trips of 1e8 etc.).
 _SAME_POINT_RTOL = 1e-9
 
@@ -642,6 +647,12 @@ def _parse_numeric(path: Path, cells: pd.Series, name: str) -> pd.Series:
         if value < 0 or (name == "median_s" and value == 0):
             rule = "must be positive" if name == "median_s" else "must not be negative"
             raise CalibrationError(f"{path}: line {line}: column {name}: {text} {rule}")
+        if name in TIMING_COLUMNS and value > MAX_MEASURED_S:
+            raise CalibrationError(f"{path}: line {line}: column {name}: {text} s is more than {MAX_MEASURED_S:g} s: "
+                                   "no measured piece of a training step takes a day (docs/limits.md)")
+        if value > MAX_TABLE_NUMBER:
+            raise CalibrationError(f"{path}: line {line}: column {name}: {text} is beyond {MAX_TABLE_NUMBER:g} (2^53): "
+                                   "no size or count sosim takes comes near it")
         values[position] = value
     return pd.Series(values, index=cells.index)
 
