@@ -838,6 +838,8 @@ def _written(out: str | None) -> bool:
     path = Path(out)
     if path.is_dir():
         return any(path.glob("part-*.parquet"))
+    if path.is_symlink() or not path.is_file():  # a FIFO would block this read (sweep_resume.py refuses it)
+        return False
     try:
         with path.open("rb") as fh:
             return fh.read(1 << 16).count(b"\n") > 1  # a header line and at least one row
