@@ -22,7 +22,7 @@ from sosim.costs.analytic import AnalyticCostModel
 from sosim.costs.calibration_table import CalibrationTable
 from sosim.costs.table import TableCostModel
 from sosim.inputs.config import ModelSpec, TrainingSpec
-from sosim.inputs.loader import load_profile
+from sosim.run.loader import load_profile
 
 ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_CSV = ROOT / "calibration" / "nvidia-h200-2026-11-29" / "measurements.csv"

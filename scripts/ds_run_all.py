@@ -11,13 +11,20 @@ recorded in every row (column lease).
 Options: clip, ratio, cores (cpuadam_cores_perc), subgroup (sub_group_size), steps, phased, warmup,
 ckpt=0 (activation checkpointing off), param=cpu (zero3 with offload_param cpu: ZeRO-Infinity),
 gpus=N (N ranks through DeepSpeed's launcher on this host),
-timeout=S (this job's limit instead of --job-timeout-s).
+timeout=S (this job's limit instead of --job-timeout-s),
+hooks=1 (time ZeRO-3's module hooks, fetch and release per step: sosim/calibrate/z3_hooks.py),
+moe=auto|hf|own (M... sizes: transformers' Qwen3MoeForCausalLM or the own MoE module),
+ds=VERSION (run this job with another DeepSpeed: the wheel installed with pip --target DS_SITES/site-dsVERSION,
+put first on PYTHONPATH, with its own TORCH_EXTENSIONS_DIR DS_SITES/torch_ext-dsVERSION; the row fails unless
+deepspeed.__version__ is VERSION). SIZE may also be G<layers>h<hidden>a<heads>f<ffn> (GPT-2 family) or
+M<layers>h<hidden>a<heads>kv<kv>e<experts>k<top_k>f<ffn> (Qwen3-MoE-shaped).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import random
 import subprocess
 import sys
@@ -44,7 +51,7 @@ def parse_job(job: str) -> tuple[list[str], dict[str, str]]:
     parsed: dict[str, str] = {}
     for option in options:
         key, sep, value = option.partition("=")
-        if not sep or key not in {*FLAGS, "ckpt", "gpus", "timeout", "param"}:
+        if not sep or key not in {*FLAGS, "ckpt", "gpus", "timeout", "param", "hooks", "moe", "ds"}:
             raise ValueError(f"job {job!r}: unknown option {option!r}")
         parsed[key] = value
     return [size, seq, micro_batch, config], parsed
@@ -93,7 +100,25 @@ def job_argv(job: str, out: Path) -> list[str]:
             argv.append("--no-ckpt")
         elif key == "param" and value == "cpu":
             argv.append("--offload-param")
+        elif key == "hooks" and value in ("1", "true", "on"):
+            argv.append("--hook-timers")
+        elif key == "moe":
+            argv += ["--moe-impl", value]
+        elif key == "ds":
+            argv += ["--expect-ds", value]
     return argv
+
+
+def job_env(job: str, ds_sites: Path, base: dict[str, str] | None = None) -> dict[str, str]:
+    """The job's environment: ds=VERSION puts DS_SITES/site-dsVERSION first on PYTHONPATH and gives it its own
+    TORCH_EXTENSIONS_DIR (a CPUAdam built against another version's sources is never reused)."""
+    env = dict(os.environ if base is None else base)
+    version = parse_job(job)[1].get("ds", "")
+    if version:
+        site = ds_sites / f"site-ds{version}"
+        env["PYTHONPATH"] = os.pathsep.join([str(site), *([env["PYTHONPATH"]] if env.get("PYTHONPATH") else [])])
+        env["TORCH_EXTENSIONS_DIR"] = str(ds_sites / f"torch_ext-ds{version}")
+    return env
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -108,6 +133,9 @@ def main(argv: list[str] | None = None) -> int:
         help="do not start a job with less than this left (it would only be killed)",
     )
     parser.add_argument("jobs", nargs="+")
+    parser.add_argument(
+        "--ds-sites", type=Path, default=Path("/tmp"), help="folder of the site-dsVERSION installs (job option ds=)"
+    )
     parser.add_argument("--plan-only", action="store_true", help="print each job's command line and exit")
     parser.add_argument(
         "--skip-done",
@@ -123,7 +151,9 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     if args.plan_only:
         for job, command in commands.items():
-            print(job, "->", " ".join(command))
+            env = job_env(job, args.ds_sites, {})
+            prefix = " ".join(f"{k}={v}" for k, v in env.items())
+            print(job, "->", (prefix + " " if prefix else "") + " ".join(command))
         return 0
     logs = args.out / "logs"
     logs.mkdir(parents=True, exist_ok=True)
@@ -150,6 +180,7 @@ def main(argv: list[str] | None = None) -> int:
                     stderr=subprocess.STDOUT,
                     timeout=min(job_timeout_s(job, args.job_timeout_s), left_s - 5),
                     check=False,
+                    env=job_env(job, args.ds_sites),
                 ).returncode
             except subprocess.TimeoutExpired:
                 code = 124

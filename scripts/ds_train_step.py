@@ -52,7 +52,18 @@ VOCAB = 32000
 # (head_dim = hidden / heads = 80). Why: issue 18's held-out shapes (head_dim != 128, hidden sizes between the
 # measured ones, MHA and GQA) run through the same script and rows as the named sizes.
 CUSTOM_SIZE = re.compile(r"^L(\d+)h(\d+)a(\d+)kv(\d+)f(\d+)$")
-CONFIGS: tuple[str, ...] = ("floor", "zero2", "zero3", "superoffload")
+# Other families (sosim/calibrate/families.py), chosen by the size's first letter (added 2026-12-01):
+#   G<layers>h<hidden>a<heads>f<ffn>, e.g. G12h2048a16f8192: GPT-2 family (biases, LayerNorm, GELU, learned
+#     positions; 12 tensors in 6 modules per layer), issue 21 item 2;
+#   M<layers>h<hidden>a<heads>kv<kv_heads>[d<head_dim>]e<experts>k<top_k>f<expert_ffn>, e.g.
+#     M8h2048a32kv4d128e64k8f768 (head_dim 128: attention width 4096 != hidden, as Qwen3-30B-A3B): a
+#     Qwen3-MoE-shaped model (transformers' Qwen3MoeForCausalLM when it builds, else families.OwnMoEModel),
+#     issue 22 item 2.
+GPT2_SIZE = re.compile(r"^G(\d+)h(\d+)a(\d+)f(\d+)$")
+MOE_SIZE = re.compile(r"^M(\d+)h(\d+)a(\d+)kv(\d+)(?:d(\d+))?e(\d+)k(\d+)f(\d+)$")
+# zero3gpu (added 2026-12-01, issue 21 item 2): ZeRO-3 without any offload, a client torch.optim.AdamW on the GPU
+# (DeepSpeed's own "AdamW" would JIT-build FusedAdam, which needs nvcc): stage 3's hooks without the host.
+CONFIGS: tuple[str, ...] = ("floor", "zero2", "zero3", "superoffload", "zero3gpu")
 
 CSV_COLUMNS: tuple[str, ...] = (
     "run_id",
@@ -132,6 +143,29 @@ def load_calibrate_module(name: str) -> Any:
 
 TIMER_NAMES: tuple[str, ...] = load_calibrate_module("ds_timers").TIMER_NAMES
 CSV_COLUMNS = CSV_COLUMNS + tuple(f"t_{name}_s" for name in TIMER_NAMES)
+# Added 2026-12-01 (issues 21-23): model family, DeepSpeed's import path, stage 3's hook timers (z3_hooks.py: per
+# step sums t_<hook>_s and call counts n_<hook>, medians over the steps), the model's hook and tensor counts.
+HOOK_NAMES: tuple[str, ...] = load_calibrate_module("z3_hooks").HOOK_NAMES
+HOOK_PHASES: tuple[str, ...] = ("fwd", "bwd", "opt")
+CSV_COLUMNS = (
+    *CSV_COLUMNS,
+    "family",
+    "moe_impl",
+    "moe_experts",
+    "moe_top_k",
+    "moe_fallback_why",
+    "deepspeed_path",
+    "hook_timers",
+    "hooked_modules",
+    "param_modules",
+    "param_tensors",
+    "hook_handles",
+    *(f"t_{name}_s" for name in HOOK_NAMES),
+    *(f"n_{name}" for name in HOOK_NAMES),
+    *(f"t_hook_total_{phase}_s" for phase in HOOK_PHASES),
+    "t_hook_total_s",
+    "t_grad_epilogue_calls",
+)
 
 
 def load_llama_module() -> Any:
@@ -205,6 +239,9 @@ def ds_config(
             "overlap_comm": True,
             "contiguous_gradients": True,
         }
+    elif config == "zero3gpu":
+        base.pop("optimizer")
+        zero = {"stage": 3, "overlap_comm": True, "contiguous_gradients": True, "sub_group_size": sub_group_size}
     elif config in ("zero3", "superoffload"):
         if config == "superoffload":
             offload = offload | {"super_offload": True, "ratio": ratio, "cpuadam_cores_perc": cores_perc}
@@ -258,6 +295,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
     llama = load_llama_module()
     ds_timers = load_calibrate_module("ds_timers")
+    z3_hooks = load_calibrate_module("z3_hooks")
     rank, local_rank, world = distributed_env()
     shape = model_shape(args, llama)
     torch.manual_seed(1234)
@@ -265,11 +303,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     device = torch.device("cuda", local_rank) if on_gpu else torch.device(args.device)
     if on_gpu:
         torch.cuda.set_device(local_rank)
-    with device:
-        model = llama.LlamaModel(shape, checkpoint_layers=not args.no_ckpt)
-    model = model.to(torch.bfloat16)
-    llama.init_weights_(model)
+    model, family_info = build_model(args, shape, device, llama)
     model.train()
+    family_info |= z3_hooks.model_counts(model)
     # Each rank its own tokens (data parallel); the same seed on every rank keeps the weights identical.
     generator = torch.Generator(device="cpu").manual_seed(1000 + rank)
     tokens = torch.randint(0, VOCAB, (args.micro_batch, args.seq), generator=generator).to(device)
@@ -278,6 +314,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     config_dict: dict[str, Any] | None = None
     deepspeed_version = ""
     timers = ds_timers.MethodTimers()
+    hooks = z3_hooks.HookTimers(ds_timers.MethodTimers())
     affinity: dict[str, Any] = {}
     if args.config == "floor":
         engine = None
@@ -293,14 +330,20 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             for param in model.parameters():
                 param.grad = None
     else:
-        if not on_gpu:
-            raise ValueError("DeepSpeed configurations need --device cuda")
+        if not on_gpu and os.environ.get("DS_ACCELERATOR") != "cpu":
+            # Smoke tests only: DeepSpeed's CPU accelerator (DS_ACCELERATOR=cpu) over gloo runs the harness's
+            # paths (hooks, timers, rows) on a machine without a GPU; its times mean nothing.
+            raise ValueError("DeepSpeed configurations need --device cuda (or DS_ACCELERATOR=cpu for a smoke test)")
         if world == 1:
             setup_single_process_env()
         import deepspeed  # type: ignore[import-not-found]
 
         deepspeed_version = deepspeed.__version__
-        deepspeed.init_distributed(dist_backend="nccl")
+        if args.expect_ds and deepspeed_version != args.expect_ds:
+            raise RuntimeError(f"DeepSpeed {deepspeed_version} imported from {deepspeed.__file__}, expected "
+                               f"{args.expect_ds} (is its --target site first on PYTHONPATH?)")
+        family_info["deepspeed_path"] = str(Path(deepspeed.__file__).parent)
+        deepspeed.init_distributed(dist_backend="nccl" if on_gpu else "gloo")
         config_dict = ds_config(
             args.config,
             args.micro_batch,
@@ -310,9 +353,17 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             args.cores_perc,
             offload_param=args.offload_param,
         )
-        engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=config_dict)
+        if args.config == "zero3gpu":
+            client = torch.optim.AdamW(model.parameters(), lr=1e-5, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.0)
+            engine, _, _, _ = deepspeed.initialize(model=model, optimizer=client, config=config_dict)
+        else:
+            engine, _, _, _ = deepspeed.initialize(
+                model=model, model_parameters=model.parameters(), config=config_dict
+            )
         affinity["after_initialize"] = affinity_report()
         timers.wrap(engine.optimizer)
+        if args.hook_timers and hooks.attach(engine):
+            family_info["hook_handles"] = hooks.hook_handles
 
         def forward() -> Any:
             return engine(tokens, labels)
@@ -331,20 +382,29 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         """(total, fwd, bwd, step) seconds (phases NaN when not phased) and the step's inner timers."""
         sync()
         timers.take()
+        hooks.take()
+        hook_phases: dict[str, dict[str, tuple[float, int]]] = {}
         start_s = time.perf_counter()
         loss = forward()
         if phased:
             sync()
         fwd_end_s = time.perf_counter()
+        hook_phases["fwd"] = hooks.take()  # host-side timers: no synchronisation needed to read them
         backward(loss)
         if phased:
             sync()
         bwd_end_s = time.perf_counter()
+        hook_phases["bwd"] = hooks.take()
         optimizer_step()
         sync()
         end_s = time.perf_counter()
-        inner = {name: seconds for name, (seconds, _calls) in timers.take().items()}
+        hook_phases["opt"] = hooks.take()
+        taken = timers.take()
+        inner = {name: seconds for name, (seconds, _calls) in taken.items()}
         inner["fixed"] = ds_timers.fixed_part_s(timers_as_pairs(inner))
+        inner["grad_epilogue_calls"] = float(taken.get("grad_epilogue", (0.0, 0))[1])
+        if hooks.attached:
+            inner |= hook_step_values(hook_phases)
         if not phased:
             return (end_s - start_s, float("nan"), float("nan"), float("nan")), inner
         return (end_s - start_s, fwd_end_s - start_s, bwd_end_s - fwd_end_s, end_s - bwd_end_s), inner
@@ -375,11 +435,62 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "rank": rank,
         "world": world,
         "affinity": affinity,
+        "family_info": family_info,
     }
 
 
+def hook_step_values(phases: dict[str, dict[str, tuple[float, int]]]) -> dict[str, float]:
+    """One step's hook timers: h_<name> seconds and c_<name> calls summed over the phases, and hook_total_<phase>
+    (the outermost timed hook work: the four closures plus pre_bwd / post_bwd, which autograd calls directly)."""
+    out: dict[str, float] = {}
+    outermost = ("hook_fwd_pre", "hook_fwd_post", "hook_bwd_pre_setup", "hook_bwd_post_setup", "pre_bwd", "post_bwd")
+    for phase, taken in phases.items():
+        for name, (seconds, calls) in taken.items():
+            out[f"h_{name}"] = out.get(f"h_{name}", 0.0) + seconds
+            out[f"c_{name}"] = out.get(f"c_{name}", 0.0) + calls
+        out[f"hook_total_{phase}"] = sum(taken.get(name, (0.0, 0))[0] for name in outermost)
+    out["hook_total"] = sum(out.get(f"hook_total_{phase}", 0.0) for phase in phases)
+    return out
+
+
+def size_family(size: str) -> str:
+    """llama, gpt2 or moe, from the size's syntax."""
+    if GPT2_SIZE.match(size):
+        return "gpt2"
+    if MOE_SIZE.match(size):
+        return "moe"
+    return "llama"
+
+
+def parse_moe(size: str) -> tuple[int, int, int, int, int, int, int, int]:
+    """(layers, hidden, heads, kv_heads, head_dim, experts, top_k, expert_ffn) of an M... size; head_dim defaults
+    to hidden / heads."""
+    match = MOE_SIZE.match(size)
+    if match is None:
+        raise ValueError(f"--size {size}: not an MoE size M<layers>h<hidden>a<heads>kv<kv>[d<head_dim>]e<experts>"
+                         "k<top_k>f<ffn>")
+    layers, hidden, heads, kv_heads = (int(g) for g in match.groups()[:4])
+    experts, top_k, ffn = (int(g) for g in match.groups()[5:])
+    head_dim_text = match.group(5)
+    if head_dim_text is None and hidden % heads:
+        raise ValueError(f"--size {size}: hidden must be a multiple of heads (or give d<head_dim>)")
+    head_dim = int(head_dim_text) if head_dim_text is not None else hidden // heads
+    if heads % kv_heads or not 1 <= top_k <= experts or head_dim < 1:
+        raise ValueError(f"--size {size}: heads must be a multiple of kv heads, 1 <= top_k <= experts")
+    return layers, hidden, heads, kv_heads, head_dim, experts, top_k, ffn
+
+
 def parse_size(size: str) -> tuple[int, int, int, int, int] | None:
-    """(layers, hidden, heads, kv_heads, ffn) of a named or custom size; None for an unknown name."""
+    """(layers, hidden, heads, kv_heads, ffn) of a named or custom size (any family); None for an unknown name."""
+    gpt2 = GPT2_SIZE.match(size)
+    if gpt2 is not None:
+        layers, hidden, heads, ffn = (int(g) for g in gpt2.groups())
+        if hidden % heads:
+            raise ValueError(f"--size {size}: hidden must be a multiple of heads")
+        return layers, hidden, heads, heads, ffn
+    if MOE_SIZE.match(size):
+        layers, hidden, heads, kv_heads, _head_dim, _experts, _top_k, ffn = parse_moe(size)
+        return layers, hidden, heads, kv_heads, ffn
     if size in SIZES:
         layers, hidden = SIZES[size]
         heads = hidden // 128
@@ -399,12 +510,52 @@ def _swiglu(hidden: int) -> int:
 
 
 def model_shape(args: argparse.Namespace, llama: Any) -> Any:
+    family = size_family(args.size)
+    if family == "gpt2" and not args.tiny:
+        layers, hidden, heads, _, ffn = parse_size(args.size) or (0, 0, 0, 0, 0)
+        positions = max(args.seq, 1024)
+        return load_calibrate_module("families").GPT2Shape(layers, hidden, heads, ffn, VOCAB, positions)
+    if family == "moe" and not args.tiny:
+        layers, hidden, heads, kv_heads, head_dim, experts, top_k, ffn = parse_moe(args.size)
+        return load_calibrate_module("families").MoEShape(
+            layers, hidden, heads, kv_heads, experts, top_k, ffn, VOCAB, head_dim
+        )
     if args.tiny:
         return llama.LlamaShape(layers=2, hidden=256, heads=2, kv_heads=1, ffn=_swiglu(256), vocab=VOCAB)
     parsed = parse_size(args.size)
     assert parsed is not None  # checked by the parser
     layers, hidden, heads, kv_heads, ffn = parsed
     return llama.LlamaShape(layers=layers, hidden=hidden, heads=heads, kv_heads=kv_heads, ffn=ffn, vocab=VOCAB)
+
+
+def build_model(args: argparse.Namespace, shape: Any, device: Any, llama: Any) -> tuple[Any, dict[str, Any]]:
+    """The bf16 model of ``shape`` on ``device`` with its initial weights, and the family columns of the row."""
+    import torch
+
+    family = "llama" if args.tiny else size_family(args.size)
+    info: dict[str, Any] = {"family": family}
+    checkpoint = not args.no_ckpt
+    if family == "llama":
+        with device:
+            model = llama.LlamaModel(shape, checkpoint_layers=checkpoint)
+        model = model.to(torch.bfloat16)
+        llama.init_weights_(model)
+        return model, info
+    families = load_calibrate_module("families")
+    if family == "gpt2":
+        with device:
+            model = families.GPT2Model(shape, checkpoint_layers=checkpoint)
+        model = model.to(torch.bfloat16)
+        families.init_gpt2_(model)
+        return model, info
+    with device:
+        model, impl, why = families.build_moe(shape, args.seq, checkpoint, impl=args.moe_impl)
+    model = model.to(device=device, dtype=torch.bfloat16)
+    if impl == "own-experts-loop":
+        families.init_moe_(model)  # the Hugging Face model initialises itself (std 0.02, ones for norms)
+    info |= {"moe_impl": impl, "moe_fallback_why": why, "moe_experts": shape.experts, "moe_top_k": shape.top_k,
+             "params_built": families.model_params(model)}
+    return model, info
 
 
 def timers_as_pairs(inner: dict[str, float]) -> dict[str, tuple[float, int]]:
@@ -419,12 +570,16 @@ def run_id_for(args: argparse.Namespace, world: int) -> str:
         run_id += f"-ratio{args.ratio:g}"
     if args.config == "superoffload" and args.cores_perc != 0.8:
         run_id += f"-cores{args.cores_perc:g}"
-    if args.config in ("zero3", "superoffload") and args.sub_group_size != 1e8:
+    if args.config in ("zero3", "superoffload", "zero3gpu") and args.sub_group_size != 1e8:
         run_id += f"-sg{args.sub_group_size:g}"
     if args.offload_param:
         run_id += "-offparam"
     if args.no_ckpt:
         run_id += "-nockpt"
+    if args.expect_ds:
+        run_id += f"-ds{args.expect_ds}"
+    if args.hook_timers:
+        run_id += "-hooks"
     if world > 1:
         run_id += f"-gpus{world}"
     return run_id
@@ -463,7 +618,7 @@ def rows_for(args: argparse.Namespace, run_id: str, result: dict[str, Any], conf
         "vocab": str(shape.vocab),
         "seq": str(args.seq),
         "micro_batch": str(args.micro_batch),
-        "params": str(result["params"]),
+        "params": str(result["family_info"].get("params_built", result["params"])),
         "activation_checkpointing": "false" if args.no_ckpt else "true",
         "warmup_steps": str(args.warmup),
         "gpu_mem_peak_gib": f"{result['peak_gib']:.2f}",
@@ -480,7 +635,11 @@ def rows_for(args: argparse.Namespace, run_id: str, result: dict[str, Any], conf
         "n_phased_steps": str(len(result["phased"])),
         "offload_param": "cpu" if zero.get("offload_param") else "",
         "lease": args.lease,
+        "hook_timers": "true" if args.hook_timers else "",
     }
+    for key in ("family", "moe_impl", "moe_experts", "moe_top_k", "moe_fallback_why", "deepspeed_path",
+                "hooked_modules", "param_modules", "param_tensors", "hook_handles"):
+        common[key] = str(result["family_info"].get(key, ""))
     rows = []
     for timing in ("unsynced", "phased"):
         steps = result[timing]
@@ -507,6 +666,16 @@ def rows_for(args: argparse.Namespace, run_id: str, result: dict[str, Any], conf
                 values = [t[name] for t in inner if name in t]
                 if values:
                     row[f"t_{name}_s"] = _stat(values, None)
+            row["t_grad_epilogue_calls"] = _stat([t.get("grad_epilogue_calls", 0.0) for t in inner], None)
+            for name in HOOK_NAMES:
+                for prefix, column in (("h", f"t_{name}_s"), ("c", f"n_{name}")):
+                    values = [t[f"{prefix}_{name}"] for t in inner if f"{prefix}_{name}" in t]
+                    if values:
+                        row[column] = _stat(values, None)
+            for key in (*(f"hook_total_{phase}" for phase in HOOK_PHASES), "hook_total"):
+                values = [t[key] for t in inner if key in t]
+                if values:
+                    row[f"t_{key}_s"] = _stat(values, None)
         rows.append(row)
     return rows
 
@@ -537,13 +706,26 @@ def build_parser() -> argparse.ArgumentParser:
         "--size",
         type=_size_arg,
         required=True,
-        help=f"{', '.join(sorted(SIZES))}, or L<layers>h<hidden>a<heads>kv<kv_heads>f<ffn> (e.g. L12h2560a32kv8f6912)",
+        help=f"{', '.join(sorted(SIZES))}, or L<layers>h<hidden>a<heads>kv<kv_heads>f<ffn> (e.g. L12h2560a32kv8f6912), "
+        "G<layers>h<hidden>a<heads>f<ffn> (GPT-2 family), "
+        "M<layers>h<hidden>a<heads>kv<kv>e<experts>k<top_k>f<ffn> (MoE)",
     )
     parser.add_argument(
         "--offload-param", action="store_true", help="zero3: offload_param cpu as well (ZeRO-Infinity, pinned CPU)"
     )
     parser.add_argument(
         "--lease", default=os.environ.get("SOSIM_LEASE", ""), help="the device lease (session) id recorded per row"
+    )
+    parser.add_argument(
+        "--hook-timers",
+        action="store_true",
+        help="time ZeRO-3's module hooks, fetch and release per step (sosim/calibrate/z3_hooks.py)",
+    )
+    parser.add_argument(
+        "--moe-impl", choices=("auto", "hf", "own"), default="auto", help="M... sizes: transformers' Qwen3-MoE or own"
+    )
+    parser.add_argument(
+        "--expect-ds", default="", help="fail (a failed row) unless this DeepSpeed version is the one imported"
     )
     parser.add_argument("--seq", type=int, default=2048)
     parser.add_argument("--micro-batch", type=int, default=4)
@@ -617,6 +799,7 @@ def main(argv: list[str] | None = None) -> int:
         "phased_step_timers_s": result["phased_timers"],
         "unsynced_step_timers_s": result["unsynced_timers"],
         "ds_config": result["config_dict"],
+        "family": result["family_info"],
     }
     (args.out / "runs" / f"{run_id}.json").write_text(json.dumps(raw, indent=1) + "\n")
     rows = rows_for(args, run_id, result, config_file)

@@ -5,10 +5,6 @@ Public API::
     from sosim import load_scenario, simulate, sweep
     result = simulate(load_scenario("scenarios/gh200_zero_offload_4b.yaml", ["training.micro_batch=4"]))
     result.metrics["tokens_per_s"]; result.spans; result.to_frame()
-
-The names are imported when first used (PEP 562): ``import sosim`` itself stays light, so that the ``sosim``
-command installs its signal handlers before pandas and pyarrow load (a Ctrl-C in the first second printed a
-traceback; sosim/cli.py).
 """
 
 from __future__ import annotations
@@ -17,37 +13,28 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from sosim.answers.result import Result
-    from sosim.answers.simulate import simulate
     from sosim.answers.sweep import sweep
     from sosim.inputs.config import Scenario
     from sosim.inputs.errors import ConfigError, SosimError
-    from sosim.inputs.loader import load_profile, load_scenario
+    from sosim.run.loader import load_profile, load_scenario
+    from sosim.run.result import Result
+    from sosim.run.simulate import simulate
 
-# Public name -> the module that defines it.
-_WHERE = {
-    "Result": "sosim.answers.result",
-    "simulate": "sosim.answers.simulate",
-    "sweep": "sosim.answers.sweep",
-    "Scenario": "sosim.inputs.config",
-    "ConfigError": "sosim.inputs.errors",
-    "SosimError": "sosim.inputs.errors",
-    "load_profile": "sosim.inputs.loader",
-    "load_scenario": "sosim.inputs.loader",
+# Where each public name lives. Resolved on first use (PEP 562) because every ``import sosim.x.y`` runs this file
+# first: importing the names here would load the whole simulator (pandas, pydantic, every system) for a module
+# as small as sosim.inputs.units, or for the calibration harness, which imports nothing of sosim.
+_WHERE: dict[str, str] = {
+    "ConfigError": "sosim.inputs.errors", "SosimError": "sosim.inputs.errors", "Scenario": "sosim.inputs.config",
+    "load_profile": "sosim.run.loader", "load_scenario": "sosim.run.loader", "Result": "sosim.run.result",
+    "simulate": "sosim.run.simulate", "sweep": "sosim.answers.sweep",
 }
 
 
 def __getattr__(name: str) -> Any:
     module = _WHERE.get(name)
     if module is None:
-        raise AttributeError(f"module 'sosim' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value  # once: later lookups do not come here
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted([*globals(), *_WHERE])
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(module), name)
 
 
 __all__ = ["ConfigError", "Result", "Scenario", "SosimError", "load_profile", "load_scenario", "simulate", "sweep"]

@@ -98,7 +98,7 @@ def provenance_lines(sc: Any, provenance: dict[str, Any]) -> list[tuple[str, str
 
 def run_table(sc: Any, metrics: dict[str, Any], provenance: dict[str, Any]) -> str:
     """The ``sosim run`` table: verdict first, then what produced it, speed, memory, where the time goes."""
-    from sosim.answers.result import BREAKDOWN_KEYS
+    from sosim.run.result import BREAKDOWN_KEYS
 
     lines: list[str] = [f"# {sc.name}: {metrics['params_b']:.2f}B parameters, {sc.cluster.gpus} GPU(s)"]
     if not metrics["feasible"]:
@@ -167,7 +167,7 @@ def cmd_run(args: argparse.Namespace) -> int:
                                       suffixes=plot_suffixes()) if args.plot is not None else None)
     sc, ds_mapping = dsconfig.scenario_for_run(args)  # a scenario file, or --ds-config + --model
     if args.scenario is not None:
-        from sosim.inputs.loader import profile_notes
+        from sosim.run.loader import profile_notes
 
         _print_notes(profile_notes(args.scenario, args.overrides, getattr(args, "profiles", [])))
     result = simulate(sc, engine=args.engine)
@@ -204,8 +204,8 @@ def _run_inputs(args: argparse.Namespace) -> list[str]:
 
 
 def cmd_examples(args: argparse.Namespace) -> int:
-    from sosim.inputs.loader import read_yaml
     from sosim.inputs.resources import example_scenarios
+    from sosim.run.loader import read_yaml
 
     rows = []
     for name, path in example_scenarios().items():
@@ -227,7 +227,7 @@ def cmd_examples(args: argparse.Namespace) -> int:
 
 def cmd_profiles(args: argparse.Namespace) -> int:
     from sosim.costs.calibration_table import declares_published
-    from sosim.inputs.loader import load_profile, profile_files
+    from sosim.run.loader import load_profile, profile_files
 
     rows = []
     for name, files in profile_files(getattr(args, "profiles", [])).items():
@@ -292,7 +292,9 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     except ImportError as exc:
         print(f"sosim calibrate: the calibration harness is not available ({exc})", file=sys.stderr)
         return EXIT_USAGE
-    return calibrate_main(args.rest)
+    from sosim.answers.calibration_check import run_check  # --check predicts with the simulator
+
+    return calibrate_main(args.rest, run_check=run_check)
 
 
 # --------------------------------------------------------------------------------------------- parser
@@ -306,7 +308,7 @@ def _register_builtin(sub: Any) -> None:
     add_ds_arguments(p)
     p.add_argument("--trace", metavar="OUT.json", help="write a Chrome/Perfetto trace")
     p.add_argument("--plot", metavar="OUT.png", help="write a timeline + breakdown figure (.png, .svg, .pdf...)")
-    from sosim.answers.simulate import DEFAULT_ENGINE, ENGINES
+    from sosim.run.simulate import DEFAULT_ENGINE, ENGINES
 
     p.add_argument("--engine", choices=list(ENGINES), default=DEFAULT_ENGINE,
                    help="simpy: the reference SimPy engine; fast: the same timeline without SimPy "
@@ -369,7 +371,7 @@ def build_parser() -> argparse.ArgumentParser:
 def _profile_folders(dirs: Sequence[str]) -> Iterator[None]:
     """``--profiles`` for the duration of one command: prepended to $SOSIM_PROFILES, which every loader
     call (and every local sweep worker, started inside this block) reads."""
-    from sosim.inputs.loader import PROFILES_ENV
+    from sosim.run.loader import PROFILES_ENV
 
     if not dirs:
         yield

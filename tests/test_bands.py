@@ -20,10 +20,10 @@ from sosim.answers.bands import (
     sampled_cost_models,
     simulate_band,
 )
-from sosim.answers.simulate import make_cost_model, make_costs, simulate
 from sosim.calibrate.records import COLUMNS
 from sosim.costs.table import TableCostModel
-from sosim.schedules.layout import global_tokens_per_step
+from sosim.hardware.model import global_tokens_per_step
+from sosim.run.simulate import make_cost_model, make_costs, simulate
 from tests.helpers import tiny_scenario
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -171,7 +171,7 @@ def test_coverage_on_synthetic_data() -> None:
 
 
 def test_a_band_says_which_lease_spread_it_drew() -> None:
-    from sosim.inputs.loader import load_scenario
+    from sosim.run.loader import load_scenario
 
     measured = simulate_band(load_scenario("h200_x86_llama1.1b_zero2_measured"), n=4)
     assert set(measured.lease_log_sd) == {"host", "device"}

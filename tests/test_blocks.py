@@ -11,6 +11,7 @@ from sosim import load_scenario
 from sosim.costs.analytic import AnalyticCostModel
 from sosim.engine.plan import CPU_MAIN, CPU_OPT, Category, Phase, Plan, ResourceKind
 from sosim.engine.simpy_engine import run_plan
+from sosim.hardware.model import tokens_per_gpu
 from sosim.schedules import cpu
 from sosim.schedules.driver import Ctx, pass_op
 from sosim.schedules.gradients import Stage3Gradients
@@ -23,7 +24,6 @@ from sosim.schedules.layout import (
     make_flushes,
     make_layout,
     subgroups,
-    tokens_per_gpu,
 )
 from sosim.schedules.steps import BlockingCopy
 from sosim.schedules.weights import Stage3Hooks

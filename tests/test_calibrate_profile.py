@@ -90,7 +90,7 @@ def _write(tmp_path: Path, template: str = "h200-pcie-gen5-x86", link: str = "pc
 
 
 def test_written_profile_holds_the_measured_numbers_and_names_its_table(tmp_path: Path) -> None:
-    from sosim.inputs.loader import load_profile
+    from sosim.run.loader import load_profile
 
     profiles = _write(tmp_path)
     prof = load_profile("mybox", profile_dirs=[profiles])
@@ -109,7 +109,7 @@ def test_written_profile_holds_the_measured_numbers_and_names_its_table(tmp_path
 
 
 def test_grace_template_and_c2c_link_load(tmp_path: Path) -> None:
-    from sosim.inputs.loader import load_profile
+    from sosim.run.loader import load_profile
 
     profiles = _write(tmp_path, template="gh200", link="c2c")
     prof = load_profile("mybox", profile_dirs=[profiles])
@@ -132,7 +132,7 @@ def test_sosim_run_uses_the_profile_by_name_and_says_it_was_calibrated_here(tmp_
 def test_band_names_the_stated_lease_spread_source(tmp_path: Path) -> None:
     from sosim.answers.bands import lease_spread_of
     from sosim.costs.table import load_tables
-    from sosim.inputs.loader import load_scenario
+    from sosim.run.loader import load_scenario
 
     profiles = _write(tmp_path)
     import os
@@ -164,7 +164,7 @@ def test_kind_lease_spread_is_what_the_five_h200_leases_measure() -> None:
 
 # ------------------------------------------------------------------------------------------ profile folders
 def test_profiles_folder_order(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from sosim.inputs import loader
+    from sosim.run import loader
 
     monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "cfg"))
     monkeypatch.delenv("SOSIM_PROFILES", raising=False)
@@ -177,7 +177,7 @@ def test_profiles_folder_order(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) 
 
 
 def test_loader_finds_a_profile_in_the_default_user_folder(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from sosim.inputs.loader import available_profiles, load_profile
+    from sosim.run.loader import available_profiles, load_profile
 
     monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "cfg"))
     monkeypatch.delenv("SOSIM_PROFILES", raising=False)
@@ -191,13 +191,16 @@ def test_loader_finds_a_profile_in_the_default_user_folder(tmp_path: Path, monke
 def test_bad_invocations_exit_2_with_a_message(capsys: pytest.CaptureFixture[str]) -> None:
     assert calcli.main(["--check"]) == 2
     assert "--check needs --profile" in capsys.readouterr().err
+    # Standalone (no simulator handed in): --check says where it runs instead of importing sosim.
+    assert calcli.main(["--check", "--profile", "x"]) == 2
+    assert "run it as `sosim calibrate --check`" in capsys.readouterr().err
     assert calcli.main(["--profile", "../evil"]) == 2
     assert "use letters, digits" in capsys.readouterr().err
 
 
 # ------------------------------------------------------------------------------------------ --check report
 def test_check_report_predicts_each_run_with_the_profile(tmp_path: Path) -> None:
-    from sosim.calibrate.check import format_check
+    from sosim.answers.calibration_check import format_check
 
     src = ROOT / "calibration" / "nvidia-h200-2026-12-01"
     folder = tmp_path / "check"
@@ -275,7 +278,7 @@ def test_writer_reproduces_the_hand_made_h200_profile_from_its_own_table(tmp_pat
     writer, given that table, must land on them (rounding and the choice of rows apart: within 6%)."""
     import shutil
 
-    from sosim.inputs.loader import load_profile
+    from sosim.run.loader import load_profile
 
     cal = tmp_path / "p" / "same.calibration"
     cal.mkdir(parents=True)
@@ -299,7 +302,7 @@ def test_writer_reproduces_the_hand_made_h200_profile_from_its_own_table(tmp_pat
 
 def test_cpu_adam_source_names_how_deepspeed_compiled_it(tmp_path: Path) -> None:
     """On a Grace host DeepSpeed's op builder picks -mcpu=native and no AVX: the profile quotes what it chose."""
-    from sosim.inputs.loader import load_profile
+    from sosim.run.loader import load_profile
 
     profiles = tmp_path / "profiles"
     cal = _calibration(profiles / "g.calibration")

@@ -13,7 +13,7 @@ import yaml
 from sosim.calibrate.records import COLUMNS
 from sosim.costs.calibration_table import CalibrationTable, component_class
 from sosim.inputs.errors import ConfigError
-from sosim.inputs.loader import load_profile
+from sosim.run.loader import load_profile
 from tests.test_whatif import H200, costs_of
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -7,11 +7,11 @@ from pathlib import Path
 
 import pytest
 
-from sosim.answers.simulate import simulate
 from sosim.engine import contention as ct
 from sosim.engine.fluid import effective_contention
 from sosim.hardware.machine import Machine
-from sosim.inputs.loader import load_scenario
+from sosim.run.loader import load_scenario
+from sosim.run.simulate import simulate
 
 ROOT = Path(__file__).resolve().parents[1]
 SHIPPED = sorted((ROOT / "scenarios").glob("*.yaml"))

@@ -11,14 +11,14 @@ import pytest
 
 from sosim import load_scenario
 from sosim.answers.bands import sampled_cost_models
-from sosim.answers.simulate import make_cost_model, make_costs, simulate
 from sosim.costs import collectives
 from sosim.costs.analytic import AnalyticCostModel, CollectiveKind, CostModel
 from sosim.costs.model import Costs
 from sosim.engine.plan import Plan, ResourceKind
 from sosim.hardware.machine import Machine, nvme_s
 from sosim.inputs.config import Scenario
-from sosim.schedules import SCHEDULES
+from sosim.run.simulate import make_cost_model, make_costs, simulate
+from sosim.schedules.registry import SYSTEMS
 
 ROOT = Path(__file__).resolve().parent.parent
 ZEROPP = ROOT / "scenarios" / "dgx2x24_zeropp_18b.yaml"  # legacy profile (interconnect), 16 GPUs per node
@@ -53,7 +53,7 @@ class _SlowDisk(Costs):
 
 
 def _plan(sc: Scenario, costs: Costs) -> Plan:
-    return SCHEDULES[sc.schedule.system].build_plan(sc, costs)
+    return SYSTEMS[sc.schedule.system].build_plan(sc, costs)
 
 
 def _durations(plan: Plan, kinds: tuple[ResourceKind, ...]) -> list[float]:

@@ -11,7 +11,7 @@ from sosim import load_scenario
 from sosim.costs.analytic import AnalyticCostModel
 from sosim.costs.calibration_table import CalibrationTable, quantile_times
 from sosim.costs.table import TableCostModel
-from sosim.schedules.layout import tokens_per_gpu
+from sosim.hardware.model import tokens_per_gpu
 
 ROOT = Path(__file__).resolve().parents[1]
 H200_CSV = ROOT / "calibration" / "nvidia-h200-2026-11-29" / "measurements.csv"

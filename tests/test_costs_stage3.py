@@ -12,8 +12,8 @@ from sosim.costs import analytic as c
 from sosim.costs.analytic import AnalyticCostModel
 from sosim.costs.calibration_table import CalibrationTable
 from sosim.costs.table import TableCostModel
-from sosim.inputs.loader import load_profile
 from sosim.inputs.units import GB
+from sosim.run.loader import load_profile
 from tests.test_calibration_table import HEADER as BASE_HEADER
 from tests.test_calibration_table import row as base_row
 
@@ -131,8 +131,8 @@ def test_superoffload_flush_affine(table: CalibrationTable) -> None:
 def test_the_superoffload_plan_times_its_flush_as_measured() -> None:
     # On the calibrated H200 (so_grads rows): the fp32 copy of each flush is the measured whole flush minus the
     # bf16 round trip and the cast before it, so the four ops of a flush add up to the measured flush.
-    from sosim.answers.simulate import make_cost_model, simulate
     from sosim.answers.validate_measured import read_runs, scenario_for
+    from sosim.run.simulate import make_cost_model, simulate
 
     runs, _ = read_runs(Path(__file__).resolve().parents[1] / "calibration" / "nvidia-h200-2026-11-30b")
     run = next(r for r in runs if r.run_id == "1.1b-s2048-mb4-superoffload-clip0")

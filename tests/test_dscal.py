@@ -14,9 +14,10 @@ from sosim.costs.calibration_table import CalibrationTable
 from sosim.costs.table import STEP_FIXED_MEASURED_TENSORS, TableCostModel
 from sosim.engine.plan import Category, Phase, Plan, ResourceKind
 from sosim.engine.simpy_engine import run_plan
+from sosim.hardware.model import tokens_per_gpu
 from sosim.schedules import cpu
 from sosim.schedules.driver import Ctx
-from sosim.schedules.layout import Tensor, Unit, make_flushes, make_layout, subgroups, tokens_per_gpu
+from sosim.schedules.layout import Tensor, Unit, make_flushes, make_layout, subgroups
 from sosim.schedules.steps import Stage2Step, Stage3Step
 from tests.test_whatif import H200, costs_of
 

@@ -12,21 +12,14 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from sosim import load_scenario, simulate
-from sosim.formats.dsconfig import (
-    _TOP_IGNORED,
-    _TOP_MAPPED,
-    DS_KEYS,
-    RunInputs,
-    ds_config_from_scenario,
-    emitted_zero_keys,
-    load_ds_mapping,
-    map_ds_config,
-)
+from sosim.formats.dsconfig import RunInputs, ds_config_from_scenario, load_ds_mapping, map_ds_config
+from sosim.formats.dsconfig.emit import emitted_zero_keys
 from sosim.formats.hf_model import HfModel
 from sosim.formats.jsonio import parse_json
 from sosim.inputs.config import Scenario
-from sosim.inputs.loader import load_profile, scenario_from_data
+from sosim.run.loader import load_profile, scenario_from_data
 from sosim.schedules import superoffload
+from sosim.schedules.ds_schema import DS_KEYS, TOP_IGNORED, TOP_MAPPED
 
 ROOT = Path(__file__).resolve().parent.parent
 DS = ROOT / "scenarios" / "deepspeed"
@@ -139,7 +132,7 @@ def test_every_shipped_scenario_is_written_with_names_deepspeed_knows(path: Path
     for section in ("offload_optimizer", "offload_param"):
         known_zero |= {f"zero_optimization.{section}.{k}" for k in DS_KEYS[f"zero_optimization.{section}"]}
     assert emitted_zero_keys(cfg) <= known_zero
-    assert set(cfg) <= set(_TOP_MAPPED) | set(_TOP_IGNORED)
+    assert set(cfg) <= set(TOP_MAPPED) | set(TOP_IGNORED)
     # Read back with what a DeepSpeed config cannot say taken from the scenario: the same training, cluster and
     # every knob the emitter did not list as inexpressible.
     back = map_ds_config(parse_json(json.dumps(cfg), "emitted.json"), HfModel(model=sc.model.model_dump()),
@@ -264,7 +257,7 @@ def test_schema_data_matches_the_installed_deepspeed() -> None:
     def names(model: Any) -> set[str]:
         return {n for n, f in model.model_fields.items()} | {f.alias for f in model.model_fields.values() if f.alias}
 
-    from sosim.formats.dsconfig import DS_KEYS_ONE_VERSION
+    from sosim.schedules.ds_schema import DS_KEYS_ONE_VERSION
 
     zero = names(DeepSpeedZeroConfig)
     assert DS_KEYS["zero_optimization"] <= zero
@@ -338,7 +331,7 @@ def test_schema_data_matches_the_deepspeed_source() -> None:
     def names(model: Any) -> set[str]:
         return set(model.model_fields) | {f.alias for f in model.model_fields.values() if f.alias}
 
-    from sosim.formats.dsconfig import DS_KEYS_ONE_VERSION
+    from sosim.schedules.ds_schema import DS_KEYS_ONE_VERSION
 
     zero = names(zc.DeepSpeedZeroConfig)
     assert DS_KEYS["zero_optimization"] <= zero

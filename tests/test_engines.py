@@ -13,11 +13,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from sosim import load_scenario, simulate
-from sosim.answers.simulate import DEFAULT_ENGINE, ENGINES
 from sosim.engine import fast as engine_fast
 from sosim.engine import simpy_engine as engine
 from sosim.engine.fluid import Contention, effective_contention
 from sosim.engine.plan import CPU_MAIN, CPU_OPT, D2H, GPU, H2D, Phase, Plan, Resource, ResourceKind
+from sosim.run.simulate import DEFAULT_ENGINE, ENGINES
 
 ROOT = Path(__file__).resolve().parent.parent
 SCENARIOS = sorted((ROOT / "scenarios").glob("*.yaml"))

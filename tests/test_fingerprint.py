@@ -7,13 +7,13 @@ import dataclasses
 import math
 
 from sosim import load_scenario, simulate
-from sosim.answers.simulate import ENGINES, EngineRuns, make_costs
 from sosim.engine.contention import node_plan
 from sosim.engine.fingerprint import engine_fingerprint
 from sosim.engine.fluid import Contention
 from sosim.engine.plan import CPU_OPT, GPU, H2D, Category, Op, Phase, Plan, Template
 from sosim.hardware.machine import Machine
-from sosim.schedules import SCHEDULES
+from sosim.run.simulate import ENGINES, EngineRuns, make_costs
+from sosim.schedules.registry import SYSTEMS
 
 
 def _plan(d: float = 1.0, name: str = "a") -> Plan:
@@ -74,7 +74,7 @@ def test_shared_engine_runs_give_the_metrics_of_a_plain_simulation() -> None:
     keys = []
     for _ in range(2):
         costs = make_costs(sc, machine=m)
-        node, contention, _ranks = node_plan(sc, m, SCHEDULES[sc.schedule.system].build_plan(sc, costs))
+        node, contention, _ranks = node_plan(sc, m, SYSTEMS[sc.schedule.system].build_plan(sc, costs))
         keys.append(engine_fingerprint(node, contention, "fast"))
     assert keys[0] == keys[1] and "fast" in ENGINES
     runs = EngineRuns()

@@ -7,13 +7,13 @@ import pytest
 
 from sosim import load_profile, load_scenario, simulate
 from sosim.answers.bands import TRANSFERRED_SPREADS, has_transferred_costs, simulate_band
-from sosim.answers.result import BREAKDOWN_KEYS
-from sosim.answers.simulate import make_cost_model
 from sosim.costs import analytic as c
 from sosim.costs import grace_host
 from sosim.costs.published import table_origin
 from sosim.costs.table import load_tables
 from sosim.inputs.units import GB
+from sosim.run.result import BREAKDOWN_KEYS
+from sosim.run.simulate import make_cost_model
 
 ALPS = "scenarios/alps_gh200x4_superoffload_6.7b.yaml"
 GPT8B = "scenarios/gh200_superoffload_deepspeed_8b.yaml"

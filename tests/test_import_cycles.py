@@ -5,6 +5,9 @@ an edge; the graph must have no cycle. A package's ``__init__`` counts as the pa
 from __future__ import annotations
 
 import ast
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -95,7 +98,8 @@ def test_the_checker_finds_a_cycle() -> None:
 
 def test_function_level_imports_are_edges() -> None:
     g = graph()
-    assert "sosim.costs.table" in g["sosim.answers.simulate"]  # imported inside make_cost_model
+    assert "sosim.costs.table" in g["sosim.run.simulate"]  # imported inside make_cost_model
+    assert "sosim.answers.calibration_check" in g["sosim.cli"]  # imported inside cmd_calibrate
 
 
 def test_no_import_cycle_among_sosim_modules() -> None:
@@ -103,29 +107,14 @@ def test_no_import_cycle_among_sosim_modules() -> None:
     assert not found, "import cycles: " + "; ".join(", ".join(sorted(c)) for c in found)
 
 
-# The packages, lowest first: a module may import from its own package and from those before it. What sosim is
-# made of (inputs: the schema; hardware; costs), what runs it (engine; schedules: the systems), what it answers
-# and the formats it reads and writes, and the calibration harness, which runs on GPU machines.
-LAYERS = ("inputs", "hardware", "costs", "engine", "schedules", "formats", "answers", "calibrate")
-# Imports that still reach up a layer, each with why; nothing else may join (remove an entry once it is gone).
-KNOWN_UPWARD = {
-    # Loading resolves a scenario completely (issue 17: knob validation belongs to loading; the cost model never
-    # searches folders): the loader asks the registry for the knobs and reads the profile's tables.
-    ("sosim.inputs.loader", "sosim.schedules.registry"),
-    ("sosim.inputs.loader", "sosim.costs.table"),
-    # Per-tensor sizes of a layer, which the measured ZeRO-2 flush is scaled by, live with the layout.
-    ("sosim.costs.offload_mechanisms", "sosim.schedules.layout"),
-    # The calibration CSV's column names are the harness's (it runs standalone on GPU machines).
-    ("sosim.costs.calibration_table", "sosim.calibrate.records"),
-    # DeepSpeed's key names and defaults (data) are read by each system's DeepSpeed form.
-    ("sosim.schedules.offload_ds", "sosim.formats.dsconfig.schema"),
-    ("sosim.schedules.superoffload_ds", "sosim.formats.dsconfig.schema"),
-    ("sosim.schedules.system_api", "sosim.formats.dsconfig.schema"),
-    ("sosim.schedules.zero3_ds", "sosim.formats.dsconfig.schema"),
-    # Traces and plots draw a Result.
-    ("sosim.formats.plot", "sosim.answers.result"),
-    ("sosim.formats.trace", "sosim.answers.result"),
-}
+# The packages, lowest first: a module may import from its own package and from those before it. The calibration
+# harness (it runs standalone on GPU machines, so it imports nothing of sosim; the simulator reads its CSV columns),
+# what sosim is made of (inputs: the schema; hardware: the machine and the model arithmetic; costs), what runs it
+# (engine; schedules: the systems and DeepSpeed's key data), one run end to end (run: loader, simulate, Result), the
+# formats it reads and writes, and what it answers.
+LAYERS = ("calibrate", "inputs", "hardware", "costs", "engine", "schedules", "run", "formats", "answers")
+# Imports that still reach up a layer, each with why; nothing may join (none is left: issue 25).
+KNOWN_UPWARD: set[tuple[str, str]] = set()
 
 
 def _layer(module: str) -> int | None:
@@ -137,7 +126,7 @@ def test_the_layout_shows_the_architecture() -> None:
     """Every module of sosim/ but the entry points (__init__, __main__, cli) lives in one of the packages."""
     top = sorted(p.name for p in PKG.glob("*.py"))
     assert top == ["__init__.py", "__main__.py", "cli.py"]
-    assert {p.name for p in PKG.iterdir() if (p / "__init__.py").is_file()} == {*LAYERS, "schedules"}
+    assert {p.name for p in PKG.iterdir() if (p / "__init__.py").is_file()} == set(LAYERS)
 
 
 def test_no_package_reaches_up_a_layer() -> None:
@@ -147,3 +136,27 @@ def test_no_package_reaches_up_a_layer() -> None:
     assert upward <= KNOWN_UPWARD, "imports that reach up a layer: " + "; ".join(
         f"{s} -> {d}" for s, d in sorted(upward - KNOWN_UPWARD))
     assert upward == KNOWN_UPWARD, f"gone, remove from KNOWN_UPWARD: {sorted(KNOWN_UPWARD - upward)}"
+
+
+def test_the_calibration_harness_imports_nothing_of_sosim() -> None:
+    """sosim/calibrate/ runs from a copy of its folder on a GPU machine: only relative imports of its own modules."""
+    g = graph()
+    outside = {(src, dst) for src, dsts in g.items() if src.startswith("sosim.calibrate") for dst in dsts
+               if not dst.startswith("sosim.calibrate")}
+    assert not outside, f"sosim/calibrate/ imports the simulator: {sorted(outside)}"
+
+
+def _loaded_by(statement: str) -> set[str]:
+    code = f"import sys\n{statement}\nprint(' '.join(m for m in sys.modules if m == 'sosim' or m.startswith('sosim.')))"
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)},
+                         capture_output=True, text=True, check=True).stdout
+    return set(out.split())
+
+
+def test_importing_a_small_module_loads_only_it() -> None:
+    """Package __init__ files import nothing, so a leaf module does not load the simulator (it loaded 62 of
+    117 modules before issue 25); the public API still resolves on first use."""
+    assert _loaded_by("import sosim.inputs.units") == {"sosim", "sosim.inputs", "sosim.inputs.units"}
+    assert _loaded_by("import sosim.schedules.ds_schema") == {"sosim", "sosim.schedules", "sosim.schedules.ds_schema"}
+    loaded = _loaded_by("from sosim import load_scenario, simulate, sweep, Result")
+    assert {"sosim.run.loader", "sosim.run.simulate", "sosim.run.result", "sosim.answers.sweep"} <= loaded

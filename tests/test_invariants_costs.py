@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 
 from sosim import load_scenario, simulate
 from sosim.inputs.errors import ConfigError
-from sosim.inputs.loader import available_profiles
+from sosim.run.loader import available_profiles
 
 ROOT = Path(__file__).resolve().parents[1]
 SCENARIOS = sorted((ROOT / "scenarios").glob("*.yaml"))

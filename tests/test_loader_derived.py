@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from sosim.inputs.errors import SosimError
-from sosim.inputs.loader import load_derived, load_scenario
+from sosim.run.loader import load_derived, load_scenario
 
 ROOT = Path(__file__).resolve().parent.parent
 SHIPPED = sorted(p for p in (ROOT / "scenarios").glob("*.yaml"))

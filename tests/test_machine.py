@@ -14,8 +14,8 @@ from sosim.engine.contention import expand_ranks, node_plan, ranks_share_host
 from sosim.engine.plan import GPU, H2D, NET, Phase, Plan
 from sosim.hardware.machine import Machine, SharedId
 from sosim.inputs.errors import ConfigError
-from sosim.inputs.loader import load_profile
 from sosim.inputs.units import MIB
+from sosim.run.loader import load_profile
 
 NODE_PROFILES = ["h200x2-pcie-gen5-x86", "gh200x4-alps", "gh200-480gb", "hgx-h100x8-x86"]
 SCENARIO = "scenarios/gh200_zero3_offload_4b.yaml"
@@ -191,10 +191,10 @@ def test_shared_uplink_costs_time_and_is_attributed() -> None:
 def test_node_plan_simulates_one_rank_when_ranks_share_nothing() -> None:
     sc = load_scenario(SCENARIO, ["hardware=gh200x4-alps", "cluster.gpus=8", "model.layers=4"])
     m = Machine.from_scenario(sc)
-    from sosim.answers.simulate import make_cost_model
-    from sosim.schedules import SCHEDULES
+    from sosim.run.simulate import make_cost_model
+    from sosim.schedules.registry import SYSTEMS
 
-    plan = SCHEDULES[sc.schedule.system].build_plan(sc, make_cost_model(sc))
+    plan = SYSTEMS[sc.schedule.system].build_plan(sc, make_cost_model(sc))
     node, _, ranks = node_plan(sc, m, plan)
     assert len(node.ops) == len(plan.ops) and ranks == 1
 

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from sosim import load_scenario, simulate
-from sosim.answers.result import Result
+from sosim.run.result import Result
 
 ROOT = Path(__file__).resolve().parent.parent
 MULTI = [
@@ -75,8 +75,8 @@ def test_dram_contention_is_attributed_on_a_shared_socket() -> None:
 
 def test_every_resource_kind_has_a_breakdown_bucket() -> None:
     """A resource kind the breakdown does not know would have its time reported as idle."""
-    from sosim.answers.result import EXPOSED_ORDER, GPU_KINDS
     from sosim.engine.plan import ResourceKind
+    from sosim.run.result import EXPOSED_ORDER, GPU_KINDS
 
     covered = set(GPU_KINDS).union(*(kinds for _, kinds, _ in EXPOSED_ORDER))
     assert covered == set(ResourceKind)

@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 
 from sosim import load_scenario, simulate
-from sosim.answers.result import Result
 from sosim.engine.plan import ResourceKind
 from sosim.hardware.model import layer_params, total_params
+from sosim.run.result import Result
 
 ROOT = Path(__file__).resolve().parent.parent
 NVME = ROOT / "scenarios" / "hgx_zero_infinity_nvme_13b.yaml"

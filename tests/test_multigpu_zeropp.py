@@ -7,9 +7,9 @@ from pathlib import Path
 import pytest
 
 from sosim import load_scenario, simulate
-from sosim.answers.result import Result
 from sosim.engine.plan import Phase, ResourceKind
 from sosim.hardware.model import total_params
+from sosim.run.result import Result
 
 ROOT = Path(__file__).resolve().parent.parent
 ALPS = ROOT / "scenarios" / "alps_gh200x4_superoffload_6.7b.yaml"

@@ -9,7 +9,6 @@ from types import SimpleNamespace
 
 import pytest
 
-from sosim.answers.simulate import make_cost_model, simulate
 from sosim.answers.validate_measured import read_runs, scenario_for
 from sosim.calibrate.records import COLUMNS
 from sosim.costs.analytic import model_parameter_tensors
@@ -23,6 +22,7 @@ from sosim.costs.offload_mechanisms import (
 )
 from sosim.costs.table import CPU_CAST_BYTES_PER_ELEMENT, beyond_measured_threads_s
 from sosim.inputs.units import MB
+from sosim.run.simulate import make_cost_model, simulate
 
 ROOT = Path(__file__).resolve().parents[1]
 LEASE = ROOT / "calibration" / "nvidia-h200-2026-12-01"

@@ -13,14 +13,14 @@ import pytest
 from helpers import SRC, tiny_scenario
 
 from sosim import load_scenario
-from sosim.answers.simulate import make_cost_model
 from sosim.engine.contention import node_plan, ranks_share_host
 from sosim.engine.plan import CPU_OPT, H2D, Category, Phase, Plan
 from sosim.engine.simpy_engine import run_plan
 from sosim.hardware.machine import Machine
 from sosim.inputs.config import Scenario
 from sosim.inputs.errors import ConfigError
-from sosim.schedules import SCHEDULES
+from sosim.run.simulate import make_cost_model
+from sosim.schedules.registry import SYSTEMS
 
 GB = 1e9
 F = Phase.FORWARD
@@ -98,7 +98,7 @@ def test_transfers_to_a_borrowed_socket_pay_the_socket_link() -> None:
 def _rank0_cpu_pools(sc: Scenario) -> dict[str, set[str]]:
     """Shared pools (cores, DRAM) rank 0's CPU ops draw on, by op kind (optimizer or other)."""
     m = Machine.from_scenario(sc)
-    plan = SCHEDULES[sc.schedule.system].build_plan(sc, make_cost_model(sc))
+    plan = SYSTEMS[sc.schedule.system].build_plan(sc, make_cost_model(sc))
     node, contention, ranks = node_plan(sc, m, plan)
     out: dict[str, set[str]] = {"optimizer": set(), "other": set()}
     for op in node.ops[::ranks]:

@@ -23,9 +23,9 @@ from pathlib import Path
 
 import pytest
 
-from sosim.inputs.loader import load_profile, read_yaml
 from sosim.inputs.resources import data_root, example_scenarios, find_example, shipped_profiles_dir
 from sosim.inputs.resources import shipped as shipped_file
+from sosim.run.loader import load_profile, read_yaml
 
 ROOT = Path(__file__).resolve().parent.parent
 

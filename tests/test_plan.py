@@ -8,7 +8,6 @@ import pytest
 from helpers import tiny_scenario
 
 from sosim import load_scenario, simulate
-from sosim.answers.result import METRIC_NAMES, METRICS, link_bytes, metric_schema
 from sosim.engine.plan import (
     D2H,
     H2D,
@@ -20,7 +19,8 @@ from sosim.engine.plan import (
 )
 from sosim.engine.simpy_engine import Contention, run_plan
 from sosim.hardware import model as tm
-from sosim.schedules.layout import tokens_per_gpu
+from sosim.hardware.model import tokens_per_gpu
+from sosim.run.result import METRIC_NAMES, METRICS, link_bytes, metric_schema
 
 ROOT = Path(__file__).resolve().parent.parent
 SHIPPED = sorted((ROOT / "scenarios").glob("*.yaml"))

@@ -12,13 +12,14 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from sosim import load_scenario
-from sosim.answers.simulate import make_cost_model
 from sosim.engine import fast as engine_fast
 from sosim.engine.plan import GPU, H2D, Category, Op, Phase, Plan, Template
 from sosim.inputs.config import Scenario
 from sosim.inputs.errors import SosimError
-from sosim.schedules import SCHEDULES, driver
+from sosim.run.simulate import make_cost_model
+from sosim.schedules import driver
 from sosim.schedules.driver import Ctx, Recipe
+from sosim.schedules.registry import SYSTEMS
 
 ROOT = Path(__file__).resolve().parent.parent
 SCENARIOS = sorted((ROOT / "scenarios").glob("*.yaml"))
@@ -39,7 +40,7 @@ def built(sc: Scenario, monkeypatch: pytest.MonkeyPatch, oracle: bool) -> Plan:
     with monkeypatch.context() as m:
         if oracle:
             m.setattr(driver, "build", unrolled)
-        return SCHEDULES[sc.schedule.system].build_plan(sc, make_cost_model(sc))
+        return SYSTEMS[sc.schedule.system].build_plan(sc, make_cost_model(sc))
 
 
 def assert_same_plan(sc: Scenario, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -12,8 +12,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from sosim import load_scenario, simulate
-from sosim.answers.result import step_breakdown, step_breakdown_reference
 from sosim.engine.plan import Category, Phase, Plan, Resource, ResourceKind
+from sosim.run.result import step_breakdown, step_breakdown_reference
 
 ROOT = Path(__file__).resolve().parent.parent
 SHIPPED = sorted((ROOT / "scenarios").glob("*.yaml"))

@@ -9,8 +9,8 @@ from hypothesis import strategies as st
 
 from sosim import load_scenario, simulate
 from sosim.costs.analytic import AnalyticCostModel
-from sosim.hardware.model import total_params
-from sosim.schedules.layout import build_units, tokens_per_gpu
+from sosim.hardware.model import tokens_per_gpu, total_params
+from sosim.schedules.layout import build_units
 
 
 def _costs(sc):  # the same cost model simulate() builds for a profile without calibration

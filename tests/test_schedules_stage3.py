@@ -11,11 +11,10 @@ import pytest
 from helpers import tiny_scenario
 
 from sosim import ConfigError, load_scenario, simulate
-from sosim.answers.result import Result
 from sosim.costs.analytic import AnalyticCostModel
 from sosim.engine.plan import Phase, ResourceKind
-from sosim.hardware.model import total_params
-from sosim.schedules.layout import tokens_per_gpu
+from sosim.hardware.model import tokens_per_gpu, total_params
+from sosim.run.result import Result
 from sosim.schedules.zero3_offload import Zero3OffloadKnobs
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -10,9 +10,10 @@ from sosim import load_scenario
 from sosim.costs.analytic import AnalyticCostModel, parameter_tensors_per_layer
 from sosim.engine.plan import GPU, Category, Phase, Plan
 from sosim.engine.simpy_engine import run_plan
+from sosim.hardware.model import tokens_per_gpu
 from sosim.schedules import cpu, stage3
 from sosim.schedules.driver import Ctx, pass_op
-from sosim.schedules.layout import Tensor, Unit, make_flushes, make_layout, subgroups, tokens_per_gpu
+from sosim.schedules.layout import Tensor, Unit, make_flushes, make_layout, subgroups
 from sosim.schedules.weights import Stage3Hooks
 
 

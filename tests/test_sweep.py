@@ -459,7 +459,7 @@ def test_every_shipped_sweep_has_valid_points() -> None:
     from pathlib import Path
 
     from sosim.answers.sweep import load_sweep
-    from sosim.inputs.loader import load_scenario
+    from sosim.run.loader import load_scenario
 
     for path in sorted((Path(__file__).resolve().parent.parent / "scenarios" / "sweeps").glob("*.yaml")):
         spec = load_sweep(path)

@@ -9,11 +9,11 @@ import numpy as np
 import pytest
 
 from sosim import load_scenario, simulate
-from sosim.answers.result import Result
 from sosim.cli import main
 from sosim.formats.plot import plot_compare, plot_result, time_unit
 from sosim.formats.trace import RESOURCE_LABELS, activation_curve_bytes, chrome_trace, write_trace
 from sosim.inputs.units import GIB
+from sosim.run.result import Result
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 

@@ -9,8 +9,8 @@ from helpers import tiny_scenario
 from sosim import load_scenario
 from sosim.costs.analytic import AnalyticCostModel
 from sosim.costs.training_stack import attention_work_fraction, uses_timed_layers
+from sosim.hardware.model import tokens_per_gpu
 from sosim.inputs.errors import ConfigError
-from sosim.schedules.layout import tokens_per_gpu
 
 
 def _costs(**training: object) -> AnalyticCostModel:

@@ -155,7 +155,7 @@ def test_memory_check_is_the_simulations_verdict_without_simulating(monkeypatch:
 
     import sys
 
-    monkeypatch.setattr(sys.modules["sosim.answers.simulate"], "simulate", boom)
+    monkeypatch.setattr(sys.modules["sosim.run.simulate"], "simulate", boom)
     gpu, cpu, fits, _, klass = memory_check(sc)
     assert fits == expected["feasible"]
     assert gpu == pytest.approx(expected["gpu_mem_peak_gib"])

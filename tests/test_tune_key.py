@@ -17,7 +17,7 @@ from sosim import load_scenario, simulate
 from sosim.answers.tune import PARALLEL_MIN_BATCH, TuneOptions, Tuner, TuneResult, memory_check
 from sosim.answers.tune_key import RESOLVED_BY_MACHINE, Reuse, simulation_key
 from sosim.answers.tune_report import format_text, to_json
-from sosim.inputs.loader import load_derived
+from sosim.run.loader import load_derived
 from tests.helpers import SRC, tiny_scenario
 
 SOSIM = Path(__file__).resolve().parents[1] / "sosim"

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from sosim.answers.simulate import simulate
-from sosim.inputs.loader import load_scenario
+from sosim.run.loader import load_scenario
+from sosim.run.simulate import simulate
 
 
 def _fetch_and_gather(gpus: int) -> tuple[float, float, int]:

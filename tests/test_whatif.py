@@ -9,8 +9,8 @@ import pytest
 from sosim import load_scenario, simulate
 from sosim.costs.analytic import AnalyticCostModel
 from sosim.costs.table import TableCostModel, hardware_changes
-from sosim.inputs.loader import find_baseline, load_profile
-from sosim.schedules.layout import tokens_per_gpu
+from sosim.hardware.model import tokens_per_gpu
+from sosim.run.loader import find_baseline, load_profile
 
 ROOT = Path(__file__).resolve().parents[1]
 H200 = ROOT / "scenarios" / "h200_x86_zero_offload_llama3b.yaml"

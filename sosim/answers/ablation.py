@@ -13,10 +13,10 @@ import argparse
 from dataclasses import dataclass
 from typing import Any
 
-from sosim.answers.simulate import simulate
 from sosim.formats.output import print_json
 from sosim.inputs.config import Scenario
-from sosim.inputs.loader import load_scenario
+from sosim.run.loader import load_scenario
+from sosim.run.simulate import simulate
 
 BASELINE: tuple[str, ...] = (
     "schedule.system=superoffload", "schedule.implementation=ideal", "schedule.cpu_adam=cpu_adam",

@@ -37,14 +37,14 @@ from typing import Any, cast
 
 import numpy as np
 
-from sosim.answers.result import Result
-from sosim.answers.simulate import make_cost_model, make_costs, simulate
 from sosim.costs import grace_host, published
 from sosim.costs.model import Costs
 from sosim.costs.table import TableCostModel, load_tables
 from sosim.hardware.machine import Machine
+from sosim.hardware.model import global_tokens_per_step
 from sosim.inputs.config import Scenario
-from sosim.schedules.layout import global_tokens_per_step
+from sosim.run.result import Result
+from sosim.run.simulate import make_cost_model, make_costs, simulate
 
 DEFAULT_REPLAYS = 100  # p10/p90 of 100 replays: each quantile's rank is known to about +-3 replays
 DEFAULT_SEED = 0

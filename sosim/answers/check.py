@@ -78,7 +78,7 @@ def _profile_source(source: str, overrides: Sequence[str]) -> tuple[Path | None,
     """The profile file load_scenario picks for ``source`` and its SHA-256; for a profile written inline in
     the scenario, (None, the SHA-256 of that mapping as JSON): the same on every machine, unlike the resolved
     profile, which holds absolute calibration paths."""
-    from sosim.inputs.loader import parse_override, read_yaml, resolve_profile_path, resolve_scenario_path
+    from sosim.run.loader import parse_override, read_yaml, resolve_profile_path, resolve_scenario_path
 
     path = resolve_scenario_path(source)
     data = read_yaml(path).data
@@ -104,8 +104,8 @@ class Prediction:
 
 def predict(source: str, overrides: Sequence[str], version: str, code: str) -> Prediction:
     """Load and simulate one scenario (``source``: a file or a shipped example's name) and fingerprint it."""
-    from sosim.answers.simulate import simulate
-    from sosim.inputs.loader import load_scenario, resolve_scenario_path
+    from sosim.run.loader import load_scenario, resolve_scenario_path
+    from sosim.run.simulate import simulate
 
     sc = load_scenario(source, overrides)
     result = simulate(sc)

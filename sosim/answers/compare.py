@@ -10,7 +10,6 @@ from pathlib import Path
 
 import pandas as pd
 
-from sosim.answers.result import BREAKDOWN_KEYS, Result
 from sosim.formats import safe_write
 from sosim.formats.output import (
     format_value,
@@ -18,6 +17,7 @@ from sosim.formats.output import (
     print_json,
     provenance_fields,
 )
+from sosim.run.result import BREAKDOWN_KEYS, Result
 
 # Rows of the table, in order; the breakdown follows so that the reader sees why one is faster.
 KEY_METRICS: tuple[str, ...] = (

@@ -15,7 +15,7 @@ from sosim.hardware.memory import Feasibility, check_fit
 from sosim.hardware.model import total_params
 from sosim.inputs.config import ModelSpec, Scenario
 from sosim.inputs.errors import InfeasibleError
-from sosim.schedules import SCHEDULES
+from sosim.schedules.registry import SYSTEMS
 
 Growth = Literal["layers", "width", "paper"]
 
@@ -37,7 +37,7 @@ class MaxSize:
 
 
 def fits(sc: Scenario) -> Feasibility:
-    return check_fit(SCHEDULES[sc.schedule.system].memory_usage(sc), sc.hardware, Machine.from_scenario(sc))
+    return check_fit(SYSTEMS[sc.schedule.system].memory_usage(sc), sc.hardware, Machine.from_scenario(sc))
 
 
 def _with_model(sc: Scenario, **changes: object) -> Scenario:

@@ -43,7 +43,7 @@ from sosim.answers.sweep_resume import check_out_target, check_parts, read_done_
 from sosim.formats.output import check_output_path, non_finite_metrics, print_json, provenance_fields
 from sosim.inputs.config import Scenario
 from sosim.inputs.errors import ConfigError, SosimError
-from sosim.inputs.loader import KeyPath, Located, dotted, read_yaml, resolve_scenario_path
+from sosim.run.loader import KeyPath, Located, dotted, read_yaml, resolve_scenario_path
 
 Point = dict[str, Any]  # dotted key path -> value
 Row = dict[str, Any]
@@ -88,7 +88,7 @@ def point_id(point: Mapping[str, Any]) -> str:
 
 
 def _metrics_row(sc: Scenario) -> Row:
-    from sosim.answers.simulate import simulate
+    from sosim.run.simulate import simulate
 
     result = simulate(sc)
     bad = non_finite_metrics(result.metrics)
@@ -101,7 +101,7 @@ def _metrics_row(sc: Scenario) -> Row:
 
 def _simulate_point(base: Mapping[str, Any] | None, target: list[str] | Scenario) -> Row:
     """Metrics of one point, or its error: a sweep never stops for one bad point."""
-    from sosim.inputs.loader import load_scenario
+    from sosim.run.loader import load_scenario
 
     try:
         sc = target if isinstance(target, Scenario) else load_scenario(base or {}, target)
@@ -154,7 +154,7 @@ def _base_data(base_path: Path) -> tuple[dict[str, Any], Scenario]:
     Raw data rather than ``Scenario.model_dump``: a dump would freeze the implementation-dependent schedule
     defaults, so a swept ``schedule.implementation`` would silently keep the other implementation's values.
     """
-    from sosim.inputs.loader import load_scenario
+    from sosim.run.loader import load_scenario
 
     sc = load_scenario(base_path)
     raw = read_yaml(base_path).data
@@ -288,7 +288,7 @@ def _check_keys(spec: SweepSpec, where: Mapping[str, str]) -> list[str]:
     Unknown key paths, and any problem with a fixed ``set:`` override (it would fail every point), stop the
     sweep before it starts; a bad value at one grid point is left for that point's row.
     """
-    from sosim.inputs.loader import load_scenario
+    from sosim.run.loader import load_scenario
 
     problems: list[str] = []
     seen: set[str] = set()
@@ -314,7 +314,7 @@ def _check_keys(spec: SweepSpec, where: Mapping[str, str]) -> list[str]:
 def sweep_spec(base: str | Path | Scenario | Mapping[str, Any], points: Iterable[Mapping[str, Any]],
                fixed: Mapping[str, Any] | None = None) -> SweepSpec:
     """A SweepSpec from Python values (no key-path validation; bad points become error rows)."""
-    from sosim.inputs.loader import load_scenario
+    from sosim.run.loader import load_scenario
 
     if isinstance(base, Scenario):
         data = base.model_dump(mode="json")
@@ -331,7 +331,7 @@ def sweep_spec(base: str | Path | Scenario | Mapping[str, Any], points: Iterable
         if len(pts) > MAX_SWEEP_POINTS:
             raise SosimError(f"more than {MAX_SWEEP_POINTS:,} points in one sweep; split it into several")
     keys = list(dict.fromkeys(k for p in pts for k in p))
-    from sosim.answers.result import METRICS
+    from sosim.run.result import METRICS
 
     return SweepSpec(path=None, base=data, fixed=dict(fixed or {}), points=pts, keys=keys,
                      metric_keys=[spec.name for spec in METRICS])
@@ -353,7 +353,7 @@ def load_sweep(path: str | Path) -> SweepSpec:
     listed = [dict(p) for p in data["points"]] if data.get("points") else [{}]
     points = [{**p, **g} for p in listed for g in grid_points]
     keys = list(dict.fromkeys(str(k) for p in points for k in p))
-    from sosim.answers.result import METRICS
+    from sosim.run.result import METRICS
 
     # The declared metric schema fixes the output columns, even if the first points fail (no probe run).
     metric_keys = [spec.name for spec in METRICS]

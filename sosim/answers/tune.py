@@ -33,7 +33,7 @@ from sosim.answers.tune_result import Evaluation, SystemMemory, TuneOptions, Tun
 from sosim.answers.tune_search import Tuner
 from sosim.answers.tune_write import write_ds_config
 from sosim.inputs.config import Scenario
-from sosim.inputs.loader import load_scenario
+from sosim.run.loader import load_scenario
 
 
 def tune(base: Scenario | str | Path | Mapping[str, Any], options: TuneOptions | None = None, *,

@@ -5,7 +5,7 @@ A candidate is the base scenario with some dotted settings written in (``trainin
 ``schedule.bucket_mb``...). Building one is cheap by design:
 
 - only the sections a candidate changes (training, cluster, schedule) are validated; the hardware profile and
-  the model are the base's validated objects (``sosim.inputs.loader.load_derived``), and a section whose data an
+  the model are the base's validated objects (``sosim.run.loader.load_derived``), and a section whose data an
   earlier candidate validated is that earlier object (validation of a section is a function of its data
   alone; the scenario-wide checks still run on every candidate);
 - the memory verdict (``tune_eval.memory_check``: the schedule's own ``memory_usage`` and ``check_fit``, as
@@ -28,7 +28,7 @@ from sosim.answers.tune_result import Evaluation, Settings, TuneOptions
 from sosim.answers.tune_space import TRAINING_KNOBS, Knob, search_space
 from sosim.inputs.config import Scenario
 from sosim.inputs.errors import ConfigError, SosimError
-from sosim.inputs.loader import load_derived, load_scenario
+from sosim.run.loader import load_derived, load_scenario
 
 MemoryVerdict = tuple[float, float, bool, str, str]  # HBM GiB, host GiB, fits, reason, reason class
 CHANGED = ("training", "cluster", "schedule")  # the only sections candidates change
@@ -70,7 +70,7 @@ class Candidates:
 
     # ---- the spaces
     def _systems(self) -> list[str]:
-        from sosim.schedules import SYSTEMS
+        from sosim.schedules.registry import SYSTEMS
 
         known = list(SYSTEMS)
         wanted = list(self.options.systems) if self.options.systems else known

@@ -15,7 +15,7 @@ from sosim.answers.tune_search import Tuner
 from sosim.answers.tune_write import write_ds_config
 from sosim.inputs.config import Scenario
 from sosim.inputs.errors import ConfigError
-from sosim.inputs.loader import load_scenario
+from sosim.run.loader import load_scenario
 
 EXIT_INTERRUPTED = 130  # the shell's convention for a run stopped by SIGINT
 

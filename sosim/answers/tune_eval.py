@@ -12,7 +12,7 @@ from sosim.inputs.config import Scenario
 from sosim.inputs.errors import SosimError
 
 if TYPE_CHECKING:
-    from sosim.answers.simulate import EngineRuns
+    from sosim.run.simulate import EngineRuns
 
 
 def divisors(n: int) -> list[int]:
@@ -83,16 +83,16 @@ def memory_check(sc: Scenario) -> tuple[float, float, bool, str, str]:
     """(HBM GiB, host GiB, fits, reason, reason class) without simulating.
 
     Uses the schedule's own ``memory_usage`` and ``check_fit``, which is exactly how ``simulate`` decides
-    ``feasible`` (sosim/answers/simulate.py); a build without them falls back to a simulation (slower, same answer).
+    ``feasible`` (sosim/run/simulate.py); a build without them falls back to a simulation (slower, same answer).
     """
     try:
         from sosim.hardware.memory import check_fit
         from sosim.inputs.units import GIB
-        from sosim.schedules import SCHEDULES
+        from sosim.schedules.registry import SYSTEMS
 
-        usage = SCHEDULES[sc.schedule.system].memory_usage(sc)
+        usage = SYSTEMS[sc.schedule.system].memory_usage(sc)
     except (ImportError, AttributeError, KeyError, TypeError):  # pragma: no cover - a reshaped build
-        from sosim.answers.simulate import simulate
+        from sosim.run.simulate import simulate
 
         m = simulate(sc).metrics
         reason = str(m.get("reason") or "")
@@ -106,8 +106,8 @@ def memory_check(sc: Scenario) -> tuple[float, float, bool, str, str]:
 def simulate_metrics(sc: Scenario, runs: EngineRuns | None = None) -> dict[str, Any]:
     """The metrics of one simulation (the default evaluator; tests inject their own). ``runs``: engine runs
     shared with earlier candidates whose node plan and contention were the same (see
-    :class:`sosim.answers.simulate.EngineRuns`; the same metrics, bit for bit)."""
-    from sosim.answers.simulate import simulate
+    :class:`sosim.run.simulate.EngineRuns`; the same metrics, bit for bit)."""
+    from sosim.run.simulate import simulate
 
     return dict(simulate(sc, runs=runs).metrics)
 
@@ -122,7 +122,7 @@ class _WorkerRuns:
 
     def get(self) -> EngineRuns:
         if self.runs is None:
-            from sosim.answers.simulate import EngineRuns
+            from sosim.run.simulate import EngineRuns
 
             self.runs = EngineRuns()
         return self.runs

@@ -19,10 +19,10 @@ from concurrent.futures import Executor, Future
 from typing import Any
 
 from sosim.answers import tune_eval
-from sosim.answers.simulate import EngineRuns
 from sosim.answers.tune_key import Key, Reuse
 from sosim.answers.tune_result import Evaluation, TuneOptions
 from sosim.inputs.errors import SosimError
+from sosim.run.simulate import EngineRuns
 
 # Batches at least this large go to the workers (a pool round trip costs ~ms per chunk).
 PARALLEL_MIN_BATCH = 24

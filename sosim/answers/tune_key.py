@@ -1,7 +1,7 @@
 """What defines one simulation of a tuner candidate: an explicit key of its resolved inputs, and the table of
 results by that key.
 
-``simulate`` is a pure function of its scenario (no global state, sosim/answers/simulate.py). Two candidates whose
+``simulate`` is a pure function of its scenario (no global state, sosim/run/simulate.py). Two candidates whose
 scenarios are equal field for field therefore get the same metrics, bit for bit. The key is that scenario, as
 data: every section's ``model_dump`` (defaults resolved: an unset knob and a knob set to its default give the
 same key), each value with its type (``1``, ``1.0`` and ``True`` differ; floats by their exact bits, so
@@ -16,7 +16,7 @@ reading the flag.
 
 The hardware profile and the model are not dumped (the profile is the largest section): the table only
 serves candidates that hold the base scenario's own hardware and model objects (:meth:`Reuse.eligible`),
-which is how the tuner derives every candidate (``sosim.inputs.loader.load_derived``).
+which is how the tuner derives every candidate (``sosim.run.loader.load_derived``).
 """
 
 from __future__ import annotations

@@ -10,7 +10,7 @@ from typing import Any
 from sosim.answers.tune_result import Evaluation, SystemMemory, TuneResult
 from sosim.answers.tune_space import LABELS, TRAINING_KNOBS, Knob, all_system_knobs
 
-# Words for the breakdown buckets of a result (sosim.answers.result.BREAKDOWN_KEYS); a bucket a later build adds
+# Words for the breakdown buckets of a result (sosim.run.result.BREAKDOWN_KEYS); a bucket a later build adds
 # is named from its key ("exposed_nvme_s" -> "nvme exposed").
 BUCKET_WORDS: dict[str, str] = {
     "gpu_compute_s": "GPU compute",
@@ -29,7 +29,7 @@ MENTION_FRACTION = 0.02
 
 def _breakdown_keys(metrics: Mapping[str, Any]) -> list[str]:
     try:
-        from sosim.answers.result import BREAKDOWN_KEYS
+        from sosim.run.result import BREAKDOWN_KEYS
 
         keys = [k for k in BREAKDOWN_KEYS if k in metrics]
     except ImportError:  # pragma: no cover - a reshaped build

@@ -36,7 +36,7 @@ from sosim.answers.tune_result import Evaluation, Settings, TuneOptions, TuneRes
 from sosim.answers.tune_space import BATCH_KEYS, PARALLEL_KEYS, Knob, refine_values
 from sosim.inputs.config import Scenario
 from sosim.inputs.errors import ConfigError
-from sosim.inputs.loader import load_scenario
+from sosim.run.loader import load_scenario
 
 # Memory checks (~0.3 ms each, no simulation) spent looking for a fitting variant of one structural point.
 RESCUE_CHECKS = 80

@@ -98,7 +98,7 @@ def read_back(config: Mapping[str, Any], winner: Scenario, overrides: list[str],
     own, or with ``profile_by_name`` the profile its name finds (what ``--hardware NAME`` loads)."""
     from sosim.formats.dsconfig.read import RunInputs, map_ds_config
     from sosim.formats.hf_model import HfModel
-    from sosim.inputs.loader import Located, load_scenario
+    from sosim.run.loader import Located, load_scenario
 
     t = winner.training
     inputs = RunInputs(hardware=winner.hardware.name, gpus=winner.cluster.gpus, seq_len=t.seq_len,

@@ -19,11 +19,11 @@ from typing import TYPE_CHECKING, Any
 from sosim.answers.ablation import STEPS as ABLATION_STEPS
 from sosim.answers.ablation import run_ablation
 from sosim.answers.maxsize import PAPER_FAMILY, find_max_size
-from sosim.answers.simulate import simulate
 from sosim.formats.output import print_json
 from sosim.inputs.errors import ConfigError, SosimError
-from sosim.inputs.loader import Located, dotted, load_scenario, read_yaml
 from sosim.inputs.resources import data_root, default_references
+from sosim.run.loader import Located, dotted, load_scenario, read_yaml
+from sosim.run.simulate import simulate
 
 if TYPE_CHECKING:
     from sosim.answers.validate_measured import Report

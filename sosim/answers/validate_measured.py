@@ -51,15 +51,15 @@ from typing import Any
 
 import numpy as np
 
-from sosim.answers.result import Result
 from sosim.costs.model import Costs
 from sosim.engine.plan import Category, Op, Phase, Plan, ResourceKind
 from sosim.formats.hf_model import model_from_hf
 from sosim.inputs.config import Scenario
 from sosim.inputs.errors import ConfigError
-from sosim.inputs.loader import Located, available_profiles, load_scenario
 from sosim.inputs.resources import data_root, shipped_calibration_dir
 from sosim.inputs.safe_read import read_text
+from sosim.run.loader import Located, available_profiles, load_scenario
+from sosim.run.result import Result
 
 # The shipped calibration folders: the checkout's calibration/, or sosim/_data/calibration in a wheel (never
 # a path built from this file's location, which in an installed package is site-packages/).
@@ -437,7 +437,7 @@ def _reorder(plan: Plan, extra: Mapping[int, set[int]]) -> Plan:
 
 def run_engine(plan: Plan, sc: Scenario | None = None) -> tuple[np.ndarray, np.ndarray]:
     """Start and end of every op of one rank's ``plan``; with ``sc``, through the same node expansion and
-    shared-resource contention as :func:`sosim.answers.simulate.simulate` (ranks of one host contend for its cores,
+    shared-resource contention as :func:`sosim.run.simulate.simulate` (ranks of one host contend for its cores,
     DRAM and links), returning rank 0's view."""
     if sc is None:
         from sosim.engine.simpy_engine import run_plan
@@ -689,7 +689,7 @@ class RunResult:
 def predict(run: MeasuredRun, profile: str, bands: int = 0, seed: int = 0,
             overrides: Sequence[str] = ()) -> RunResult:
     """Simulate one measured run (and its band of ``bands`` replays when > 0)."""
-    from sosim.answers.simulate import simulate
+    from sosim.run.simulate import simulate
 
     sc = scenario_for(run, profile, overrides)
     result = simulate(sc)

@@ -3,9 +3,10 @@
 ``sosim calibrate --profile NAME [--profiles DIR] [--quick]`` measures everything a profile needs (the sections
 that :mod:`.platform_detect` selects for this platform) into ``DIR/NAME.calibration/`` and writes a ready
 profile ``DIR/NAME.yaml`` (:mod:`.profile_writer`); ``sosim calibrate --check --profile NAME`` then runs a few
-short real DeepSpeed steps on this machine and prints predicted vs measured (:mod:`.check`). DIR defaults to the
-first folder of $SOSIM_PROFILES, else ``$XDG_CONFIG_HOME/sosim/profiles`` (``~/.config/sosim/profiles``), the
-folder ``sosim run --hardware NAME`` searches by default.
+short real DeepSpeed steps on this machine and prints predicted vs measured (sosim.answers.calibration_check,
+which the main CLI hands to :func:`main`: predicting needs the simulator, which this package never imports). DIR
+defaults to the first folder of $SOSIM_PROFILES, else ``$XDG_CONFIG_HOME/sosim/profiles``
+(``~/.config/sosim/profiles``), the folder ``sosim run --hardware NAME`` searches by default.
 
 Runs as ``sosim calibrate`` (the main CLI calls :func:`main`), as ``python3 -m sosim.calibrate.cli``, or
 standalone as ``python3 sosim/calibrate/cli.py`` without importing the rest of sosim.
@@ -53,6 +54,7 @@ EXTRA_SECTIONS: tuple[str, ...] = (
     "c2c_access",
     "host_warmup",
     "layer_offload",
+    "instep",
 )
 ALL_SECTIONS: tuple[str, ...] = SECTIONS + EXTRA_SECTIONS
 
@@ -107,16 +109,23 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def main(argv: list[str] | None = None) -> int:
+# ``--check``'s runner: (profile, profiles folder, jobs text, quick, deadline_s, bands) -> exit code. It predicts with
+# the simulator, so the caller that has one (sosim.cli) passes it in; this package imports nothing of sosim.
+CheckRunner = Callable[[str, Path, str | None, bool, float | None, int], int]
+
+
+def main(argv: list[str] | None = None, run_check: CheckRunner | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.check:
         if not args.profile:
             print("sosim calibrate: --check needs --profile NAME (the profile to check)", file=sys.stderr)
             return 2
-        from .check import run_check
-
+        if run_check is None:
+            print("sosim calibrate: --check predicts with the simulator: run it as `sosim calibrate --check`",
+                  file=sys.stderr)
+            return 2
         return run_check(args.profile, profiles_folder(args.profiles), args.check_jobs, args.quick,
-                         deadline_s=args.check_deadline_s, bands=args.check_bands)
+                         args.check_deadline_s, args.check_bands)
     if args.profile is not None:
         return _calibrate_profile(args)
     sections = [s.strip() for s in (args.only or ",".join(SECTIONS)).split(",") if s.strip()]
@@ -137,11 +146,11 @@ def main(argv: list[str] | None = None) -> int:
     return _run(torch, args.out, args.quick, sections, args.append)
 
 
-PROFILES_ENV = "SOSIM_PROFILES"  # the same variable sosim.inputs.loader reads (tests/test_calibrate_profile.py)
+PROFILES_ENV = "SOSIM_PROFILES"  # the same variable sosim.run.loader reads (tests/test_calibrate_profile.py)
 
 
 def default_profiles_folder() -> Path:
-    """``$XDG_CONFIG_HOME/sosim/profiles`` or ``~/.config/sosim/profiles`` (sosim.inputs.loader searches it too)."""
+    """``$XDG_CONFIG_HOME/sosim/profiles`` or ``~/.config/sosim/profiles`` (sosim.run.loader searches it too)."""
     import os
 
     base = os.environ.get("XDG_CONFIG_HOME") or str(Path.home() / ".config")
@@ -298,6 +307,7 @@ def _run(torch: Any, out: Path | None, quick: bool, sections: list[str], append:
         gpu_bench,
         host_bench,
         host_warmup,
+        instep_bench,
         multi_gpu,
         offload_layer_bench,
         so_grads_bench,
@@ -346,6 +356,7 @@ def _run(torch: Any, out: Path | None, quick: bool, sections: list[str], append:
         "c2c_access": c2c_bench.bench_c2c_access,
         "host_warmup": host_warmup.bench_host_warmup,
         "layer_offload": offload_layer_bench.bench_layer_offload,
+        "instep": lambda t, tab, q: instep_bench.bench_instep(t, tab, q, out_dir=out_dir),
     }
     failed: list[str] = list(previous_meta.get("failed_sections", []))
     timings_s: dict[str, float] = dict(previous_meta.get("section_wall_s", {}))

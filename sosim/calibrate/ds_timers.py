@@ -90,6 +90,13 @@ class MethodTimers:
             self.wrapped.append(name)
         return list(self.wrapped)
 
+    def wrap_callable(self, name: str, function: Callable[..., Any]) -> Callable[..., Any]:
+        """``function`` timed under ``name`` (a hook closure that is not a method: z3_hooks puts the returned
+        wrapper back where the closure was registered)."""
+        if name not in self.wrapped:
+            self.wrapped.append(name)
+        return self._timed(name, function)
+
     def _timed(self, name: str, method: Callable[..., Any]) -> Callable[..., Any]:
         @functools.wraps(method)
         def timed(*args: Any, **kwargs: Any) -> Any:

@@ -123,6 +123,13 @@ def plan_for(plat: Platform, quick: bool, deepspeed: bool) -> CalibrationPlan:
             notes.append("aarch64 host without a Grace superchip: treated as a PCIe host")
     if deepspeed:
         sections += list(DEEPSPEED_SECTIONS)
+        # In-step host costs (instep_bench, issue 23 item 1), right after ds_step_fixed's place (before the
+        # longer layer sections, so that a run cut short by a lease limit has them). Quick: it replaces
+        # ds_step_fixed, whose rows it writes from the same model's steps (two more systems' short runs).
+        at = sections.index("ds_step_fixed")
+        sections.insert(at + 1, "instep")
+        if quick:
+            sections.remove("ds_step_fixed")
     else:
         notes.append("DeepSpeed not importable: no ds_refresh/layer_z3/ds_step_fixed/so_worker/so_grads/"
                      "layer_offload rows; the profile's stage-3 costs stay analytic")

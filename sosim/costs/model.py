@@ -1,6 +1,6 @@
 """The one cost object the schedules see: component costs, the machine's topology, one explicit cache.
 
-:class:`Costs` is built once per simulation (``sosim.answers.simulate.make_costs``) from
+:class:`Costs` is built once per simulation (``sosim.run.simulate.make_costs``) from
 
 * the *components*: the analytic model, or the measured table over it (what-if rescaling included:
   :mod:`sosim.costs.table`), or a sampled table for one error-band replay (``sosim.answers.bands``): whatever

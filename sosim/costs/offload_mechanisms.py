@@ -29,8 +29,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from sosim.costs.calibration_table import CalibrationTable
-from sosim.hardware.model import ModelSpec
-from sosim.schedules.layout import layer_tensor_sizes
+from sosim.hardware.model import ModelSpec, layer_tensor_sizes
 
 # DeepSpeed's stage3_param_persistence_threshold default (runtime/zero/config.py, 1e5 elements): smaller
 # parameters (norm scales, biases) stay on the GPU and are never fetched.

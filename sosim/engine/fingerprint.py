@@ -1,6 +1,6 @@
 """A fingerprint of what an engine runs: the node plan and its contention, as a 32-byte digest.
 
-An engine (:data:`sosim.answers.simulate.ENGINES`) is a pure function of the node plan and the contention it
+An engine (:data:`sosim.run.simulate.ENGINES`) is a pure function of the node plan and the contention it
 is handed: two runs whose inputs serialize alike return the same starts, ends and stretch, bit for bit. Many
 of a search's candidates build the same plan (a knob that changes nothing on that structural point: ZeRO's
 ``overlap_comm`` where nothing overlaps, a ``sub_group_elements`` above the parameter count), so a search

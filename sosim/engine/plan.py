@@ -13,7 +13,7 @@ Every op says what it is in typed fields, so that nothing downstream parses op n
   are a closed enum the engine and the outputs know how to treat; instances are plain integers, so a
   machine described by profile data (n GPUs per node, m NVMe devices, k uplinks) creates as many instances
   as it has, without new code. Contract for new resources: add a kind here (with its place in
-  ``TRACK_ORDER`` and, in :mod:`sosim.answers.result`, the breakdown bucket its exposed time goes to); create
+  ``TRACK_ORDER`` and, in :mod:`sosim.run.result`, the breakdown bucket its exposed time goes to); create
   instances with ``Resource(kind, i)``; a plan never needs to declare its resources up front (the engine
   starts one process per distinct resource it finds).
 * ``phase`` (:class:`Phase`): which part of the training step the op belongs to (forward, backward, the

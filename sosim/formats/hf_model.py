@@ -27,7 +27,7 @@ from pydantic import ValidationError
 from sosim.formats.jsonio import Note, read_json
 from sosim.inputs.config import ModelSpec
 from sosim.inputs.errors import ConfigError
-from sosim.inputs.loader import KeyPath, Located
+from sosim.run.loader import KeyPath, Located
 
 GATED_TYPES = ("llama", "mistral", "qwen2", "qwen3")
 GELU_TYPES = ("gpt2", "gpt_neox")

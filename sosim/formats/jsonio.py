@@ -2,7 +2,7 @@
 the notes that say how each key was used.
 
 ``json.loads`` gives no positions, so after it has accepted a text, a small scanner walks the same text and
-records the line of every key path (the same side table :class:`sosim.inputs.loader.Located` keeps for YAML).
+records the line of every key path (the same side table :class:`sosim.run.loader.Located` keeps for YAML).
 Problems are reported as ``file:line: key.path: message`` like every other input error in sosim.
 
 DeepSpeed reads its config with ``hjson`` and rejects duplicate keys
@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from sosim.inputs.errors import ConfigError
-from sosim.inputs.loader import KeyPath, Located, read_text
+from sosim.run.loader import KeyPath, Located, read_text
 
 _WS = re.compile(r"[ \t\n\r]*")
 # A JSON number or literal: the scanner only needs to step over it (json.loads has validated it).
@@ -108,7 +108,7 @@ class _LongNumber(ValueError):
     """A number written with more characters than any value sosim takes (MAX_NUMBER_CHARS)."""
 
 
-# As sosim/inputs/loader.py MAX_NUMBER_CHARS (the longest exact double has 57 characters): a 4,300-digit
+# As sosim/run/loader.py MAX_NUMBER_CHARS (the longest exact double has 57 characters): a 4,300-digit
 # integer in a DeepSpeed config overflowed float() deep in the mapping (exit 70).
 MAX_NUMBER_CHARS = 100
 _LONG_NUMBER = re.compile(rf"-?\d[\d.eE+-]{{{MAX_NUMBER_CHARS},}}")

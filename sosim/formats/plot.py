@@ -15,8 +15,8 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from sosim.answers.result import BREAKDOWN_KEYS, Result
 from sosim.formats.trace import resource_label, resource_order
+from sosim.run.result import BREAKDOWN_KEYS, Result
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes

@@ -19,9 +19,9 @@ from typing import Any
 
 import numpy as np
 
-from sosim.answers.result import Result
 from sosim.engine.plan import TRACK_ORDER, Category, Phase, Resource, ResourceKind
 from sosim.inputs.units import GIB
+from sosim.run.result import Result
 
 # Track labels per resource kind; a kind without a label shows its value.
 RESOURCE_LABELS: dict[ResourceKind, str] = {

@@ -22,7 +22,7 @@ from __future__ import annotations
 import functools
 from dataclasses import dataclass
 
-from sosim.inputs.config import ModelSpec, TrainingSpec
+from sosim.inputs.config import ModelSpec, Scenario, TrainingSpec
 from sosim.inputs.units import BF16_BYTES
 
 # Fraction of the full s x s attention work a causal (decoder) attention kernel performs, and counts.
@@ -78,6 +78,32 @@ def embedding_params(m: ModelSpec) -> int:
 
 def total_params(m: ModelSpec) -> int:
     return m.layers * layer_params(m) + embedding_params(m)
+
+
+def layer_tensor_sizes(m: ModelSpec) -> list[int]:
+    """Elements of each parameter tensor of one decoder layer, in registration order.
+
+    GPT (Megatron/GPT-2): LayerNorm scale+bias, fused QKV weight+bias, output weight+bias, LayerNorm,
+    MLP up weight+bias, down weight+bias. Llama (Hugging Face): RMSNorm, q, k, v, o, RMSNorm, gate, up, down.
+    The sizes add up to :func:`layer_params`. Here, with the model arithmetic, because the costs
+    (measured per-tensor overheads, sosim/costs/offload_mechanisms.py) need them as much as the systems do.
+    """
+    h, f = m.hidden, m.ffn_dim
+    kv = m.n_kv_heads * (h // m.heads)
+    if m.ffn_kind == "gelu":
+        return [h, h, h * (h + 2 * kv), h + 2 * kv, h * h, h, h, h, h * f, f, f * h, h]
+    return [h, h * h, h * kv, h * kv, h * h, h, h * f, h * f, f * h]
+
+
+def tokens_per_gpu(sc: Scenario) -> int:
+    """Tokens of one micro-batch on one GPU; Ulysses sequence parallelism splits the sequence."""
+    return sc.training.micro_batch * sc.training.seq_len // sc.cluster.sequence_parallel
+
+
+def global_tokens_per_step(sc: Scenario) -> int:
+    """Tokens of one optimizer step over all data-parallel ranks (micro-batches x accumulation x ranks)."""
+    t = sc.training
+    return t.micro_batch * t.seq_len * t.grad_accum * sc.cluster.dp
 
 
 def layer_gemm_flops_fwd(m: ModelSpec, tokens: int) -> float:

@@ -1,2 +1,2 @@
-"""What a run is made of, read and checked: scenario and profile schema (config), YAML loading with
-file:line errors and --set overrides (loader), bounds, errors, units, shipped data (resources)."""
+"""What a run is made of, as checked data: scenario and profile schema (config), bounds, errors, units, shipped data
+(resources). Reading YAML into it (file:line errors, --set overrides) is sosim.run.loader."""

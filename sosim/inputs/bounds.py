@@ -15,7 +15,7 @@ from typing import Annotated, Any, Literal, Union, get_args, get_origin
 from pydantic import BaseModel, Field
 
 # Input bounds (docs/limits.md). Integers: above 2^53 a float no longer holds every integer, and the cost model
-# computes in floats; no count or size sosim takes comes near it (the work bound in sosim/inputs/loader.py refuses far
+# computes in floats; no count or size sosim takes comes near it (the work bound in sosim/run/loader.py refuses far
 # smaller layer counts).
 MAX_INT = 2**53
 # GPUs of one run: the largest training clusters today are ~1e5 GPUs; 1e6 leaves a 10x margin while refusing
@@ -68,7 +68,7 @@ CostRatio = Annotated[float, Field(ge=MIN_RATIO, le=MAX_RATIO)]
 Count = Annotated[int, Field(gt=0, le=MAX_COUNT)]
 PageKiB = Annotated[float, Field(ge=1, le=MAX_PAGE_KIB)]
 
-# Why each bounded field has its bound, named in its message (sosim/inputs/loader.py _format_validation).
+# Why each bounded field has its bound, named in its message (sosim/run/loader.py _format_validation).
 BOUND_REASONS: dict[str, str] = {
     "peak_bf16_tflops": f"a GPU peak between {MIN_TFLOPS:g} and {MAX_TFLOPS:g} TFLOP/s: slower than any GPU, or "
                         "45x the fastest",

@@ -376,7 +376,7 @@ class HardwareProfile(_Strict):
     lease_spread: LeaseSpread | None = None
     # The profile file that names the calibration table, as loaded from disk, and its path: what-if rescaling
     # starts from its numbers (sosim/costs/table.py). Found in the profile folders by the loader
-    # (sosim.inputs.loader.find_baseline) when it loads a scenario, never while simulating; None: not looked up.
+    # (sosim.run.loader.find_baseline) when it loads a scenario, never while simulating; None: not looked up.
     _calibration_baseline: tuple[HardwareProfile | None, str] | None = PrivateAttr(default=None)
 
     @property
@@ -499,8 +499,8 @@ def _validate_schedule(value: object, handler: ValidatorFunctionWrapHandler, inf
         return validate(value)
     if isinstance(value, ScheduleKnobs) and type(value) is not ScheduleKnobs:
         return value
-    raise ValueError("a system's knobs are validated where a scenario is loaded: use sosim.inputs.loader.load_scenario "
-                     "or sosim.inputs.loader.scenario_from_data")
+    raise ValueError("a system's knobs are validated where a scenario is loaded: use sosim.run.loader.load_scenario "
+                     "or sosim.run.loader.scenario_from_data")
 
 
 class ScheduleKnobs(_Strict):

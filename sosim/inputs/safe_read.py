@@ -26,7 +26,7 @@ from pathlib import Path
 from sosim.inputs.errors import ConfigError
 
 # A scenario or profile is a few KB and a sweep file with explicit points perhaps a few MB: anything larger
-# is not one of them (sosim/inputs/loader.py MAX_YAML_BYTES is this number).
+# is not one of them (sosim/run/loader.py MAX_YAML_BYTES is this number).
 MAX_INPUT_BYTES = 16 * 1024 * 1024
 # Calibration tables are tens of KB (calibration/*/measurements.csv); a larger file is not one.
 MAX_TABLE_BYTES = 64 * 1024 * 1024

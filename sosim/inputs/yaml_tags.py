@@ -6,7 +6,7 @@ Why: PyYAML's safe constructors raise plain Python errors for values their tag c
 Here every explicit tag must be one of the safe core's plain types (str, int, float, bool, null, seq, map:
 nothing sosim reads is a date, a set or binary), and every scalar that will be built as a number, a
 boolean or a date is built once on its own so that a failure is a message with the line
-(sosim/inputs/loader.py ``_check_events`` calls these for each event).
+(sosim/run/loader.py ``_check_events`` calls these for each event).
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ _CORE = "tag:yaml.org,2002:"
 ALLOWED_TAGS = frozenset(f"{_CORE}{name}" for name in ("str", "int", "float", "bool", "null", "seq", "map"))
 # Tags whose scalars PyYAML's SafeConstructor builds by parsing the text (and can fail on).
 _BUILT = frozenset(f"{_CORE}{name}" for name in ("int", "float", "bool", "null", "timestamp"))
-# Characters of a number sosim reads (as sosim/inputs/loader.py MAX_NUMBER_CHARS says why).
+# Characters of a number sosim reads (as sosim/run/loader.py MAX_NUMBER_CHARS says why).
 MAX_NUMBER_CHARS = 100
 # An untagged plain scalar PyYAML may resolve to a date (2024-13-45 resolves, then fails to build).
 _DATE_LIKE = re.compile(r"[0-9]{4}-[0-9]")

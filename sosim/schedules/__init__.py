@@ -1,13 +1,5 @@
 """Systems, each assembled from shared blocks (see driver.py and docs/scenarios.md "Adding a system").
 
-``SCHEDULES`` (= ``registry.SYSTEMS``) maps a system name to its knobs model, plan builder, memory
-footprint and choices.
+``registry.SYSTEMS`` maps a system name to its knobs model, plan builder, memory footprint and choices. This file
+imports nothing, so that loading one block (or DeepSpeed's key data, ds_schema.py) does not load every system.
 """
-
-from __future__ import annotations
-
-from sosim.schedules.registry import SYSTEM_NAMES, SYSTEMS, System
-
-SCHEDULES = SYSTEMS
-
-__all__ = ["SCHEDULES", "SYSTEMS", "SYSTEM_NAMES", "System"]

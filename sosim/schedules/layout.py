@@ -109,22 +109,12 @@ class Layout:
 
 
 # --- units --------------------------------------------------------------------------------------------------
-def tokens_per_gpu(sc: Scenario) -> int:
-    """Tokens of one micro-batch on one GPU; Ulysses sequence parallelism splits the sequence."""
-    return sc.training.micro_batch * sc.training.seq_len // sc.cluster.sequence_parallel
-
-
-def global_tokens_per_step(sc: Scenario) -> int:
-    t = sc.training
-    return t.micro_batch * t.seq_len * t.grad_accum * sc.cluster.dp
-
-
 def ulysses_all_to_all_bytes(sc: Scenario) -> float:
     """Bytes one rank sends in one Ulysses all-to-all pass of one layer: (P-1)/P of 4 * (N/P) * h bf16."""
     sp = sc.cluster.sequence_parallel
     if sp <= 1:
         return 0.0
-    return 4.0 * tokens_per_gpu(sc) * sc.model.hidden * BF16_BYTES * (sp - 1) / sp
+    return 4.0 * tm.tokens_per_gpu(sc) * sc.model.hidden * BF16_BYTES * (sp - 1) / sp
 
 
 def ulysses_all_to_all_s(sc: Scenario, costs: CostModel) -> float:
@@ -136,14 +126,14 @@ def ulysses_all_to_all_s(sc: Scenario, costs: CostModel) -> float:
     sp = sc.cluster.sequence_parallel
     if sp <= 1:
         return 0.0
-    n_bytes = 4.0 * tokens_per_gpu(sc) * sc.model.hidden * BF16_BYTES
+    n_bytes = 4.0 * tm.tokens_per_gpu(sc) * sc.model.hidden * BF16_BYTES
     return costs.collective_s("all_to_all", n_bytes, sp)  # each rank's buffer; (P-1)/P of it leaves the GPU
 
 
 def build_units(sc: Scenario, costs: CostModel) -> list[Unit]:
     m = sc.model
     emb, head, layer_p, layer_fwd_flops, layer_bwd_flops, head_flops = _unit_counts(
-        m, tokens_per_gpu(sc), sc.training.seq_len, sc.training.activation_checkpointing)
+        m, tm.tokens_per_gpu(sc), sc.training.seq_len, sc.training.activation_checkpointing)
     fwd, bwd = costs.layer_fwd_s(), costs.layer_bwd_s()
     a2a, a2a_bytes = ulysses_all_to_all_s(sc, costs), ulysses_all_to_all_bytes(sc)
     return list(_units(m.layers, emb, head, layer_p, layer_fwd_flops, layer_bwd_flops, head_flops, fwd, bwd, a2a,
@@ -192,20 +182,6 @@ def _param_units(m: ModelSpec) -> tuple[Unit, ...]:
 
 
 # --- parameter tensors ------------------------------------------------------------------------------------
-def layer_tensor_sizes(m: ModelSpec) -> list[int]:
-    """Elements of each parameter tensor of one decoder layer, in registration order.
-
-    GPT (Megatron/GPT-2): LayerNorm scale+bias, fused QKV weight+bias, output weight+bias, LayerNorm,
-    MLP up weight+bias, down weight+bias. Llama (Hugging Face): RMSNorm, q, k, v, o, RMSNorm, gate, up, down.
-    The sizes add up to :func:`sosim.hardware.model.layer_params`.
-    """
-    h, f = m.hidden, m.ffn_dim
-    kv = m.n_kv_heads * (h // m.heads)
-    if m.ffn_kind == "gelu":
-        return [h, h, h * (h + 2 * kv), h + 2 * kv, h * h, h, h, h, h * f, f, f * h, h]
-    return [h, h * h, h * kv, h * kv, h * h, h, h * f, h * f, f * h]
-
-
 def build_tensors(m: ModelSpec, units: Sequence[Unit]) -> list[Tensor]:
     """Every parameter tensor of the model, in registration order (``units``: the model's, embedding first)."""
     head = units[-1]
@@ -215,7 +191,7 @@ def build_tensors(m: ModelSpec, units: Sequence[Unit]) -> list[Tensor]:
 @functools.lru_cache(maxsize=64)
 def _tensors(m: ModelSpec, layer_units: tuple[int, ...], head_unit: int, head_params: int) -> tuple[Tensor, ...]:
     # Cached: a search simulates one model under many settings, and the tensors depend on the model only.
-    layer = layer_tensor_sizes(m)
+    layer = tm.layer_tensor_sizes(m)
     sizes: list[tuple[int, int]] = [(0, m.vocab * m.hidden)]
     for unit in layer_units:
         sizes += [(unit, n) for n in layer]

@@ -16,9 +16,9 @@ import math
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from sosim.formats.dsconfig.schema import _ADAM_TYPES, _OFFLOAD_NVME_ONLY, BF16_BYTES_PER_ELEMENT, DS_DEFAULTS
 from sosim.hardware import model as tm
 from sosim.inputs.config import ModelSpec
+from sosim.schedules.ds_schema import ADAM_TYPES, BF16_BYTES_PER_ELEMENT, DS_DEFAULTS, OFFLOAD_NVME_ONLY
 from sosim.schedules.system_api import DELETE, OPT, PARAM, ZERO, DsReader, Emitted, ZeroView
 
 if TYPE_CHECKING:
@@ -130,7 +130,7 @@ def _optimizer_impl(m: DsReader, opt: dict[str, Any]) -> str:
     params = opt.get("params")
     if isinstance(params, dict) and "torch_adam" in params:
         torch_adam = bool(m.boolean(("optimizer", "params", "torch_adam")))
-    if isinstance(kind, str) and kind.lower() in _ADAM_TYPES:
+    if isinstance(kind, str) and kind.lower() in ADAM_TYPES:
         impl = "torch" if torch_adam else "cpu_adam"
         m.mapped(("optimizer", "type"), "schedule.cpu_adam", impl,
                  "torch_adam: torch's Adam on CPU tensors" if torch_adam else
@@ -259,7 +259,7 @@ def read_plain_cpu_adam(m: DsReader, v: ZeroView, sched: dict[str, Any]) -> bool
 def ignore_nvme_only(m: DsReader, v: ZeroView, reason: str = "NVMe offload only; no effect with device cpu") -> bool:
     for section, sec in (("offload_optimizer", v.opt), ("offload_param", v.param)):
         for key in sec:
-            if key in _OFFLOAD_NVME_ONLY and (*ZERO, section, key) not in m.handled:
+            if key in OFFLOAD_NVME_ONLY and (*ZERO, section, key) not in m.handled:
                 m.ignored((*ZERO, section, key), reason)
     return True
 
@@ -317,7 +317,7 @@ def emit_optimizer(sc: Scenario, base: Mapping[str, Any], out: Emitted, *, torch
     """Adam(W) on the CPU, DeepSpeed's or torch's (optimizer.params.torch_adam)."""
     k = sc.schedule.model_dump()
     base_opt = base.get("optimizer") if isinstance(base.get("optimizer"), dict) else None
-    if base_opt is None or str(base_opt.get("type", "")).lower() not in _ADAM_TYPES:
+    if base_opt is None or str(base_opt.get("type", "")).lower() not in ADAM_TYPES:
         out[("optimizer",)] = {"type": "AdamW"}
         if base_opt is not None:
             out.note(f"optimizer.type: {base_opt.get('type')!r} replaced by AdamW (sosim times Adam)")

@@ -83,7 +83,7 @@ class InterleavedHooks:
 def deepspeed_hooks(sc: Scenario, costs: CostModel) -> InterleavedHooks:
     """Per-layer host-side hook cost, forward and backward; a checkpointed layer's recompute in backward runs
     the forward hooks again."""
-    tokens = layout.tokens_per_gpu(sc)
+    tokens = tm.tokens_per_gpu(sc)
     fwd = costs.stage3_hook_s(tokens, False)
     bwd = costs.stage3_hook_s(tokens, True) + (fwd if sc.training.activation_checkpointing else 0.0)
     return InterleavedHooks(fwd, bwd, costs.layer_fwd_s(), costs.layer_bwd_s(),
@@ -138,7 +138,7 @@ def deepspeed_gpu_buffers(sc: Scenario, bucket_mb: float) -> float:
     """HBM DeepSpeed stage 3 keeps for the gradient path: the contiguous reduce bucket (bf16,
     ``reduce_bucket_size`` elements) and, while a flush runs, a bf16 and an fp32 copy of its largest
     gradient (``partition_grads``)."""
-    largest = max(*layout.layer_tensor_sizes(sc.model), sc.model.vocab * sc.model.hidden)
+    largest = max(*tm.layer_tensor_sizes(sc.model), sc.model.vocab * sc.model.hidden)
     return layout.bucket_elements_from_mb(bucket_mb) * BF16_BYTES + largest * (BF16_BYTES + FP32_BYTES)
 
 

@@ -17,8 +17,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from sosim.formats.dsconfig.schema import DS_DEFAULTS
 from sosim.schedules import offload_ds
+from sosim.schedules.ds_schema import DS_DEFAULTS
 from sosim.schedules.system_api import DELETE, OPT, PARAM, ZERO, DeepSpeedForm, DsReader, Emitted, ZeroView
 from sosim.schedules.tuning import IDEAL_ONLY, OVERLAP, SUB_GROUP, Knob, fmt_float
 

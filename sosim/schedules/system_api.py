@@ -10,8 +10,8 @@ A system says, through a :class:`DeepSpeedForm` in its registry entry (sosim/sch
 * ``emit(sc, base, out)``: the DeepSpeed keys the system decides for scenario ``sc`` into ``out`` (an
   :class:`Emitted`: key path -> value or :data:`DELETE`, and what the config cannot express).
 
-This module imports nothing from sosim.formats.dsconfig or sosim.inputs.loader, so that system modules can be loaded by
-the registry without an import circle; the reader's type is a Protocol that ``dsconfig.mapper._Mapper`` meets.
+This module imports nothing from sosim.formats.dsconfig or sosim.run.loader: they sit above the systems (the package
+layers, tests/test_import_cycles.py); the reader's type is a Protocol that ``dsconfig.mapper._Mapper`` meets.
 """
 
 from __future__ import annotations
@@ -20,10 +20,12 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
+from sosim.schedules.ds_schema import MISSING
+
 if TYPE_CHECKING:
     from sosim.inputs.config import Scenario
 
-KeyPath = tuple[str | int, ...]  # as sosim.inputs.loader.KeyPath (list indices are ints)
+KeyPath = tuple[str | int, ...]  # as sosim.run.loader.KeyPath (list indices are ints)
 ZERO: KeyPath = ("zero_optimization",)
 OPT: KeyPath = (*ZERO, "offload_optimizer")
 PARAM: KeyPath = (*ZERO, "offload_param")
@@ -76,12 +78,10 @@ class ZeroView:
 
     def key(self, *names: str) -> tuple[KeyPath, Any]:
         """The first of ``names`` present in the ZeRO section (aliases), and its value (MISSING: absent)."""
-        from sosim.formats.dsconfig.schema import _MISSING
-
         for name in names:
             if name in self.zero:
                 return (*ZERO, name), self.zero[name]
-        return (*ZERO, names[0]), _MISSING
+        return (*ZERO, names[0]), MISSING
 
 
 @dataclass

@@ -9,8 +9,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from sosim.formats.dsconfig.schema import BF16_BYTES_PER_ELEMENT
 from sosim.schedules import offload_ds
+from sosim.schedules.ds_schema import BF16_BYTES_PER_ELEMENT
 from sosim.schedules.system_api import DELETE, OPT, PARAM, ZERO, DeepSpeedForm, DsReader, Emitted, ZeroView
 from sosim.schedules.tuning import Knob, fmt_onoff
 

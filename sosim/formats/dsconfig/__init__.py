@@ -20,62 +20,30 @@ selects; ``get_optimizer_configuration``: DeepSpeedCPUAdam vs ``torch_adam``), `
 (the SuperOffload worker and its core split), and ``transformers/integrations/deepspeed.py``
 (``HfTrainerDeepSpeedConfig``: how the Trainer fills ``"auto"``).
 
-The package, one job per module: :mod:`sosim.formats.dsconfig.schema` (DeepSpeed's key names, defaults and the
-reasons keys are ignored, as data), :mod:`sosim.formats.dsconfig.read` (DeepSpeed JSON -> scenario, with its report;
-its parts: :mod:`sosim.formats.dsconfig.mapper`, the reader's state and notes, and
+The package, one job per module: :mod:`sosim.formats.dsconfig.read` (DeepSpeed JSON -> scenario, with its
+report; its parts: :mod:`sosim.formats.dsconfig.mapper`, the reader's state and notes, and
 :mod:`sosim.formats.dsconfig.read_training`, precision / batch / clipping / checkpointing),
 :mod:`sosim.formats.dsconfig.emit` (scenario -> DeepSpeed JSON) and :mod:`sosim.formats.dsconfig.cli` (the ``sosim
-run`` arguments and hooks). Everything public is re-exported here. What is particular to one system (which configs
-run it, its keys, its writing) is that system's DeepSpeed form, asked through the registry
-(sosim/schedules/registry.py, system_api.py): this package names no system. """
+run`` arguments and hooks); the reader's, emitter's and CLI's public names are re-exported here. DeepSpeed's key
+names, defaults and the reasons keys are ignored, as data, are :mod:`sosim.schedules.ds_schema`, beside the systems
+whose DeepSpeed forms read them. What is particular to one system (which configs run it, its keys, its writing) is
+that system's DeepSpeed form, asked through the registry (sosim/schedules/registry.py, system_api.py): this package
+names no system. """
 
 from __future__ import annotations
 
-import importlib
-from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
-
-if TYPE_CHECKING:
-    from sosim.formats.dsconfig.cli import (
-        add_arguments,
-        finish_run,
-        mapping_from_args,
-        scenario_for_run,
-        scenario_from_args,
-    )
-    from sosim.formats.dsconfig.emit import EmitResult, ds_config_from_scenario, write_ds_config
-    from sosim.formats.dsconfig.emit import emitted_zero_keys as emitted_zero_keys
-    from sosim.formats.dsconfig.read import DsMapping, RunInputs, load_ds_mapping, map_ds_config, prefetch_layers_for
-    from sosim.formats.dsconfig.schema import _TOP_IGNORED as _TOP_IGNORED
-    from sosim.formats.dsconfig.schema import _TOP_MAPPED as _TOP_MAPPED
-    from sosim.formats.dsconfig.schema import BF16_BYTES_PER_ELEMENT as BF16_BYTES_PER_ELEMENT
-    from sosim.formats.dsconfig.schema import DEFAULT_SEQ_LEN as DEFAULT_SEQ_LEN
-    from sosim.formats.dsconfig.schema import DS_DEFAULTS as DS_DEFAULTS
-    from sosim.formats.dsconfig.schema import DS_KEYS, DS_KEYS_ONE_VERSION, SCHEMA_SOURCE
-    from sosim.formats.dsconfig.schema import ZERO_ALIASES as ZERO_ALIASES
-
-# Re-exports are resolved on first use (PEP 562), so that loading sosim.formats.dsconfig.schema (pure data, which the
-# systems' DeepSpeed forms read while the system registry loads) does not load the reader, which asks the
-# registry: no import circle.
-_WHERE: dict[str, str] = {
-    **dict.fromkeys(("add_arguments", "finish_run", "mapping_from_args", "scenario_for_run", "scenario_from_args"),
-                    "cli"),
-    **dict.fromkeys(("EmitResult", "ds_config_from_scenario", "write_ds_config", "emitted_zero_keys"), "emit"),
-    **dict.fromkeys(("DsMapping", "RunInputs", "load_ds_mapping", "map_ds_config", "prefetch_layers_for"), "read"),
-    **dict.fromkeys(("_TOP_IGNORED", "_TOP_MAPPED", "BF16_BYTES_PER_ELEMENT", "DEFAULT_SEQ_LEN", "DS_DEFAULTS",
-                     "DS_KEYS", "DS_KEYS_ONE_VERSION", "SCHEMA_SOURCE", "ZERO_ALIASES"), "schema"),
-}
-
-
-def __getattr__(name: str) -> Any:
-    module = _WHERE.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    return getattr(importlib.import_module(f"{__name__}.{module}"), name)
-
-
-__all__: Sequence[str] = (
-    "DS_KEYS", "DS_KEYS_ONE_VERSION", "SCHEMA_SOURCE", "DsMapping", "EmitResult", "RunInputs", "add_arguments",
-    "ds_config_from_scenario", "finish_run", "load_ds_mapping", "map_ds_config", "mapping_from_args",
-    "prefetch_layers_for", "scenario_for_run", "scenario_from_args", "write_ds_config",
+from sosim.formats.dsconfig.cli import (
+    add_arguments,
+    finish_run,
+    mapping_from_args,
+    scenario_for_run,
+    scenario_from_args,
 )
+from sosim.formats.dsconfig.emit import EmitResult, ds_config_from_scenario, write_ds_config
+from sosim.formats.dsconfig.read import DsMapping, RunInputs, load_ds_mapping, map_ds_config, prefetch_layers_for
+
+__all__ = [
+    "DsMapping", "EmitResult", "RunInputs", "add_arguments", "ds_config_from_scenario", "finish_run", "load_ds_mapping",
+    "map_ds_config", "mapping_from_args", "prefetch_layers_for", "scenario_for_run", "scenario_from_args",
+    "write_ds_config",
+]

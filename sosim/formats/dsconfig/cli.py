@@ -8,10 +8,10 @@ from typing import Any
 
 from sosim.formats.dsconfig.emit import ds_config_from_scenario, write_ds_config
 from sosim.formats.dsconfig.read import DsMapping, RunInputs, load_ds_mapping
-from sosim.formats.dsconfig.schema import DEFAULT_SEQ_LEN
 from sosim.formats.jsonio import read_json
 from sosim.inputs.config import Scenario
 from sosim.inputs.errors import ConfigError
+from sosim.schedules.ds_schema import DEFAULT_SEQ_LEN
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -74,7 +74,7 @@ def _inputs_read(args: argparse.Namespace) -> list[str]:
 def scenario_for_run(args: argparse.Namespace) -> tuple[Scenario, DsMapping | None]:
     """What ``sosim run`` simulates: the scenario file, or the DeepSpeed config + model; --set applies last."""
     from sosim.formats import safe_write
-    from sosim.inputs.loader import load_scenario
+    from sosim.run.loader import load_scenario
 
     emit = getattr(args, "emit_ds_config", None)
     if emit is not None:  # before any work; never over the --ds-config being read (sosim/formats/safe_write.py)

@@ -10,12 +10,12 @@ from pathlib import Path
 from typing import Any
 
 from sosim.formats.dsconfig.read import RunInputs, map_ds_config
-from sosim.formats.dsconfig.schema import _MISSING
 from sosim.formats.hf_model import HfModel
 from sosim.inputs.config import Scenario
 from sosim.inputs.errors import ConfigError
-from sosim.inputs.loader import KeyPath, Located
+from sosim.run.loader import KeyPath, Located
 from sosim.schedules import registry
+from sosim.schedules.ds_schema import MISSING
 from sosim.schedules.system_api import DELETE, Emitted
 
 
@@ -104,7 +104,7 @@ def _get(config: Mapping[str, Any], path: KeyPath) -> Any:
     node: Any = config
     for key in path:
         if not isinstance(node, Mapping) or key not in node:
-            return _MISSING
+            return MISSING
         node = node[key]
     return node
 
@@ -153,7 +153,7 @@ def _replaced_autos(base: dict[str, Any], config: dict[str, Any], settings: dict
     notes: list[str] = []
     for path in settings:
         value = _get(config, path)
-        if _get(base, path) != "auto" or value is _MISSING or value == "auto":
+        if _get(base, path) != "auto" or value is MISSING or value == "auto":
             continue
         arg = _HF_ARGUMENT.get(path)
         if arg is None:
@@ -189,11 +189,11 @@ def _keep_base_spellings(sc: Scenario, base: dict[str, Any], config: dict[str, A
     for path in settings:
         base_value = _get(base, path)
         current = _get(config, path)
-        if current == base_value or (base_value is _MISSING and current is _MISSING):
+        if current == base_value or (base_value is MISSING and current is MISSING):
             continue
         trial = copy.deepcopy(config)
         # Absent from the base: leave it absent when DeepSpeed's default already gives the scenario's value.
-        _set(trial, path, DELETE if base_value is _MISSING else base_value)
+        _set(trial, path, DELETE if base_value is MISSING else base_value)
         if _scenario_core(trial, sc) == target:
             config = trial
     return config

@@ -10,9 +10,9 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from sosim.formats.dsconfig.schema import _MISSING
 from sosim.formats.jsonio import Note
-from sosim.inputs.loader import KeyPath, Located, parse_override
+from sosim.run.loader import KeyPath, Located, parse_override
+from sosim.schedules.ds_schema import MISSING
 
 
 @dataclass(frozen=True)
@@ -59,7 +59,7 @@ class _Mapper:
         node: Any = self.loc.data
         for key in path:
             if not isinstance(node, dict) or key not in node:
-                return _MISSING
+                return MISSING
             node = node[key]
         return node
 
@@ -105,7 +105,7 @@ class _Mapper:
 
     @staticmethod
     def missing(value: Any) -> bool:
-        return value is _MISSING
+        return value is MISSING
 
     # ---- typed reads: DeepSpeed's pydantic rules (lax: 1e8 for an int is fine, a fraction is not) -------
     def number(self, path: KeyPath, *, integer: bool, lo: float | None = None, lo_open: bool = False,

@@ -11,26 +11,26 @@ from typing import Any
 from sosim.formats.dsconfig.mapper import RunInputs as RunInputs
 from sosim.formats.dsconfig.mapper import _Decided, _enabled, _Mapper
 from sosim.formats.dsconfig.read_training import _read_batch, _read_ckpt, _read_clipping, _read_precision
-from sosim.formats.dsconfig.schema import (
-    _MISSING,
-    _TOP_IGNORED,
-    _TOP_MAPPED,
+from sosim.formats.hf_model import HfModel, load_hf_model
+from sosim.formats.jsonio import Note, notes_by_status, read_json
+from sosim.hardware import model as tm
+from sosim.inputs.config import ModelSpec
+from sosim.inputs.errors import ConfigError
+from sosim.run.loader import KeyPath, Located
+from sosim.schedules import registry
+from sosim.schedules.ds_schema import (
     _ZERO_IGNORED,
     _ZERO_TYPES,
     DEFAULT_SEQ_LEN,
     DS_DEFAULTS,
     DS_KEYS,
     DS_KEYS_ONE_VERSION,
+    MISSING,
     SCHEMA_SOURCE,
+    TOP_IGNORED,
+    TOP_MAPPED,
     ZERO_ALIASES,
 )
-from sosim.formats.hf_model import HfModel, load_hf_model
-from sosim.formats.jsonio import Note, notes_by_status, read_json
-from sosim.hardware import model as tm
-from sosim.inputs.config import ModelSpec
-from sosim.inputs.errors import ConfigError
-from sosim.inputs.loader import KeyPath, Located
-from sosim.schedules import registry
 from sosim.schedules.offload_ds import prefetch_layers_for as prefetch_layers_for
 from sosim.schedules.system_api import DeepSpeedForm, ZeroView
 
@@ -71,7 +71,7 @@ def _zero_section(m: _Mapper) -> tuple[dict[str, Any], int] | None:
     """The zero_optimization section ({} when absent or a boolean) and its stage; None after an error."""
     z = ("zero_optimization",)
     zero = m.get(z)
-    if zero is _MISSING or zero is None:
+    if zero is MISSING or zero is None:
         return {}, 0  # the note names the system that claims stage 0 (_report_system)
     if isinstance(zero, bool):
         # runtime/zero/config.py read_zero_config_deprecated: true means stage 1.
@@ -129,14 +129,14 @@ def _deprecated_device(m: _Mapper, zero: dict[str, Any], section: str, deprecate
 def _offload_device(m: _Mapper, zero: dict[str, Any], section: str, deprecated: str) -> tuple[str, dict[str, Any]]:
     """Offload device and section, including the deprecated booleans (cpu_offload -> offload_optimizer cpu)."""
     z = ("zero_optimization",)
-    sec: Any = zero.get(section, _MISSING)
+    sec: Any = zero.get(section, MISSING)
     if sec is None:
         m.handled.add((*z, section))
-        sec = _MISSING
-    if sec is not _MISSING and not isinstance(sec, dict):
+        sec = MISSING
+    if sec is not MISSING and not isinstance(sec, dict):
         m.error((*z, section), "expected an object like {\"device\": \"cpu\"}")
         return "none", {}
-    if deprecated in zero and _deprecated_device(m, zero, section, deprecated, sec is not _MISSING) == "cpu":
+    if deprecated in zero and _deprecated_device(m, zero, section, deprecated, sec is not MISSING) == "cpu":
         return "cpu", {}
     if not isinstance(sec, dict):
         return "none", {}
@@ -206,7 +206,7 @@ def _report_system(m: _Mapper, v: ZeroView, system: str, why: str) -> None:
     """The notes of the keys that chose the system."""
     z = ("zero_optimization",)
     super_path = (*z, "offload_optimizer", "super_offload")
-    if m.get(z) in (_MISSING, None):
+    if m.get(z) in (MISSING, None):
         m.defaulted((*z, "stage"), "schedule.system", system, "no zero_optimization: ZeRO disabled (stage 0)")
     elif "stage" in v.zero:
         m.mapped((*z, "stage"), "schedule.system", system, why)
@@ -288,7 +288,7 @@ def _unknown_keys(m: _Mapper) -> None:
     for section, known in DS_KEYS.items():
         path = tuple(section.split("."))
         node = m.get(path)
-        if section == "bf16" and node is _MISSING:
+        if section == "bf16" and node is MISSING:
             path, node = ("bfloat16",), m.get(("bfloat16",))
         if not isinstance(node, dict):
             continue
@@ -302,17 +302,17 @@ def _unknown_keys(m: _Mapper) -> None:
             elif (*path, key) not in m.handled and section.startswith("zero_optimization.") and key != "device":
                 m.ignored((*path, key), "no effect for this system")
     for key in data:
-        if key in _TOP_MAPPED:
+        if key in TOP_MAPPED:
             if (key,) not in m.handled and not any(h[:1] == (key,) for h in m.handled):
                 m.ignored((key,), "no effect for this configuration")
             continue
-        if key in _TOP_IGNORED:
-            reason, when = _TOP_IGNORED[key]
+        if key in TOP_IGNORED:
+            reason, when = TOP_IGNORED[key]
             value = data[key]
             dp = m.dp  # collective-only keys matter only with data parallelism
             affects = (when is True or (when == "enabled" and _enabled(value)) or (when == "true" and value is True)
                        or (when == "dp" and dp > 1) or (when == "sp" and m.get(("sequence_parallel_size",)) not in
-                                                         (_MISSING, 1)))
+                                                         (MISSING, 1)))
             m.ignored((key,), reason, affects_step=affects)
         else:
             m.ignored((key,), "not a DeepSpeed 0.19 top-level key in sosim's table (DeepSpeed ignores unknown "

@@ -6,8 +6,8 @@ from __future__ import annotations
 from typing import Any
 
 from sosim.formats.dsconfig.mapper import _Decided, _enabled, _Mapper
-from sosim.formats.dsconfig.schema import _ACT_CKPT_KEYS, _MISSING, DS_DEFAULTS, DS_KEYS
 from sosim.formats.jsonio import Note
+from sosim.schedules.ds_schema import ACT_CKPT_KEYS, DS_DEFAULTS, DS_KEYS, MISSING
 
 
 def _ignore_precision_keys(m: _Mapper, section: str, sec: dict[str, Any]) -> None:
@@ -29,7 +29,7 @@ def _ignore_precision_keys(m: _Mapper, section: str, sec: dict[str, Any]) -> Non
 def _precision_state(m: _Mapper, section: str) -> tuple[bool, bool | None]:
     """(readable, enabled) of one precision section; enabled is None when absent or "auto"."""
     sec = m.get((section,))
-    if sec is _MISSING:
+    if sec is MISSING:
         return True, None
     if not isinstance(sec, dict):
         m.error((section,), "expected an object like {\"enabled\": true}")
@@ -40,7 +40,7 @@ def _precision_state(m: _Mapper, section: str) -> tuple[bool, bool | None]:
         # HfTrainerDeepSpeedConfig fills bf16.enabled / fp16.enabled from --bf16 / --fp16 (default false).
         state = None
         m.handled.add(path)
-    elif m.get(path) is not _MISSING:
+    elif m.get(path) is not MISSING:
         state = m.boolean(path)
     else:
         state = False
@@ -51,14 +51,14 @@ def _precision_state(m: _Mapper, section: str) -> tuple[bool, bool | None]:
 
 def _precision_from_flag(m: _Mapper, out: _Decided, bf16_key: str, flag: str) -> None:
     for section in (bf16_key, "fp16"):
-        if m.get((section, "enabled")) is not _MISSING:
+        if m.get((section, "enabled")) is not MISSING:
             m.mapped((section, "enabled"), "training.precision", flag, f"--precision {flag} decides")
     m.flag("--precision", "training.precision", flag, "set on the command line")
     out.training["precision"] = flag
 
 
 def _read_precision(m: _Mapper, out: _Decided) -> None:
-    bf16_key = "bf16" if m.get(("bf16",)) is not _MISSING or m.get(("bfloat16",)) is _MISSING else "bfloat16"
+    bf16_key = "bf16" if m.get(("bf16",)) is not MISSING or m.get(("bfloat16",)) is MISSING else "bfloat16"
     states: dict[str, bool | None] = {}
     for section in (bf16_key, "fp16"):
         readable, state = _precision_state(m, section)
@@ -89,7 +89,7 @@ _BAD: Any = object()  # a value that recorded an error: the reader stops
 def _batch_key(m: _Mapper, key: str) -> Any:
     """An integer batch key: its value, "auto", None (absent) or _BAD."""
     path = (key,)
-    if m.get(path) is _MISSING:
+    if m.get(path) is MISSING:
         return None
     if m.is_auto(path):
         return "auto"
@@ -99,7 +99,7 @@ def _batch_key(m: _Mapper, key: str) -> Any:
 
 def _read_sp(m: _Mapper, out: _Decided) -> int | None:
     sp = 1
-    if m.get(("sequence_parallel_size",)) is not _MISSING:
+    if m.get(("sequence_parallel_size",)) is not MISSING:
         n = m.number(("sequence_parallel_size",), integer=True, lo=1)
         if n is None:
             return None
@@ -244,7 +244,7 @@ def _read_batch(m: _Mapper, out: _Decided) -> None:
 
 def _read_clipping(m: _Mapper, out: _Decided) -> None:
     path = ("gradient_clipping",)
-    if m.get(path) is _MISSING:
+    if m.get(path) is MISSING:
         out.training["gradient_clipping"] = DS_DEFAULTS["gradient_clipping"]
         m.defaulted(path, "training.gradient_clipping", 0.0, "DeepSpeed default: no clipping (runtime/constants.py)")
     elif m.is_auto(path):
@@ -262,11 +262,11 @@ def _read_ckpt(m: _Mapper, out: _Decided) -> None:
     flag = m.inputs.activation_checkpointing
     if isinstance(section, dict):
         for key in section:
-            reason, affects = _ACT_CKPT_KEYS.get(key, ("not a DeepSpeed 0.19 activation-checkpointing key", False))
+            reason, affects = ACT_CKPT_KEYS.get(key, ("not a DeepSpeed 0.19 activation-checkpointing key", False))
             on = _enabled({"enabled": section[key]}) if isinstance(section[key], bool) else bool(section[key])
             m.ignored(("activation_checkpointing", key), reason, affects_step=affects and on)
         m.handled.add(("activation_checkpointing",))
-    elif section is not _MISSING:
+    elif section is not MISSING:
         m.error(("activation_checkpointing",), "expected an object")
     if flag is not None:
         out.training["activation_checkpointing"] = flag
@@ -276,7 +276,7 @@ def _read_ckpt(m: _Mapper, out: _Decided) -> None:
     out.training["activation_checkpointing"] = True
     why = ("the model code decides (HF: gradient_checkpointing_enable() / --gradient_checkpointing; "
            "DeepSpeed: deepspeed.checkpointing.checkpoint)")
-    if section is not _MISSING:
+    if section is not MISSING:
         why = "this section configures deepspeed.checkpointing, which the model code must call; " + why
     m.notes.append(Note("defaulted", "--activation-checkpointing", "command line", None,
                         "training.activation_checkpointing", True,

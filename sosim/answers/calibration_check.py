@@ -4,7 +4,9 @@ measured with the profile ``NAME`` (the user's own validation of a calibration).
 The steps run through ``scripts/ds_run_all.py`` (one process per job, a checkout is needed: the step script is
 not part of the installed package) into ``DIR/NAME.calibration/check/``; the predictions use the simulator's
 measured-run replay (:mod:`sosim.answers.validate_measured`: same DeepSpeed config, same shape, the harness's barriers).
-The simulator part imports no torch; the DeepSpeed part runs in child processes.
+The simulator part imports no torch; the DeepSpeed part runs in child processes. It sits with the answers, not in
+sosim/calibrate/ (which imports nothing of sosim, so that the harness runs from a copy of its folder): sosim.cli
+hands :func:`run_check` to ``sosim.calibrate.cli.main``.
 """
 
 from __future__ import annotations
@@ -13,6 +15,8 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+
+from sosim.answers.validate_measured import predict, read_runs
 
 DEFAULT_JOBS: tuple[str, ...] = (
     "0.5b:2048:4:zero2:steps=5:phased=2",
@@ -42,8 +46,6 @@ def run_jobs(jobs: list[str], out: Path, deadline_s: float) -> int:
 
 def format_check(check_dir: Path, profile: str, bands: int = 40) -> str:
     """Predicted vs measured for every run in ``check_dir`` with ``profile`` (plus its p10-p90 band)."""
-    from sosim.answers.validate_measured import predict, read_runs
-
     runs, skipped = read_runs(check_dir)
     lines = [f"sosim calibrate --check: {len(runs)} DeepSpeed runs on this machine, predicted with profile {profile}",
              f"{'run':<44} {'measured s':>10} {'predicted s':>11} {'error':>7}  p10-p90 band (in?)"]

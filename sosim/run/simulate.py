@@ -5,7 +5,6 @@ from __future__ import annotations
 import gc
 from collections.abc import Callable
 
-from sosim.answers.result import Result, compute_metrics
 from sosim.costs.analytic import AnalyticCostModel, CostModel
 from sosim.costs.model import Costs
 from sosim.engine import fast as engine_fast
@@ -16,9 +15,10 @@ from sosim.engine.fluid import Contention, EngineRun
 from sosim.engine.plan import Plan
 from sosim.hardware.machine import Machine
 from sosim.hardware.memory import check_fit
+from sosim.hardware.model import tokens_per_gpu
 from sosim.inputs.config import Scenario
-from sosim.schedules import SCHEDULES
-from sosim.schedules.layout import tokens_per_gpu
+from sosim.run.result import Result, compute_metrics
+from sosim.schedules.registry import SYSTEMS
 
 # The engine's contract: a node plan and its contention in, every op's start and end (and stretch) out.
 Engine = Callable[[Plan, Contention | None], EngineRun]
@@ -107,7 +107,7 @@ def simulate_with(sc: Scenario, costs: Costs | None, engine: str, runs: EngineRu
     (or ``runs`` has its run already)."""
     machine = Machine.from_scenario(sc)
     costs = make_costs(sc, machine=machine) if costs is None else costs
-    module = SCHEDULES[sc.schedule.system]
+    module = SYSTEMS[sc.schedule.system]
     usage = module.memory_usage(sc)
     # One rank's plan, expanded to the ranks of one node that share a host, with the node's shared resources
     # handed to the engine (sosim/engine/contention.py).

@@ -8,6 +8,9 @@ Input that could hurt is refused before it is used: files are read up to a size 
 a first pass over the YAML events rejects duplicate keys, recursive aliases, alias expansion past a node
 budget (the "billion laughs") and nesting past a depth limit; after validation every number must be finite
 and the plan the scenario asks for must be small enough to simulate in about ten seconds.
+
+It sits in sosim.run, above the systems and the costs, because loading resolves a scenario completely (issue 17):
+it asks the system registry for the knobs and reads the profile's calibration tables.
 """
 
 from __future__ import annotations

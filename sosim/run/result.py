@@ -19,9 +19,9 @@ import pandas as pd
 from sosim.engine.plan import Category, Plan, ResourceKind
 from sosim.hardware import model as tm
 from sosim.hardware.memory import Feasibility, MemoryUsage
+from sosim.hardware.model import global_tokens_per_step
 from sosim.inputs.config import Scenario
 from sosim.inputs.units import GIB, TFLOP
-from sosim.schedules.layout import global_tokens_per_step
 
 # GPU-idle time goes to the first of these whose resource is busy (the CPU side first: it is what the
 # GPU waits on in offload schedules). Matched on resource kinds, so every instance of a kind counts.

@@ -1,4 +1,7 @@
-"""DeepSpeed's key names, defaults and ignored-key reasons, as data (shared by the reader and the emitter)."""
+"""DeepSpeed's key names, defaults and ignored-key reasons, as data (shared by the reader and the emitter).
+
+It lives beside the systems because each system's DeepSpeed form (``*_ds.py``, ``system_api.py``) reads its
+defaults; the DeepSpeed config reader and writer (sosim.formats.dsconfig), a layer above, read it too."""
 
 from __future__ import annotations
 
@@ -148,10 +151,10 @@ _ZERO_TYPES: dict[str, str] = {
                      "enable_sanity_checks", "save_muon_momentum_buffer_in_memory", "compute_grad_norm",
                      "parameter_alignment", "mics_hierarchical_params_gather"), "bool"),
 }
-_OFFLOAD_NVME_ONLY = ("nvme_path", "buffer_count", "buffer_size", "max_in_cpu", "pipeline_read", "pipeline_write",
+OFFLOAD_NVME_ONLY = ("nvme_path", "buffer_count", "buffer_size", "max_in_cpu", "pipeline_read", "pipeline_write",
                       "fast_init")
 # Top-level keys sosim does not map, and why. "enabled": changes the step only when the section is enabled.
-_TOP_IGNORED: dict[str, tuple[str, bool | str]] = {
+TOP_IGNORED: dict[str, tuple[str, bool | str]] = {
     "scheduler": ("learning-rate schedule: no effect on the step time", False),
     "steps_per_print": ("logging only", False),
     "wall_clock_breakdown": ("timers that add stream synchronisations; not modelled (leave off when timing)",
@@ -199,11 +202,11 @@ _TOP_IGNORED: dict[str, tuple[str, bool | str]] = {
     "use_data_before_expert_parallelism": ("MoE process-group layout; not modelled", False),
     "managed_gradient_accumulation": ("who owns the accumulation boundary; same work", False),
 }
-# Keys the mapper reads (top level); everything else is looked up in _TOP_IGNORED.
-_TOP_MAPPED = ("train_micro_batch_size_per_gpu", "gradient_accumulation_steps", "train_batch_size",
+# Keys the mapper reads (top level); everything else is looked up in TOP_IGNORED.
+TOP_MAPPED = ("train_micro_batch_size_per_gpu", "gradient_accumulation_steps", "train_batch_size",
                "gradient_clipping", "bf16", "bfloat16", "fp16", "zero_optimization", "optimizer",
                "zero_force_ds_cpu_optimizer", "activation_checkpointing", "sequence_parallel_size")
-_ACT_CKPT_KEYS = {
+ACT_CKPT_KEYS = {
     "partition_activations": ("splits checkpoints across tensor-parallel ranks; no effect without TP", False),
     "cpu_checkpointing": ("moves activation checkpoints to CPU memory; not modelled outside SuperOffload's "
                           "weight-flow", True),
@@ -212,6 +215,6 @@ _ACT_CKPT_KEYS = {
     "synchronize_checkpoint_boundary": ("a stream synchronisation per checkpoint; not modelled", True),
     "profile": ("profiling only", False),
 }
-_ADAM_TYPES = ("adam", "adamw")
+ADAM_TYPES = ("adam", "adamw")
 
-_MISSING = object()
+MISSING = object()
