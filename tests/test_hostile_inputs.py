@@ -201,7 +201,7 @@ def test_a_baselines_overrides_and_a_sweep_point_go_through_the_same_checks(tmp_
 
 @pytest.mark.parametrize("value", ["!!bool maybe", "!!int abc", "!!float abc", "!!int ''", "!!timestamp x",
                                    "!!int '0x'", "!!int '" + "9" * 5000 + "'", "!!python/object:os.system x",
-                                   "!!set {a}", "2024-13-45"])
+                                   "!!set {a}", "2024-13-45", "! '" + "9" * 5000 + "'", "0x_", "-0b_"])
 def test_yaml_tags_outside_the_core_or_unbuildable_are_located(value: str, tmp_path: Path,
                                                                capsys: pytest.CaptureFixture[str]) -> None:
     code, _, err = _run(["run", "gh200_zero_offload_4b", "--set", f"model.layers={value}"], capsys)

@@ -29,6 +29,16 @@ _DATE_LIKE = re.compile(r"[0-9]{4}-[0-9]")
 _resolver = yaml.resolver.Resolver()
 
 
+def _risky(value: str) -> bool:
+    """Whether an untagged plain scalar may resolve to a number or a date that PyYAML then fails to build
+    (``0x_``, ``-0b_``, ``2024-13-45``: int('', 16) and datetime errors). Most numbers are not: they are built
+    without this check (it costs a resolution and a construction)."""
+    if not value or value[0] not in "+-.0123456789":
+        return False
+    bare = value.lstrip("+-")
+    return "_" in value or ":" in value or bare[:2].lower() in ("0x", "0b") or _DATE_LIKE.match(value) is not None
+
+
 def _short(tag: str) -> str:
     return "!!" + tag[len(_CORE):] if tag.startswith(_CORE) else tag
 
@@ -45,7 +55,9 @@ def scalar_problem(ev: Any) -> str | None:
     """Why a scalar event cannot be built as its tag says (None: it can). ``ev`` is a yaml.ScalarEvent."""
     tag = ev.tag
     value = ev.value
-    if tag is not None and tag != "!":
+    if tag == "!":  # the non-specific tag: PyYAML's composer resolves it as it resolves an untagged scalar
+        tag = _resolver.resolve(yaml.ScalarNode, value, ev.implicit)
+    if tag is not None:
         problem = tag_problem(tag)
         if problem is not None:
             return problem
@@ -54,11 +66,11 @@ def scalar_problem(ev: Any) -> str | None:
         if tag != f"{_CORE}null" and len(value) > MAX_NUMBER_CHARS:
             return (f"a {_short(tag)} value of {len(value):,} characters; no value sosim takes needs more than "
                     f"{MAX_NUMBER_CHARS} (docs/limits.md)")
-    elif ev.style or not _DATE_LIKE.match(value):
-        return None  # quoted, or cannot resolve to a date: plain numbers are checked by the loader
+    elif ev.style or len(value) > MAX_NUMBER_CHARS or not _risky(value):
+        return None  # quoted, too long (the loader refuses it by its length) or built by PyYAML without fail
     else:
         tag = _resolver.resolve(yaml.ScalarNode, value, (True, False))
-        if tag != f"{_CORE}timestamp":
+        if tag not in _BUILT:
             return None
     node = yaml.ScalarNode(tag, value)
     try:
@@ -66,8 +78,9 @@ def scalar_problem(ev: Any) -> str | None:
     except Exception:  # every way PyYAML's constructors fail is one answer: not a tag's value
         expected = {"int": "an integer", "float": "a number", "bool": "true or false", "null": "null",
                     "timestamp": "a date"}[tag[len(_CORE):]]
-        if ev.tag is None:  # an untagged date-like scalar: 2024-13-45
-            return f"{value!r} reads as a date but is not one; quote it if it is a name"
+        if ev.tag is None:  # an untagged scalar PyYAML resolves but cannot build: 2024-13-45, 0x_
+            what = "a date" if tag == f"{_CORE}timestamp" else "a number"
+            return f"{value!r} reads as {what} but is not one; quote it if it is a name"
         return f"{value!r} is not {expected}, as its tag {_short(tag)} says"
     return None
 
