@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import errno
 import importlib
 import os
 import signal
@@ -376,9 +377,14 @@ def _profile_folders(dirs: Sequence[str]) -> Iterator[None]:
     if not dirs:
         yield
         return
+    from sosim.inputs.safe_read import is_dir, path_problem, shown_path
+
     for d in dirs:
-        if not Path(d).is_dir():
-            raise SosimError(f"--profiles {d}: not a folder")
+        problem = path_problem(d)
+        if problem is not None:
+            raise SosimError(f"--profiles {shown_path(d)}: {problem}")
+        if not is_dir(d):
+            raise SosimError(f"--profiles {shown_path(d)}: not a folder")
     old = os.environ.get(PROFILES_ENV)
     os.environ[PROFILES_ENV] = os.pathsep.join([*(str(Path(d).resolve()) for d in dirs), *([old] if old else [])])
     try:
@@ -481,12 +487,26 @@ def _main(argv: Sequence[str] | None) -> int:
         with contextlib.suppress(OSError):
             os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
+    except OSError as exc:
+        if exc.errno != errno.ENAMETOOLONG:
+            return _internal(exc)
+        # A name the file system refuses, met by a check that does not use sosim/inputs/safe_read.py: the
+        # input's fault, not sosim's.
+        from sosim.inputs.safe_read import shown_path
+
+        print(f"sosim: {shown_path(exc.filename or '')}: the name is longer than the file system allows",
+              file=sys.stderr)
+        return EXIT_USAGE
     except Exception as exc:  # a bug, not the input: one line, the traceback only on request
-        if os.environ.get(DEBUG_ENV):
-            raise
-        print(f"sosim: internal error: {type(exc).__name__}: {exc} (a bug in sosim; rerun with {DEBUG_ENV}=1 "
-              "for the traceback and please report it)", file=sys.stderr)
-        return EXIT_INTERNAL
+        return _internal(exc)
+
+
+def _internal(exc: Exception) -> int:
+    if os.environ.get(DEBUG_ENV):
+        raise exc
+    print(f"sosim: internal error: {type(exc).__name__}: {exc} (a bug in sosim; rerun with {DEBUG_ENV}=1 "
+          "for the traceback and please report it)", file=sys.stderr)
+    return EXIT_INTERNAL
 
 
 if __name__ == "__main__":

@@ -246,8 +246,10 @@ def _model_name(loc: Located, data: dict[str, Any]) -> str:
 
 def resolve_model_path(ref: str | Path) -> Path:
     """A config.json file, or a model folder holding one (a Hugging Face snapshot)."""
+    from sosim.inputs.safe_read import is_dir  # False for a name the file system refuses (read_json says why)
+
     p = Path(ref)
-    if p.is_dir():
+    if is_dir(p):
         return p / "config.json"
     return p
 

@@ -211,7 +211,7 @@ class InterconnectSpec(_Sourced):
 
     gpu_gpu_GBps: BandwidthGBps
     node_node_GBps: BandwidthGBps
-    gpus_per_node: PosInt
+    gpus_per_node: GpuCount
     latency_us: Microseconds
 
 
@@ -287,7 +287,7 @@ class NetworkSpec(_Sourced):
     latency_us: Microseconds
     nccl_busbw_GBps_by_mib: dict[CollectiveName, Curve] = Field(default_factory=dict)
     # Nodes in that measurement (its busbw is turned into an efficiency of the analytic model at that size).
-    nccl_nodes: Annotated[int, Field(ge=2)] = 2
+    nccl_nodes: Annotated[int, Field(ge=2, le=MAX_GPUS)] = 2
 
     @model_validator(mode="after")
     def _curves(self) -> NetworkSpec:
@@ -309,7 +309,7 @@ class NvmeSpec(_Sourced):
 
 
 class NodeSpec(_Sourced):
-    gpus: PosInt
+    gpus: GpuCount
     cpu_sockets: Count = 1  # each socket is one ``cpu`` section: its cores, memory and bandwidth
     # Socket (NUMA node) each GPU's host link attaches to; None: spread evenly, GPU i on i * sockets // gpus.
     gpu_socket: list[NonNegInt] | None = None
