@@ -318,3 +318,28 @@ def test_a_signal_in_the_first_instant_is_one_line_and_its_exit_status(command: 
     err = proc.stderr.read()
     assert proc.wait(timeout=60) == code, err
     assert "Traceback" not in err and len(err.strip().splitlines()) == 1, err
+
+
+def test_a_file_that_only_mentions_sosims_markers_is_not_its_output(tmp_path: Path,
+                                                                    capsys: pytest.CaptureFixture[str]) -> None:
+    """Found by the fuzz run: a text file holding the word 'matplotlib' passed for a figure sosim wrote."""
+    for name, content in (("f.png", b"matplotlib"), ("b.json", b'notes: "format": "sosim-check/1"'),
+                          ("j.xml", b'<testsuite name="sosim check x">')):
+        (tmp_path / name).write_bytes(content)
+    assert _run(["run", "gh200_zero_offload_4b", "--plot", "f.png"], capsys)[0] == 2
+    assert _run(["check", "--write", "b.json", "gh200_zero_offload_4b"], capsys)[0] == 2
+    assert _run(["check", "--write", "base.json", "gh200_zero_offload_4b"], capsys)[0] == 0
+    assert _run(["check", "base.json", "--junit", "j.xml"], capsys)[0] == 2
+    assert [(tmp_path / n).read_bytes() for n in ("f.png", "b.json", "j.xml")] == [
+        b"matplotlib", b'notes: "format": "sosim-check/1"', b'<testsuite name="sosim check x">']
+
+
+def test_a_sweep_base_no_file_can_have_is_located(tmp_path: Path) -> None:
+    """Found by the fuzz run: load_sweep stat'ed a 5,000-character base name (OSError)."""
+    from sosim.answers.sweep import load_sweep
+    from sosim.inputs.errors import ConfigError
+
+    path = tmp_path / "s.yaml"
+    path.write_text(f"base: {'s' * 5000}.yaml\ngrid: {{training.micro_batch: [1]}}\n")
+    with pytest.raises(ConfigError, match=r"s.yaml:1: base: a path of 5,005 bytes is longer"):
+        load_sweep(path)

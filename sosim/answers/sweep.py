@@ -43,6 +43,7 @@ from sosim.answers.sweep_resume import check_out_target, check_parts, read_done_
 from sosim.formats.output import check_output_path, non_finite_metrics, print_json, provenance_fields
 from sosim.inputs.config import Scenario
 from sosim.inputs.errors import ConfigError, SosimError
+from sosim.inputs.safe_read import is_file, path_problem, shown_path
 from sosim.run.loader import KeyPath, Located, dotted, read_yaml, resolve_scenario_path
 
 Point = dict[str, Any]  # dotted key path -> value
@@ -345,9 +346,12 @@ def load_sweep(path: str | Path) -> SweepSpec:
     if problems:
         raise ConfigError(problems)
     data: dict[str, Any] = loc.data
+    problem = path_problem(str(data["base"]))  # a name no file can have: not resolved, not stat'ed
+    if problem is not None:
+        raise ConfigError([f"{_where(loc, ('base',))}: base: {problem}"])
     base_path = (sweep_path.parent / data["base"]).resolve()
-    if not base_path.is_file():
-        raise ConfigError([f"{_where(loc, ('base',))}: base: no such scenario file: {base_path}"])
+    if not is_file(base_path):
+        raise ConfigError([f"{_where(loc, ('base',))}: base: no such scenario file: {shown_path(base_path)}"])
     base, _ = _base_data(base_path)
     grid_points = expand_grid(data["grid"]) if data.get("grid") else [{}]
     listed = [dict(p) for p in data["points"]] if data.get("points") else [{}]

@@ -68,9 +68,45 @@ def contains(marker: bytes, head_bytes: int = 4096) -> Recogniser:
     return recognise
 
 
+# A figure Matplotlib wrote: the format's own first bytes, and Matplotlib's name where that format keeps it
+# (matplotlib 3.x backends; JPEG, TIFF, WebP and raw keep none, so replacing one of those needs --force).
+_FIGURES: tuple[tuple[bytes, bytes], ...] = (
+    (b"\x89PNG\r\n\x1a\n", b"tEXtSoftware\x00Matplotlib"),
+    (b"<?xml", b"<dc:title>Matplotlib v"),
+    (b"%PDF-", b"/Creator (Matplotlib v"),
+    (b"%!PS-Adobe", b"%%Creator: Matplotlib v"),
+    (b"%% Creator: Matplotlib", b"%% Creator: Matplotlib"),
+)
+
+
 def matplotlib_figure(path: Path) -> bool:
-    """A figure Matplotlib wrote (PNG, SVG, PDF, EPS, PS, PGF carry its name in their metadata)."""
-    return b"matplotlib" in _head(path).lower() or b"matplotlib" in _tail(path).lower()
+    """A figure Matplotlib wrote: PNG, SVG, PDF, EPS, PS or PGF by its magic bytes and Matplotlib's signature
+    (a text file that merely mentions matplotlib is not one)."""
+    head = _head(path)
+    for magic, signature in _FIGURES:
+        if head.startswith(magic):
+            return signature in head or signature in _tail(path)
+    return False
+
+
+def json_object_with(key: str, value: str, max_bytes: int = 64 * 1024 * 1024) -> Recogniser:
+    """A JSON object whose ``key`` is ``value`` (a sosim check baseline: "format": "sosim-check/1")."""
+    def recognise(path: Path) -> bool:
+        if path.stat().st_size > max_bytes:
+            return False
+        try:
+            data = json.loads(path.read_bytes())
+        except (OSError, ValueError):
+            return False
+        return isinstance(data, dict) and data.get(key) == value
+
+    return recognise
+
+
+def junit_of_check(path: Path) -> bool:
+    """JUnit XML as ``sosim check --junit`` writes it (sosim/answers/check.py junit_xml)."""
+    head = _head(path, 4096)
+    return head.startswith(b"<?xml") and b"<testsuites>" in head and b'<testsuite name="sosim check ' in head
 
 
 def json_written_by_sosim(path: Path) -> bool:
@@ -206,11 +242,11 @@ def write_atomic(path: str | Path, option: str, what: str, write: Callable[[Path
 
 # The recognisers of sosim's outputs, by what they are.
 TRACE = starts_with(b'{"traceEvents"')
-CHECK_BASELINE = contains(b'"format": "sosim-check/1"')
-JUNIT = contains(b'<testsuite name="sosim check')
+CHECK_BASELINE = json_object_with("format", "sosim-check/1")
+JUNIT = junit_of_check
 FIGURE = matplotlib_figure
 DS_CONFIG = json_written_by_sosim
 
-__all__ = ["CHECK_BASELINE", "DS_CONFIG", "FIGURE", "JUNIT", "TRACE", "Recogniser", "contains",
-           "json_written_by_sosim", "matplotlib_figure", "prepare_output", "starts_with", "target_problem",
-           "write_atomic"]
+__all__ = ["CHECK_BASELINE", "DS_CONFIG", "FIGURE", "JUNIT", "TRACE", "Recogniser", "contains", "json_object_with",
+           "json_written_by_sosim", "junit_of_check", "matplotlib_figure", "prepare_output", "starts_with",
+           "target_problem", "write_atomic"]
