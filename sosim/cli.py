@@ -200,8 +200,10 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 def _run_inputs(args: argparse.Namespace) -> list[str]:
     """The files ``sosim run`` reads (an output must not replace one of them)."""
-    return [str(v) for v in (getattr(args, "scenario", None), getattr(args, "ds_config", None),
-                             getattr(args, "model", None)) if v]
+    from sosim.run.loader import input_files
+
+    return input_files([getattr(args, "scenario", None), getattr(args, "ds_config", None),
+                        getattr(args, "model", None)])
 
 
 def cmd_examples(args: argparse.Namespace) -> int:

@@ -343,3 +343,12 @@ def test_a_sweep_base_no_file_can_have_is_located(tmp_path: Path) -> None:
     path.write_text(f"base: {'s' * 5000}.yaml\ngrid: {{training.micro_batch: [1]}}\n")
     with pytest.raises(ConfigError, match=r"s.yaml:1: base: a path of 5,005 bytes is longer"):
         load_sweep(path)
+
+
+def test_a_shipped_examples_file_counts_as_an_input_of_its_command() -> None:
+    """``check --write scenarios/x.yaml x --force`` must not replace the example it reads: the inputs an output
+    is compared with include the file an example's name resolves to."""
+    from sosim.run.loader import input_files
+
+    found = input_files(["gh200_zero_offload_4b", None, ""])
+    assert any(Path(p).resolve() == (ROOT / "scenarios" / "gh200_zero_offload_4b.yaml").resolve() for p in found)

@@ -184,12 +184,18 @@ def write_baseline(path: Path, sources: Sequence[str], overrides: Sequence[str],
     # Atomic (a reader never sees half a baseline), and never over a file that is not a baseline, nor over a
     # scenario it records (sosim/formats/safe_write.py).
     safe_write.write_atomic(path, "--write", "sosim check baseline", lambda p: p.write_text(text),
-                            safe_write.CHECK_BASELINE, force=force, inputs=sources)
+                            safe_write.CHECK_BASELINE, force=force, inputs=_inputs(sources))
     return entries
 
 
 # Metrics a prediction always has above zero (step time, throughput); the others are at least 0.
 _POSITIVE_METRICS = frozenset(("tokens_per_s", "step_time_s"))
+def _inputs(sources: Sequence[str]) -> list[str]:
+    from sosim.run.loader import input_files
+
+    return input_files(sources)
+
+
 _ENTRY_KEYS: dict[str, type | tuple[type, ...]] = {
     "id": str, "source": str, "example": bool, "overrides": list, "metrics": dict, "inputs": dict}
 
@@ -458,9 +464,11 @@ def _cmd(args: argparse.Namespace) -> int:
         sources = [s for s in (args.baseline, *args.scenarios) if s is not None]
         if not sources:
             raise SosimError("check --write BASELINE: name the scenario files (or shipped examples) to record")
+        from sosim.run.loader import input_files
+
         force = getattr(args, "force", False)
         path = safe_write.prepare_output(args.write, "--write", "sosim check baseline", safe_write.CHECK_BASELINE,
-                                         force=force, inputs=sources)
+                                         force=force, inputs=input_files(sources))
         entries = write_baseline(path, sources, args.overrides, progress, force)
         print(f"wrote {path}: {len(entries)} scenario(s), sosim {sosim_version()}")
         for e in entries:

@@ -67,8 +67,9 @@ def format_table(frame: pd.DataFrame) -> str:
 
 def cmd_compare(args: argparse.Namespace) -> int:
     from sosim import load_scenario, simulate
+    from sosim.run.loader import input_files
 
-    force, inputs = getattr(args, "force", False), list(args.scenarios)
+    force, inputs = getattr(args, "force", False), input_files(args.scenarios)
     plot = (safe_write.prepare_output(args.plot, "--plot", "figure", safe_write.FIGURE, force=force, inputs=inputs,
                                       suffixes=plot_suffixes()) if args.plot is not None else None)
     # Load everything first so that a typo in the last file is reported before any simulation runs.

@@ -165,7 +165,9 @@ def run_tune(args: Any) -> int:
     from sosim.formats.output import print_json
 
     force = getattr(args, "force", False)
-    inputs = [str(v) for v in (args.scenario, args.ds_config, args.model) if v]
+    from sosim.run.loader import input_files
+
+    inputs = input_files([args.scenario, args.ds_config, args.model])
     if not args.no_write:
         from sosim.formats import safe_write
 

@@ -782,6 +782,21 @@ def resolve_scenario_path(source: str | Path) -> Path:
     return example if example is not None else p
 
 
+def input_files(sources: Iterable[str | Path | None]) -> list[str]:
+    """The files a command reads for these scenario arguments (a shipped example's name: its file), for an
+    output that must not replace one of them (sosim/formats/safe_write.py)."""
+    found: list[str] = []
+    for source in sources:
+        if not source:
+            continue
+        found.append(str(source))
+        try:
+            found.append(str(resolve_scenario_path(source)))
+        except ConfigError:
+            continue
+    return found
+
+
 def load_scenario(
     source: str | Path | Mapping[str, Any],
     overrides: Iterable[str] | None = None,

@@ -68,7 +68,9 @@ def scenario_from_args(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def _inputs_read(args: argparse.Namespace) -> list[str]:
-    return [str(v) for v in (getattr(args, n, None) for n in ("scenario", "ds_config", "model")) if v]
+    from sosim.run.loader import input_files
+
+    return input_files([getattr(args, n, None) for n in ("scenario", "ds_config", "model")])
 
 
 def scenario_for_run(args: argparse.Namespace) -> tuple[Scenario, DsMapping | None]:
