@@ -29,11 +29,10 @@ from sosim.formats.output import (
     print_json,
     provenance_fields,
 )
-from sosim.inputs.errors import ConfigError, SosimError, Terminated
+from sosim.inputs.errors import ConfigError, SosimError
+from sosim.stop_signals import install_stop_handlers, stopped
 
 EXIT_USAGE = 2
-EXIT_INTERRUPTED = 130
-EXIT_TERMINATED = 143  # 128 + SIGTERM
 EXIT_INTERNAL = 70  # EX_SOFTWARE: a bug in sosim, not the input
 DEBUG_ENV = "SOSIM_DEBUG"  # set to 1 to see the traceback of an internal error
 
@@ -414,38 +413,6 @@ def report_error(exc: SosimError) -> None:
               "shown)", file=sys.stderr)
 
 
-def _on_sigterm(signum: int, frame: object) -> None:
-    raise Terminated()
-
-
-def install_stop_handlers() -> dict[int, Any]:
-    """SIGTERM raises Terminated (a KeyboardInterrupt) and SIGINT KeyboardInterrupt from here on, so that a
-    signal at any instant (while pandas and pyarrow import, in validate or check) ends the command with one
-    line and 130 / 143. A SIGINT the parent set to be ignored (``nohup``, a background job) stays ignored.
-    Called before anything heavy is imported (sosim/__init__.py imports lazily for that). Returns the handlers
-    it replaced (main() puts them back: main() is also called in-process, by tests and notebooks)."""
-    if not threading_main():
-        return {}
-    previous: dict[int, Any] = {signal.SIGTERM: signal.signal(signal.SIGTERM, _on_sigterm)}
-    if signal.getsignal(signal.SIGINT) is not signal.SIG_IGN:
-        previous[signal.SIGINT] = signal.signal(signal.SIGINT, signal.default_int_handler)
-    if hasattr(signal, "pthread_sigmask"):  # held by sosim/__main__.py while this module imported: deliver now
-        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT, signal.SIGTERM})
-    return previous
-
-
-def threading_main() -> bool:
-    import threading
-
-    return threading.current_thread() is threading.main_thread()
-
-
-def _stopped(exc: KeyboardInterrupt) -> int:
-    terminated = isinstance(exc, Terminated)
-    print("sosim: terminated (SIGTERM)" if terminated else "sosim: interrupted", file=sys.stderr)
-    return EXIT_TERMINATED if terminated else EXIT_INTERRUPTED
-
-
 def _robust_streams() -> None:
     # A name or path with bytes that are not valid in the terminal's encoding must not crash the output.
     for stream in (sys.stdout, sys.stderr):
@@ -460,7 +427,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return _main(argv)
     except KeyboardInterrupt as exc:  # a signal while the parser was being built, or outside a command
-        return _stopped(exc)
+        return stopped(exc)
     finally:
         for signum, handler in previous.items():
             if handler is not None:
@@ -482,7 +449,7 @@ def _main(argv: Sequence[str] | None) -> int:
         report_error(exc)
         return EXIT_USAGE
     except KeyboardInterrupt as exc:
-        return _stopped(exc)
+        return stopped(exc)
     except BrokenPipeError:
         # The reader went away (sosim ... | head): not an error. Point stdout at devnull so the interpreter's
         # final flush does not complain either.
