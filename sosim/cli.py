@@ -30,7 +30,7 @@ from sosim.formats.output import (
     provenance_fields,
 )
 from sosim.inputs.errors import ConfigError, SosimError
-from sosim.stop_signals import install_stop_handlers, stopped
+from sosim.answers.stop_signals import install_stop_handlers, release_held_signals, stopped
 
 EXIT_USAGE = 2
 EXIT_INTERNAL = 70  # EX_SOFTWARE: a bug in sosim, not the input
@@ -425,6 +425,7 @@ def _robust_streams() -> None:
 def main(argv: Sequence[str] | None = None) -> int:
     previous = install_stop_handlers()  # first: a signal while the parser imports the commands (pandas...) too
     try:
+        release_held_signals()
         return _main(argv)
     except KeyboardInterrupt as exc:  # a signal while the parser was being built, or outside a command
         return stopped(exc)

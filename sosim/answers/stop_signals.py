@@ -32,9 +32,14 @@ def install_stop_handlers() -> dict[int, Any]:
     previous: dict[int, Any] = {signal.SIGTERM: signal.signal(signal.SIGTERM, _on_sigterm)}
     if signal.getsignal(signal.SIGINT) is not signal.SIG_IGN:
         previous[signal.SIGINT] = signal.signal(signal.SIGINT, signal.default_int_handler)
-    if hasattr(signal, "pthread_sigmask"):  # held by sosim/__main__.py while this module imported: deliver now
-        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT, signal.SIGTERM})
     return previous
+
+
+def release_held_signals() -> None:
+    """Deliver a SIGINT / SIGTERM that sosim/__main__.py held while the CLI module imported (call inside the
+    block that handles KeyboardInterrupt: a held signal is raised right here)."""
+    if hasattr(signal, "pthread_sigmask") and threading_main():
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT, signal.SIGTERM})
 
 
 def threading_main() -> bool:
@@ -48,4 +53,4 @@ def stopped(exc: KeyboardInterrupt) -> int:
     return EXIT_TERMINATED if terminated else EXIT_INTERRUPTED
 
 
-__all__ = ["EXIT_INTERRUPTED", "EXIT_TERMINATED", "install_stop_handlers", "stopped"]
+__all__ = ["EXIT_INTERRUPTED", "EXIT_TERMINATED", "install_stop_handlers", "release_held_signals", "stopped"]
