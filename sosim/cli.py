@@ -22,6 +22,7 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
+from sosim.answers.stop_signals import install_stop_handlers, release_held_signals, stopped
 from sosim.formats.output import (
     check_finite_result,
     format_value,
@@ -30,7 +31,6 @@ from sosim.formats.output import (
     provenance_fields,
 )
 from sosim.inputs.errors import ConfigError, SosimError
-from sosim.answers.stop_signals import install_stop_handlers, release_held_signals, stopped
 
 EXIT_USAGE = 2
 EXIT_INTERNAL = 70  # EX_SOFTWARE: a bug in sosim, not the input
