@@ -352,3 +352,16 @@ def test_a_shipped_examples_file_counts_as_an_input_of_its_command() -> None:
 
     found = input_files(["gh200_zero_offload_4b", None, ""])
     assert any(Path(p).resolve() == (ROOT / "scenarios" / "gh200_zero_offload_4b.yaml").resolve() for p in found)
+
+
+@pytest.mark.parametrize(("name", "content"), [
+    ("x.svg", b"%% Creator: Matplotlib"), ("x.pgf", b"%% Creator: Matplotlib, PGF backend\n"),
+    ("x.png", b"\x89PNG\r\n\x1a\ntEXtSoftware\x00Matplotlib"), ("t.json", b'{"traceEvents":[]}')])
+def test_a_file_holding_only_a_marker_is_not_sosims_output(name: str, content: bytes, tmp_path: Path,
+                                                           capsys: pytest.CaptureFixture[str]) -> None:
+    """Found by the fuzz run (Hypothesis tries the literals of the code): a figure or a trace is recognised by
+    its first bytes, its signature and its last bytes, each as its writer leaves them."""
+    (tmp_path / name).write_bytes(content)
+    option = "--trace" if name.endswith(".json") else "--plot"
+    code, _, err = _run(["run", "gh200_zero_offload_4b", option, name], capsys)
+    assert code == 2 and "--force" in err and (tmp_path / name).read_bytes() == content

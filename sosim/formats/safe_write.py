@@ -68,25 +68,37 @@ def contains(marker: bytes, head_bytes: int = 4096) -> Recogniser:
     return recognise
 
 
-# A figure Matplotlib wrote: the format's own first bytes, and Matplotlib's name where that format keeps it
-# (matplotlib 3.x backends; JPEG, TIFF, WebP and raw keep none, so replacing one of those needs --force).
-_FIGURES: tuple[tuple[bytes, bytes], ...] = (
-    (b"\x89PNG\r\n\x1a\n", b"tEXtSoftware\x00Matplotlib"),
-    (b"<?xml", b"<dc:title>Matplotlib v"),
-    (b"%PDF-", b"/Creator (Matplotlib v"),
-    (b"%!PS-Adobe", b"%%Creator: Matplotlib v"),
-    (b"%% Creator: Matplotlib", b"%% Creator: Matplotlib"),
-)
+# A figure Matplotlib wrote, by the file's suffix: the format's first bytes, Matplotlib's name where that format
+# keeps it, and the format's last bytes (matplotlib 3.x backends). JPEG, TIFF, WebP and raw keep no name:
+# replacing one of those needs --force. (The fuzz run found a text file holding only "matplotlib", then one
+# holding only PGF's first line, that passed looser checks.)
+_FIGURES: dict[str, tuple[bytes, bytes, bytes]] = {
+    ".png": (b"\x89PNG\r\n\x1a\n", b"tEXtSoftware\x00Matplotlib", b"IEND\xaeB`\x82"),
+    ".svg": (b"<?xml", b"<dc:title>Matplotlib v", b"</svg>\n"),
+    ".pdf": (b"%PDF-", b"/Creator (Matplotlib v", b"%%EOF\n"),
+    ".eps": (b"%!PS-Adobe", b"%%Creator: Matplotlib v", b"showpage\n"),
+    ".ps": (b"%!PS-Adobe", b"%%Creator: Matplotlib v", b"%%EOF\n"),
+    ".pgf": (b"%% Creator: Matplotlib, PGF backend", b"\\begingroup", b"\\endgroup%\n"),
+}
 
 
 def matplotlib_figure(path: Path) -> bool:
-    """A figure Matplotlib wrote: PNG, SVG, PDF, EPS, PS or PGF by its magic bytes and Matplotlib's signature
-    (a text file that merely mentions matplotlib is not one)."""
-    head = _head(path)
-    for magic, signature in _FIGURES:
-        if head.startswith(magic):
-            return signature in head or signature in _tail(path)
-    return False
+    """A figure Matplotlib wrote: PNG, SVG, PDF, EPS, PS or PGF by its suffix, first bytes, Matplotlib's
+    signature and last bytes (a file that merely mentions matplotlib is not one)."""
+    marks = _FIGURES.get(path.suffix.lower())
+    if marks is None:
+        return False
+    magic, signature, end = marks
+    head, tail = _head(path), _tail(path)
+    return head.startswith(magic) and (signature in head or signature in tail) and tail.endswith(end)
+
+
+def chrome_trace(path: Path) -> bool:
+    """A trace as sosim/formats/trace.py writes it: compact JSON that opens with its events and closes with
+    its otherData (scenario, provenance, ...)."""
+    head, tail = _head(path, 64), _tail(path, 1 << 20)
+    return (head.startswith(b'{"traceEvents":[') and b'],"displayTimeUnit":"ms","otherData":{"scenario":' in tail
+            and tail.endswith(b"}}"))
 
 
 def json_object_with(key: str, value: str, max_bytes: int = 64 * 1024 * 1024) -> Recogniser:
@@ -241,12 +253,12 @@ def write_atomic(path: str | Path, option: str, what: str, write: Callable[[Path
 
 
 # The recognisers of sosim's outputs, by what they are.
-TRACE = starts_with(b'{"traceEvents"')
+TRACE = chrome_trace
 CHECK_BASELINE = json_object_with("format", "sosim-check/1")
 JUNIT = junit_of_check
 FIGURE = matplotlib_figure
 DS_CONFIG = json_written_by_sosim
 
-__all__ = ["CHECK_BASELINE", "DS_CONFIG", "FIGURE", "JUNIT", "TRACE", "Recogniser", "contains", "json_object_with",
-           "json_written_by_sosim", "junit_of_check", "matplotlib_figure", "prepare_output", "starts_with",
-           "target_problem", "write_atomic"]
+__all__ = ["CHECK_BASELINE", "DS_CONFIG", "FIGURE", "JUNIT", "TRACE", "Recogniser", "chrome_trace", "contains",
+           "json_object_with", "json_written_by_sosim", "junit_of_check", "matplotlib_figure", "prepare_output",
+           "starts_with", "target_problem", "write_atomic"]
