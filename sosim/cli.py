@@ -438,12 +438,12 @@ def main(argv: Sequence[str] | None = None) -> int:
 def _main(argv: Sequence[str] | None) -> int:
     args_list = list(sys.argv[1:] if argv is None else argv)
     _robust_streams()
-    if args_list[:1] == ["calibrate"]:
-        # argparse's REMAINDER drops '--options' inside a sub-parser: hand the rest over untouched.
-        return cmd_calibrate(argparse.Namespace(rest=args_list[1:]))
-    parser = build_parser()
-    args = parser.parse_args(args_list)
     try:
+        if args_list[:1] == ["calibrate"]:
+            # argparse's REMAINDER drops '--options' inside a sub-parser: hand the rest over untouched.
+            return cmd_calibrate(argparse.Namespace(rest=args_list[1:]))
+        parser = build_parser()
+        args = parser.parse_args(args_list)
         with _profile_folders(args.profiles):
             return int(args.func(args))
     except SosimError as exc:
