@@ -15,7 +15,7 @@ from setuptools import setup
 from setuptools.command.build_py import build_py
 
 DATA_DIRS = ("hardware_profiles", "scenarios", "validation", "calibration")
-DATA_SUFFIXES = {".yaml", ".yml", ".csv", ".json", ".md", ".txt", ".log"}
+DATA_SUFFIXES = {".yaml", ".yml", ".csv", ".json", ".md", ".txt", ".log", ".toml"}  # .toml: torchtitan jobs
 HERE = Path(__file__).resolve().parent
 
 

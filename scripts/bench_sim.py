@@ -113,7 +113,7 @@ def bench_case(name: str, seconds: float, repeats: int, layers: int) -> dict[str
     result = simulate(sc)
     plan = result.plan
     machine = Machine.from_scenario(sc)
-    node, contention, _ranks = node_plan(sc, machine, plan)
+    node, contention, _ranks = node_plan(machine, plan)
     path_taken = way_taken(node, contention)
     return {
         "case": name, "scenario": stem, "overrides": overrides, "system": sc.schedule.system,

@@ -66,6 +66,7 @@ CSV_COLUMNS: tuple[str, ...] = (
     "micro_batch",
     "params",
     "activation_checkpointing",
+    "activation_offload",
     "warmup_steps",
     "n_steps",
     "step_median_s",
@@ -110,6 +111,8 @@ def run_id_for(args: argparse.Namespace) -> str:
         run_id += "-noreshard"
     if args.no_ckpt:
         run_id += "-nockpt"
+    if args.activation_offload:
+        run_id += "-actoffload"
     return run_id
 
 
@@ -199,11 +202,21 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         if on_gpu:
             torch.cuda.synchronize()
 
+    import contextlib
+
+    def offload_context() -> Any:
+        # torch.autograd.graph.save_on_cpu: every tensor autograd saves in forward is copied to pinned host
+        # memory and copied back when backward needs it (PyTorch's activation offload, instead of recompute).
+        if args.activation_offload:
+            return torch.autograd.graph.save_on_cpu(pin_memory=True)
+        return contextlib.nullcontext()
+
     def one_step(phased: bool) -> tuple[float, float, float, float, float]:
         """(total, fwd, bwd, optimizer step, zero_grad) seconds; phases NaN when not phased."""
         sync()
         start_s = time.perf_counter()
-        loss = model(tokens, labels)
+        with offload_context():
+            loss = model(tokens, labels)
         if phased:
             sync()
         fwd_end_s = time.perf_counter()
@@ -281,6 +294,7 @@ def rows_for(args: argparse.Namespace, run_id: str, result: dict[str, Any]) -> l
         "micro_batch": str(args.micro_batch),
         "params": str(result["params"]),
         "activation_checkpointing": "false" if args.no_ckpt else "true",
+        "activation_offload": str(args.activation_offload).lower(),
         "warmup_steps": str(args.warmup),
         "gpu_mem_peak_gib": f"{result['peak_gib']:.2f}",
         "host_pinned_gib": f"{result['host_pinned_gib']:.2f}",
@@ -344,6 +358,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--seq", type=int, default=2048)
     parser.add_argument("--micro-batch", type=int, default=4)
     parser.add_argument("--no-ckpt", action="store_true", help="activation checkpointing off")
+    parser.add_argument("--activation-offload", action="store_true",
+                        help="torch.autograd.graph.save_on_cpu(pin_memory=True) around forward (needs --no-ckpt)")
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--steps", type=int, default=6, help="timed steps without phase barriers")
     parser.add_argument("--phased-steps", type=int, default=3, help="timed steps with phase barriers")
@@ -357,6 +373,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    if args.activation_offload and not args.no_ckpt:
+        print("--activation-offload replaces recomputation: give --no-ckpt too", file=sys.stderr)
+        return 2
     if args.threads < 0:
         print("--threads must be >= 0", file=sys.stderr)
         return 2

@@ -93,8 +93,14 @@ def time_s(fn: Any, repeats: int, sync: Any = None) -> list[float]:
     return times
 
 
-def adam_cells(args: argparse.Namespace, all_threads: int) -> list[tuple[str, str, int, int]]:
-    """(impl, variant, elements, threads), most-needed first."""
+# Tensor sizes of the per-tensor sweep: the same elements in more, smaller tensors separate the per-tensor cost
+# (the for-loop's kernel launches and allocations, DTensor dispatch per op) from the per-element one.
+SWEEP_ELEMENTS = 5 * 10**7
+SWEEP_TENSOR_NUMEL = (2**18, 2**20, 2**22)
+
+
+def adam_cells(args: argparse.Namespace, all_threads: int) -> list[tuple[str, str, int, int, int]]:
+    """(impl, variant, elements, threads, tensor_numel), most-needed first."""
     threads = sorted({t for t in args.threads if t <= all_threads} | {all_threads}, reverse=True)
     cells = []
     for count in threads:
@@ -102,9 +108,13 @@ def adam_cells(args: argparse.Namespace, all_threads: int) -> list[tuple[str, st
         # measured at the smaller sizes holds at model scale (the bandwidth bound, no cache effects).
         for elements in args.sizes + (args.big if count == all_threads else []):
             for impl in IMPLS:
-                cells.append((impl, "plain", elements, count))
+                cells.append((impl, "plain", elements, count, args.tensor_numel))
                 if count == all_threads and not args.no_dtensor:
-                    cells.append((impl, "dtensor", elements, count))
+                    cells.append((impl, "dtensor", elements, count, args.tensor_numel))
+        if count == all_threads and not args.no_dtensor:
+            for numel in SWEEP_TENSOR_NUMEL:
+                for impl in IMPLS:
+                    cells.append((impl, "dtensor", SWEEP_ELEMENTS, count, numel))
     return cells
 
 
@@ -158,12 +168,12 @@ def main(argv: list[str] | None = None) -> int:
         mesh = init_device_mesh("cpu", (1,))
     if args.device == "cuda":
         bench_copies(torch, csv_path, common)
-    for impl, variant, elements, threads in adam_cells(args, all_threads):
+    for impl, variant, elements, threads, tensor_numel in adam_cells(args, all_threads):
         if time.perf_counter() - start_all > args.budget_s:
             print(f"[adam] budget reached: skipping {impl} {variant} {elements} t{threads}", flush=True)
             continue
         torch.set_num_threads(threads)
-        params = make_params(torch, elements, args.tensor_numel, mesh if variant == "dtensor" else None)
+        params = make_params(torch, elements, tensor_numel, mesh if variant == "dtensor" else None)
         try:
             optimizer = adamw(torch, params, impl)
             first = time_s(optimizer.step, 1)[0]  # creates the moments (not timed as a step)
@@ -179,7 +189,7 @@ def main(argv: list[str] | None = None) -> int:
             "n_tensors": str(len(params)), "bytes": str(elements * 16), "threads": str(threads),
             "repeats": str(repeats), "median_s": f"{median:.6f}", "p10_s": f"{percentile(times, 0.1):.6f}",
             "p90_s": f"{percentile(times, 0.9):.6f}", "ns_per_element": f"{median / elements * 1e9:.3f}"})
-        print(f"[adam] {impl:8s} {variant:8s} {elements:>10d} t{threads:<3d} {median:.4f} s "
+        print(f"[adam] {impl:8s} {variant:8s} {elements:>10d} x{len(params):<4d} t{threads:<3d} {median:.4f} s "
               f"({median / elements * 1e9:.2f} ns/elem, {repeats} reps)", flush=True)
         del optimizer, params
     torch.set_num_threads(all_threads)

@@ -165,15 +165,25 @@ def cmd_run(args: argparse.Namespace) -> int:
              if args.trace is not None else None)
     plot = (safe_write.prepare_output(args.plot, "--plot", "figure", safe_write.FIGURE, force=force, inputs=inputs,
                                       suffixes=plot_suffixes()) if args.plot is not None else None)
-    sc, ds_mapping = dsconfig.scenario_for_run(args)  # a scenario file, or --ds-config + --model
+    from sosim.formats import frameworks_cli
+
+    frameworks_cli.check_emits(args)  # --emit-torchtitan / --emit-megatron-args, before any work
+    fw_mapping = None
+    if frameworks_cli.requested(args):  # --torchtitan job.toml / --megatron-args (+ --hardware, --model)
+        sc, fw_mapping = frameworks_cli.scenario_for_run(args)
+        ds_mapping = None
+    else:
+        sc, ds_mapping = dsconfig.scenario_for_run(args)  # a scenario file, or --ds-config + --model
     if args.scenario is not None:
         from sosim.run.loader import profile_notes
 
         _print_notes(profile_notes(args.scenario, args.overrides, getattr(args, "profiles", [])))
     result = simulate(sc, engine=args.engine)
-    check_finite_result(args.scenario or args.ds_config or sc.name, result.metrics)
+    check_finite_result(args.scenario or args.ds_config or (fw_mapping.origin if fw_mapping else sc.name),
+                        result.metrics)
     band, no_band = band_for_run(args, sc, result)  # p10/p50/p90 from component spread (sosim.answers.bands)
     ds_extra = dsconfig.finish_run(args, sc, ds_mapping)  # mapping report, --emit-ds-config
+    ds_extra |= frameworks_cli.finish_run(args, sc, fw_mapping)  # --emit-torchtitan / --emit-megatron-args
     if trace is not None:
         from sosim.formats.trace import write_trace
 
@@ -265,6 +275,7 @@ def cmd_profiles(args: argparse.Namespace) -> int:
 def cmd_maxsize(args: argparse.Namespace) -> int:
     from sosim import load_scenario, simulate
     from sosim.answers.maxsize import find_max_size
+    from sosim.hardware.model import active_flop_params
 
     notes: list[str] = []
     sc = load_scenario(args.scenario, args.overrides, notes=notes)
@@ -277,7 +288,8 @@ def cmd_maxsize(args: argparse.Namespace) -> int:
         "scenario": sc.name, "system": sc.schedule.system, "hardware": sc.hardware.name, **provenance_fields(sc),
         "grow": args.grow,
         "max_params_b": found.params_b, "layers": m.layers, "hidden": m.hidden, "heads": m.heads,
-        "model_name": m.name, "next_size_fails_because": found.next_fit.reason,
+        "model_name": m.name, "experts": m.experts, "active_params_b": active_flop_params(m) / 1e9,
+        "next_size_fails_because": found.next_fit.reason,
         "gpu_mem_peak_gib": result.metrics["gpu_mem_peak_gib"], "cpu_mem_peak_gib": result.metrics["cpu_mem_peak_gib"],
         "tokens_per_s": result.metrics["tokens_per_s"], "model_tflops": result.metrics["model_tflops"],
     }
@@ -308,6 +320,9 @@ def _register_builtin(sub: Any) -> None:
     from sosim.formats.dsconfig import add_arguments as add_ds_arguments
 
     add_ds_arguments(p)
+    from sosim.formats.frameworks_cli import add_arguments as add_framework_arguments
+
+    add_framework_arguments(p)
     p.add_argument("--trace", metavar="OUT.json", help="write a Chrome/Perfetto trace")
     p.add_argument("--plot", metavar="OUT.png", help="write a timeline + breakdown figure (.png, .svg, .pdf...)")
     from sosim.run.simulate import DEFAULT_ENGINE, ENGINES
@@ -330,8 +345,9 @@ def _register_builtin(sub: Any) -> None:
 
     p = sub.add_parser("maxsize", help="largest model of a family that fits")
     _add_scenario_args(p)
-    p.add_argument("--grow", choices=["layers", "width", "paper"], default="layers",
-                   help="grow the layer count, the hidden size, or walk the SuperOffload paper's GPT sizes")
+    p.add_argument("--grow", choices=["layers", "width", "paper", "experts"], default="layers",
+                   help="grow the layer count, the hidden size, the routed experts of an MoE model, or walk the "
+                        "SuperOffload paper's GPT sizes")
     p.set_defaults(func=cmd_maxsize)
 
     p = sub.add_parser("calibrate", help="time kernels, copies and CPU Adam on this machine (needs torch + GPU)",

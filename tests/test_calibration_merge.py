@@ -24,6 +24,8 @@ REPEAT = ROOT / "calibration" / "nvidia-h200-2026-11-30c" / "measurements.csv"
 # The fifth lease (2026-12-01): the layer_offload section (ZeRO-2 flush, ZeRO-Infinity fetch), listed first: its
 # HF layer rows are replaced by the 2026-11-30 table's and add to the lease spread.
 MECH = ROOT / "calibration" / "nvidia-h200-2026-12-01-mech" / "measurements.csv"
+# The torch CPU AdamW variants (issue 24), listed last: new (op, variant) pairs only, nothing earlier replaced.
+FSDP2 = ROOT / "calibration" / "nvidia-h200-2026-12-01-fsdp2" / "measurements.csv"
 
 
 def test_merged_table_adds_the_later_ops_and_keeps_the_earlier() -> None:
@@ -58,15 +60,16 @@ def test_a_later_table_replaces_an_op_it_measured_again(tmp_path: Path) -> None:
 
 def test_the_h200_profile_names_every_session_and_provenance_lists_each_sha() -> None:
     hw = load_profile("h200-pcie-gen5-x86")
-    assert [Path(p) for p in hw.calibration_paths] == [MECH, REPEAT, DAY1, DAY2, DAY2B]
+    assert [Path(p) for p in hw.calibration_paths] == [MECH, REPEAT, DAY1, DAY2, DAY2B, FSDP2]
     c = costs_of(H200)
     p = c.provenance
     assert p["hardware_vs_baseline"] == "same"
-    for path in (MECH, REPEAT, DAY1, DAY2, DAY2B):
+    for path in (MECH, REPEAT, DAY1, DAY2, DAY2B, FSDP2):
         assert hashlib.sha256(path.read_bytes()).hexdigest() in p["calibration_parts"]
     assert p["calibration"] == ("nvidia-h200-2026-12-01-mech/measurements.csv, "
                                 "nvidia-h200-2026-11-30c/measurements.csv, nvidia-h200-2026-11-29/measurements.csv, "
-                                "nvidia-h200-2026-11-30/measurements.csv, nvidia-h200-2026-11-30b/measurements.csv")
+                                "nvidia-h200-2026-11-30/measurements.csv, nvidia-h200-2026-11-30b/measurements.csv, "
+                                "nvidia-h200-2026-12-01-fsdp2/measurements.csv")
 
 
 def test_the_repeat_lease_listed_first_moves_no_point_estimate() -> None:

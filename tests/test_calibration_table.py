@@ -280,6 +280,8 @@ def _row_queries(op: str, variant: str, cols: dict[str, np.ndarray], i: int) -> 
         for th in {threads, None if threads is None else threads + 0.5, 4.0}:
             if op == "cpu_adam" and th is not None and variant in ("torch", "deepspeed"):
                 out.append(lambda t, f=f, th=th: t.cpu_adam_time_s(elements * f, th, variant))
+            if op == "cpu_adam" and th is not None and variant.startswith("torch_"):  # torch AdamW by implementation
+                out.append(lambda t, f=f, th=th: t.cpu_adam_variant_time_s(elements * f, th, variant))
             if op == "ds_refresh" and th is not None:
                 out.append(lambda t, f=f, th=th: t.ds_refresh_time_s(elements * f, th, variant))
         if op == "cast" and "_shared" not in variant:

@@ -25,13 +25,13 @@ def _node(sc_path: Path) -> tuple[object, Machine, object]:
 @pytest.mark.parametrize("path", SHIPPED, ids=lambda p: p.stem)
 def test_the_shortcut_is_taken_only_where_the_full_demands_contend_nothing(path: Path,
                                                                             monkeypatch: pytest.MonkeyPatch) -> None:
-    sc, m, plan = _node(path)
+    _, m, plan = _node(path)
     if not ct._only_links_that_cannot_contend(m.shared_resources()):
         return
-    _, short, _ = ct.node_plan(sc, m, plan)  # type: ignore[arg-type]
+    _, short, _ = ct.node_plan(m, plan)  # type: ignore[arg-type]
     assert short.uses == {}
     monkeypatch.setattr(ct, "_only_links_that_cannot_contend", lambda shared: False)
-    full_node, full, _ = ct.node_plan(sc, m, plan)  # type: ignore[arg-type]
+    full_node, full, _ = ct.node_plan(m, plan)  # type: ignore[arg-type]
     assert full.names == short.names and full.capacity == short.capacity
     # Wherever the copies draw on the link, they never oversubscribe it.
     assert effective_contention(full_node, full) is None
@@ -46,7 +46,7 @@ def test_the_gh200_takes_it_and_a_pcie_host_does_not(monkeypatch: pytest.MonkeyP
     assert ct._only_links_that_cannot_contend(gh200.shared_resources())
     # Its copies do draw on the link (the full demands are not empty), and none is oversubscribed.
     monkeypatch.setattr(ct, "_only_links_that_cannot_contend", lambda shared: False)
-    node, full, _ = ct.node_plan(sc, gh200, simulate(sc).plan)
+    node, full, _ = ct.node_plan(gh200, simulate(sc).plan)
     assert full.uses and effective_contention(node, full) is None
     monkeypatch.undo()
     pcie = Machine.from_scenario(load_scenario("gh200_superoffload_deepspeed_8b", ["hardware=h200-pcie-gen5-x86"]))

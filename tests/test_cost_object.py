@@ -12,7 +12,7 @@ import pytest
 from sosim import load_scenario
 from sosim.answers.bands import sampled_cost_models
 from sosim.costs import collectives
-from sosim.costs.analytic import AnalyticCostModel, CollectiveKind, CostModel
+from sosim.costs.analytic import AnalyticCostModel, CollectiveKind
 from sosim.costs.model import Costs
 from sosim.engine.plan import Plan, ResourceKind
 from sosim.hardware.machine import Machine, nvme_s
@@ -53,7 +53,8 @@ class _SlowDisk(Costs):
 
 
 def _plan(sc: Scenario, costs: Costs) -> Plan:
-    return SYSTEMS[sc.schedule.system].build_plan(sc, costs)
+    assert costs.machine is not None
+    return SYSTEMS[sc.schedule.system].build_plan(sc, costs, costs.machine)
 
 
 def _durations(plan: Plan, kinds: tuple[ResourceKind, ...]) -> list[float]:
@@ -73,11 +74,14 @@ def test_each_distinct_call_is_computed_once() -> None:
     assert counting.calls["copy_s"] == 4 and costs.cache_sizes() == {"copy_s": 3}
 
 
-def test_every_protocol_method_is_cached_on_the_object() -> None:
-    protocol = {n for n in vars(CostModel) if n.endswith("_s") and not n.startswith("_")}
+def test_every_cost_of_the_object_is_cached_and_a_components_cost() -> None:
+    """The object the systems are given (no protocol besides it): each cost it offers has its cache, and is
+    the components' cost of that name (the analytic model's, a table model's override)."""
+    offered = {n for n in vars(Costs) if n.endswith("_s") and not n.startswith("_")}
     sc = load_scenario(NVME, ["model.layers=2"])
     costs = make_costs(sc)
-    assert protocol == set(costs._cache)  # one explicit dict per cost the schedules may ask
+    assert offered == set(costs._cache)  # one explicit dict per cost the schedules may ask
+    assert all(callable(getattr(AnalyticCostModel, n, None)) for n in offered)
     assert "__getattr__" not in vars(Costs)  # no attribute interception: every method is written out
 
 
@@ -138,7 +142,8 @@ def test_band_replays_are_cost_objects_on_sampled_tables() -> None:
     replays = list(sampled_cost_models(sc, 2, seed=4))
     for costs in replays:
         assert isinstance(costs, Costs) and costs.machine is not None
-        assert costs.table is not None and costs.table is not base.table  # the replay's own draw
+        table = costs.measured_table()
+        assert table is not None and table is not base.measured_table()  # the replay's own draw
     assert replays[0].layer_fwd_s() != replays[1].layer_fwd_s()
     # A replay's object is what simulate() runs: the same object gives the same result twice (cache hits).
     r1, r2 = simulate(sc, costs=replays[0]), simulate(sc, costs=replays[0])

@@ -188,7 +188,7 @@ def test_analytic_fallbacks_by_hand(analytic: AnalyticCostModel) -> None:
     assert analytic.ds_refresh_s(n, 16, pinned=False) == pytest.approx(cast + first_touch + pageable, rel=1e-12)
     pinned = 10e-6 + n * 2 / (hw.link.h2d_GBps * GB)
     assert analytic.ds_refresh_s(n, 16, pinned=True) == pytest.approx(cast + pinned, rel=1e-12)
-    assert analytic.stage3_hook_s(2048, backward=True) == pytest.approx(9 * c.STAGE3_HOOK_S_PER_TENSOR)
+    assert analytic.stage3_hook_s(2048, backward=True) == pytest.approx(9 * c.STAGE3_HOOK_S_PER_MODULE)
     # No host pass over the gradients (their norms are taken on the GPU): sync + per-sub-group, per-tensor and
     # per-step pieces, whatever the size.
     tensors = c.model_parameter_tensors(analytic.model)

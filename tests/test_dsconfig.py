@@ -88,13 +88,19 @@ def test_deepspeed_defaults_are_used_and_reported() -> None:
     m = mapping(ds_with(stage=2, offload_optimizer={"device": "cpu"}))
     s, t = m.scenario["schedule"], m.scenario["training"]
     # runtime/zero/config.py: reduce_bucket_size 5e8 elements, overlap_comm false below stage 3;
-    # offload_config.py: pin_memory true; constants.py: gradient_clipping 0, accumulation 1.
+    # offload_config.py: pin_memory true (0.19.5+, PR 8207); constants.py: gradient_clipping 1.0 (0.19.3+, PR 8068),
+    # accumulation 1. The default release is the newest modelled, 0.19.8.
     assert (s["bucket_mb"], s["overlap_comm"], s["pin_memory"]) == (1000.0, False, True)
-    assert (t["gradient_clipping"], t["grad_accum"]) == (0.0, 1)
+    assert (t["gradient_clipping"], t["grad_accum"]) == (1.0, 1)
     defaulted = {n.key: n.as_value for n in m.notes if n.status == "defaulted"}
     assert defaulted["zero_optimization.reduce_bucket_size"] == 1000.0
     assert defaulted["zero_optimization.overlap_comm"] is False
-    assert defaulted["gradient_clipping"] == 0.0
+    assert defaulted["gradient_clipping"] == 1.0
+    assert defaulted["--ds-version"] == "0.19.8"
+    # DeepSpeed 0.18.8: clipping off and pageable offload buffers by default (before PR 8068 and PR 8207).
+    old = mapping(ds_with(stage=2, offload_optimizer={"device": "cpu"}), deepspeed_version="0.18.8").scenario
+    assert (old["training"]["gradient_clipping"], old["schedule"]["pin_memory"]) == (0.0, False)
+    assert old["schedule"]["deepspeed_version"] == "0.18.8"
     z3 = mapping(ds_with(stage=3, offload_optimizer={"device": "cpu"})).scenario["schedule"]
     assert z3["overlap_comm"] is True and z3["sub_group_elements"] == 1e9
 
@@ -370,3 +376,10 @@ def test_cli_refuses_an_unwritable_emit_path_before_work(tmp_path: Path, capsys:
     assert "--emit-ds-config" in capsys.readouterr().err
     assert main(["run", str(ROOT / "scenarios/h100_gpu_only_1b.yaml"), "--emit-ds-config",
                  str(tmp_path / "x.yaml")]) == 2
+
+
+def test_a_release_outside_the_modelled_ones_is_a_located_error() -> None:
+    msgs = problems(ds_with(stage=2, offload_optimizer={"device": "cpu"}), deepspeed_version="0.18.5")
+    assert msgs[0].startswith("--ds-version: DeepSpeed 0.18.5 is not modelled: PR 7780")
+    assert "modelled DeepSpeed versions: 0.18.0-0.18.4, 0.18.7-0.18.8, 0.18.9-0.19.5, 0.19.8" in msgs[0]
+    assert "outside the modelled versions" in problems(ds_with(stage=2), deepspeed_version="0.17.6")[0]

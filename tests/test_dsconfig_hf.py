@@ -77,8 +77,13 @@ def test_folder_and_text_config(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize(("change", "expected"), [
-    ({"num_local_experts": 8}, "config.json:10: num_local_experts: mixture-of-experts"),
-    ({"head_dim": 256}, "config.json:10: head_dim: 256 x 16 heads != hidden_size 2048"),
+    # Issue 22: MoE configs and head_dim are read (tests/test_moe_hf.py); what remains refused names its key.
+    ({"num_local_experts": 8}, "config.json:10: num_local_experts: a mixture of experts needs its experts per token"),
+    ({"num_local_experts": 8, "num_experts_per_tok": 2, "kv_lora_rank": 512},
+     "config.json:12: kv_lora_rank: multi-head latent attention"),
+    ({"num_local_experts": 8, "num_experts_per_tok": 2, "ep_size": 4}, "config.json:12: ep_size: expert parallelism"),
+    ({"num_local_experts": 8, "num_experts_per_tok": 9}, "config.json:1: experts_per_token (9) cannot exceed"),
+    ({"head_dim": 0}, "config.json:10: head_dim: expected a positive integer"),
     ({"hidden_size": None}, "config.json:3: hidden_size: missing"),
     ({"num_attention_heads": 0}, "config.json:5: num_attention_heads: expected a positive integer"),
     ({"num_key_value_heads": 5}, "config.json:1: kv_heads (5) must divide heads (16)"),

@@ -128,7 +128,7 @@ def test_every_way_of_the_fast_engine_is_taken_by_shipped_scenarios() -> None:
 
     def way(stem: str, overrides: list[str] | None = None) -> str:
         sc = load_scenario(stem, overrides)
-        node, contention, _ = node_plan(sc, Machine.from_scenario(sc), simulate(sc).plan)
+        node, contention, _ = node_plan(Machine.from_scenario(sc), simulate(sc).plan)
         active = effective_contention(node, contention)
         if active is None:
             return "list"

@@ -74,7 +74,7 @@ def test_shared_engine_runs_give_the_metrics_of_a_plain_simulation() -> None:
     keys = []
     for _ in range(2):
         costs = make_costs(sc, machine=m)
-        node, contention, _ranks = node_plan(sc, m, SYSTEMS[sc.schedule.system].build_plan(sc, costs))
+        node, contention, _ranks = node_plan(m, SYSTEMS[sc.schedule.system].build_plan(sc, costs, m))
         keys.append(engine_fingerprint(node, contention, "fast"))
     assert keys[0] == keys[1] and "fast" in ENGINES
     runs = EngineRuns()
@@ -94,7 +94,9 @@ def test_every_field_an_engine_can_read_is_fingerprinted() -> None:
     assert {f.name for f in dataclasses.fields(Template)} == {"ops", "iteration_starts", "lag", "carry_out"}
     assert {f.name for f in dataclasses.fields(Contention)} == {"names", "capacity", "uses", "stands_for",
                                                                 "report_as"}
-    assert set(Plan.__slots__) == {"_copy_deps", "_ops", "copies", "iteration_starts", "template"}
+    # optimizer_core_share: no engine reads it; contention_for does, and the Contention it makes is fingerprinted.
+    assert set(Plan.__slots__) == {"_copy_deps", "_ops", "copies", "iteration_starts", "template",
+                                   "optimizer_core_share"}
 
 
 def test_engine_runs_forget_the_oldest_beyond_their_bound() -> None:

@@ -5,6 +5,7 @@ an edge; the graph must have no cycle. A package's ``__init__`` counts as the pa
 from __future__ import annotations
 
 import ast
+import functools
 import os
 import subprocess
 import sys
@@ -46,6 +47,7 @@ def imports_of(path: Path, modules: set[str]) -> set[str]:
     return out
 
 
+@functools.lru_cache(maxsize=1)  # parsed once per session: five tests read it
 def graph() -> dict[str, set[str]]:
     paths = [p for p in PKG.rglob("*.py") if "__pycache__" not in p.parts]
     modules = {module_name(p) for p in paths}

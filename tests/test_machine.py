@@ -194,8 +194,8 @@ def test_node_plan_simulates_one_rank_when_ranks_share_nothing() -> None:
     from sosim.run.simulate import make_cost_model
     from sosim.schedules.registry import SYSTEMS
 
-    plan = SYSTEMS[sc.schedule.system].build_plan(sc, make_cost_model(sc))
-    node, _, ranks = node_plan(sc, m, plan)
+    plan = SYSTEMS[sc.schedule.system].build_plan(sc, make_cost_model(sc), m)
+    node, _, ranks = node_plan(m, plan)
     assert len(node.ops) == len(plan.ops) and ranks == 1
 
 

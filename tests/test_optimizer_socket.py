@@ -42,7 +42,7 @@ def _scenario(gpu_socket: list[int], placement: Any, dram_GBps: float = 10.0, li
 def _rank0_end_s(sc: Scenario, plan: Plan) -> list[float]:
     """End of each of rank 0's ops when the node (both ranks) runs ``plan`` under contention."""
     m = Machine.from_scenario(sc)
-    node, contention, ranks = node_plan(sc, m, plan)
+    node, contention, ranks = node_plan(m, plan)
     _start, end = run_plan(node, contention)
     return [float(e) for e in end[::ranks]]
 
@@ -98,8 +98,8 @@ def test_transfers_to_a_borrowed_socket_pay_the_socket_link() -> None:
 def _rank0_cpu_pools(sc: Scenario) -> dict[str, set[str]]:
     """Shared pools (cores, DRAM) rank 0's CPU ops draw on, by op kind (optimizer or other)."""
     m = Machine.from_scenario(sc)
-    plan = SYSTEMS[sc.schedule.system].build_plan(sc, make_cost_model(sc))
-    node, contention, ranks = node_plan(sc, m, plan)
+    plan = SYSTEMS[sc.schedule.system].build_plan(sc, make_cost_model(sc), m)
+    node, contention, ranks = node_plan(m, plan)
     out: dict[str, set[str]] = {"optimizer": set(), "other": set()}
     for op in node.ops[::ranks]:
         if op.resource.kind.name.startswith("CPU") and op.id in contention.uses:

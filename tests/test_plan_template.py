@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 from sosim import load_scenario
 from sosim.engine import fast as engine_fast
 from sosim.engine.plan import GPU, H2D, Category, Op, Phase, Plan, Template
+from sosim.hardware.machine import Machine
 from sosim.inputs.config import Scenario
 from sosim.inputs.errors import SosimError
 from sosim.run.simulate import make_cost_model
@@ -40,7 +41,7 @@ def built(sc: Scenario, monkeypatch: pytest.MonkeyPatch, oracle: bool) -> Plan:
     with monkeypatch.context() as m:
         if oracle:
             m.setattr(driver, "build", unrolled)
-        return SYSTEMS[sc.schedule.system].build_plan(sc, make_cost_model(sc))
+        return SYSTEMS[sc.schedule.system].build_plan(sc, make_cost_model(sc), Machine.from_scenario(sc))
 
 
 def assert_same_plan(sc: Scenario, monkeypatch: pytest.MonkeyPatch) -> None:

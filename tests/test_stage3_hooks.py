@@ -7,7 +7,7 @@ import pytest
 from helpers import tiny_scenario
 
 from sosim import load_scenario
-from sosim.costs.analytic import AnalyticCostModel, parameter_tensors_per_layer
+from sosim.costs.analytic import AnalyticCostModel, parameter_modules_per_layer
 from sosim.engine.plan import GPU, Category, Phase, Plan
 from sosim.engine.simpy_engine import run_plan
 from sosim.hardware.model import tokens_per_gpu
@@ -70,7 +70,7 @@ def test_deepspeed_hooks_split_by_the_layer_tensors_and_gpu_passes() -> None:
     sc = load_scenario(tiny_scenario({"system": "zero3_offload"}, activation_checkpointing=True))
     costs = AnalyticCostModel(sc.hardware, sc.model, sc.training, tokens_per_gpu(sc))
     h = stage3.deepspeed_hooks(sc, costs)
-    assert h.tensors == parameter_tensors_per_layer(sc.model)
+    assert h.modules == parameter_modules_per_layer(sc.model)
     assert h.fwd_gpu_s == pytest.approx(costs.layer_fwd_s())
     assert h.bwd_gpu_s == pytest.approx(costs.layer_bwd_s())  # recompute included
     # Backward runs the recompute's forward hooks again.

@@ -67,7 +67,7 @@ class EstimateSpread:
 # e.g. "disk" covers "disk_read" and "disk_write"). Only estimates are listed; keep them few and honest.
 ESTIMATE_SPREADS: Mapping[str, EstimateSpread] = {
     "stage3_hook": EstimateSpread(
-        0.5, "DeepSpeed ZeRO-3 hook cost per parameter tensor (sosim.costs.analytic.STAGE3_HOOK_S_PER_TENSOR): an "
+        0.5, "DeepSpeed ZeRO-3 hook cost per parameter module (sosim.costs.analytic.STAGE3_HOOK_S_PER_MODULE): an "
         "unmeasured order-of-magnitude estimate of Python hook work; +-50% is the smallest interval that "
         "can honestly be claimed for a number with no timing behind it"),
     "ds_step_fixed": EstimateSpread(

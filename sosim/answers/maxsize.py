@@ -17,7 +17,7 @@ from sosim.inputs.config import ModelSpec, Scenario
 from sosim.inputs.errors import InfeasibleError
 from sosim.schedules.registry import SYSTEMS
 
-Growth = Literal["layers", "width", "paper"]
+Growth = Literal["layers", "width", "paper", "experts"]
 
 # GPT shapes of the SuperOffload artifact (github.com/Supercomputing-System-AI-Lab/SuperOffload):
 # name -> (layers, hidden); 32 heads.
@@ -66,6 +66,14 @@ def find_max_size(sc: Scenario, growth: Growth = "layers", max_layers: int = 204
         count = max_layers
         def candidate(i: int) -> Scenario:
             return _with_model(sc, layers=i + 1)
+    elif growth == "experts":  # a mixture of experts: more routed experts per layer, the rest of the shape kept
+        k = sc.model.experts_per_token
+        if k is None:
+            raise InfeasibleError("--grow experts needs a mixture-of-experts model (model.experts, "
+                                  "model.experts_per_token)")
+        count = 8192
+        def candidate(i: int) -> Scenario:
+            return _with_model(sc, experts=k + i)
     elif growth == "width":
         step = 64 * sc.model.heads  # head_dim grows in multiples of 64
         count = 512

@@ -42,7 +42,7 @@ import pandas as pd
 from sosim.answers.sweep_resume import check_out_target, check_parts, read_done_csv
 from sosim.formats.output import check_output_path, non_finite_metrics, print_json, provenance_fields
 from sosim.inputs.config import Scenario
-from sosim.inputs.errors import ConfigError, SosimError
+from sosim.inputs.errors import KEY_PATH_KINDS, ConfigError, Problem, SosimError
 from sosim.inputs.safe_read import is_file, path_problem, shown_path
 from sosim.run.loader import KeyPath, Located, dotted, read_yaml, resolve_scenario_path
 
@@ -260,27 +260,18 @@ def _related(a: str, b: str) -> bool:
     return a == b or a.startswith(b + ".") or b.startswith(a + ".")
 
 
-def _map_problem(problem: str, texts: Mapping[str, str], where: Mapping[str, str]) -> tuple[str | None, str]:
+def _map_problem(problem: Problem, texts: Mapping[str, str], where: Mapping[str, str]) -> tuple[str | None, str]:
     """A load_scenario problem about an override -> (sweep key or None, 'file:line: key: message')."""
-    for text, key in texts.items():
-        prefix = f"--set {text}: "
-        if problem.startswith(prefix):
-            rest = problem[len(prefix):]
-            named, sep, msg = rest.partition(": ")
-            message = msg if sep and _related(named, key) else rest
+    for text in problem.overrides:  # the --set texts the loader put it on
+        key = texts.get(text)
+        if key is not None:
+            message = problem.message if problem.path and _related(problem.path, key) else problem.what
             return key, f"{where[key]}: {dotted((key,))}: {message}"
-    # '<dict>:N: dotted.path: message' (a whole-section check): blame the swept key it concerns, if any.
-    _, _, rest = problem.partition(": ")
-    named, _, msg = rest.partition(": ")
+    # A whole-section check ('<dict>:N: dotted.path: message'): blame the swept key it concerns, if any.
     for key in where:
-        if _related(named, key):
-            return key, f"{where[key]}: {dotted((key,))}: {msg or rest}"
-    return None, problem
-
-
-def _is_structural(message: str) -> bool:
-    """Problems with the key path itself (as opposed to a bad value at one point)."""
-    return any(s in message for s in ("unknown key", "is not a mapping", "cannot set", "empty key"))
+        if problem.path and _related(problem.path, key):
+            return key, f"{where[key]}: {dotted((key,))}: {problem.message}"
+    return None, str(problem)
 
 
 def _check_keys(spec: SweepSpec, where: Mapping[str, str]) -> list[str]:
@@ -304,9 +295,10 @@ def _check_keys(spec: SweepSpec, where: Mapping[str, str]) -> list[str]:
         try:
             load_scenario(spec.base, list(texts))
         except ConfigError as exc:
-            for raw in exc.problems:
-                key, line = _map_problem(raw, texts, where)
-                fatal = key is not None and (_is_structural(line) or (key in spec.fixed and key not in point))
+            for problem in exc.details:
+                key, line = _map_problem(problem, texts, where)
+                # A problem with the key path itself (not a bad value at one point), or with a fixed override.
+                fatal = key is not None and (problem.kind in KEY_PATH_KINDS or (key in spec.fixed and key not in point))
                 if fatal and line not in problems:
                     problems.append(line)
     return problems

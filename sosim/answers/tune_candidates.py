@@ -34,6 +34,13 @@ MemoryVerdict = tuple[float, float, bool, str, str]  # HBM GiB, host GiB, fits, 
 CHANGED = ("training", "cluster", "schedule")  # the only sections candidates change
 
 
+def _what(exc: SosimError) -> str:
+    """The first problem without its location ('schedule.x: message'), shared by every candidate that has it."""
+    if isinstance(exc, ConfigError) and exc.details:
+        return exc.details[0].what
+    return str(exc).splitlines()[0]
+
+
 @dataclass(frozen=True)
 class SystemSpace:
     system: str
@@ -132,7 +139,7 @@ class Candidates:
             try:
                 load_scenario({**self.base_data, "schedule": sched})
             except SosimError as exc:
-                self.unavailable[system] = str(exc).splitlines()[0].split(": ", 1)[-1]
+                self.unavailable[system] = _what(exc)
         if not spaces:
             raise ConfigError(["no system can be searched: " + "; ".join(f"{s}: {r}" for s, r in
                                                                           self.unavailable.items())])
@@ -195,10 +202,9 @@ class Candidates:
         try:
             sc = self.load(space, settings)
         except SosimError as exc:
-            first = str(exc).splitlines()[0]
-            ev.reason = first
-            # "<dict>:1: schedule.x: message" -> "not valid: schedule.x: message"
-            ev.reason_key = "not valid: " + first.split(": ", 1)[-1][:100]
+            ev.reason = str(exc).splitlines()[0]
+            # "<dict>:1: schedule.x: message" -> "not valid: schedule.x: message" (the same for every candidate)
+            ev.reason_key = "not valid: " + _what(exc)[:100]
         else:
             ev.scenario = sc
             self.set_memory(ev, self.memory_check(sc))

@@ -12,7 +12,7 @@ from typing import Any
 
 from sosim.answers.tune_result import TuneOptions
 from sosim.answers.tune_search import Tuner
-from sosim.answers.tune_write import write_ds_config
+from sosim.answers.tune_write_frameworks import write_winner
 from sosim.inputs.config import Scenario
 from sosim.inputs.errors import ConfigError
 from sosim.run.loader import load_scenario
@@ -88,6 +88,9 @@ def add_tune_parser(subparsers: Any) -> None:
     g.add_argument("--micro-batch", type=_positive_int, help="micro-batch per GPU where the config says auto")
     g.add_argument("--grad-accum", type=_positive_int, help="gradient accumulation where the config says auto")
     g.add_argument("--precision", choices=["bf16", "fp16"], help="when the config leaves it to the HF Trainer")
+    f = p.add_argument_group("a torchtitan or Megatron-LM run (instead of a scenario file; with --hardware)")
+    f.add_argument("--torchtitan", metavar="JOB.toml", help="a torchtitan job config with enable_cpu_offload")
+    f.add_argument("--megatron-args", metavar="ARGS", help="Megatron-LM arguments: a file, or a quoted string")
     s = p.add_argument_group("search")
     s.add_argument("--gpus", type=gpus_int, help="GPUs (default: the scenario's / implied by the config)")
     s.add_argument("--global-batch", type=batch_int, metavar="B",
@@ -127,6 +130,10 @@ register_cli = add_tune_parser  # the hook sosim.cli's sub-command registry call
 
 def _base_from_args(args: Any) -> tuple[Scenario, dict[str, Any] | None]:
     """The scenario to tune and, for --ds-config, the user's DeepSpeed config (kept keys in the output)."""
+    from sosim.formats import frameworks_cli
+
+    if frameworks_cli.requested(args):  # --torchtitan / --megatron-args (+ --hardware, --model, --gpus)
+        return frameworks_cli.scenario_for_run(args)[0], None
     ds_only = {"model": args.model, "hardware": args.hardware, "seq": args.seq, "micro-batch": args.micro_batch,
                "grad-accum": args.grad_accum, "precision": args.precision}
     if args.ds_config is None:
@@ -194,7 +201,7 @@ def run_tune(args: Any) -> int:
             return code
     elapsed = time.perf_counter() - start
     written = ({"path": None, "skipped": "--no-write"} if args.no_write
-               else write_ds_config(result, args.out, base_ds, args.model, force=force, inputs=inputs))
+               else write_winner(result, args.out, base_ds, args.model, force=force, inputs=inputs))
     if args.format == "json":
         print_json({"scenario": sc.name, "hardware": sc.hardware.name, **to_json(result, args.top, written, elapsed)})
     else:

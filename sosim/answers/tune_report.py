@@ -322,7 +322,7 @@ def _written_lines(written: Mapping[str, Any]) -> list[str]:
     """Where the winner's DeepSpeed config went, and what the run needs besides it (sosim/answers/tune_write.py)."""
     if not written.get("path"):
         return ["", f"no DeepSpeed config written: {written['skipped']}"] if written.get("skipped") else [""]
-    lines = ["", f"wrote {written['path']}: DeepSpeed config of #1"
+    lines = ["", f"wrote {written['path']}: {written.get('format', 'DeepSpeed config')} of #1"
              + (" (overwrote the existing file)" if written.get("overwrote") else "")]
     outside = written.get("outside_config", [])
     if outside:

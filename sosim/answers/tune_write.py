@@ -23,6 +23,7 @@ from sosim.inputs.errors import ConfigError, SosimError
 
 if TYPE_CHECKING:
     from sosim.answers.tune_result import TuneResult
+    from sosim.schedules.system_api import Unsaid
 
 # Scenario keys a DeepSpeed config never holds, and what decides them in a real run.
 OUTSIDE_REASONS: dict[str, str] = {
@@ -80,12 +81,12 @@ def _flag(key: str, value: Any) -> str:
     return _set_text(key, value)
 
 
-def _reason(key: str, not_expressible: list[str]) -> str:
+def _reason(key: str, unsaid: Sequence[Unsaid]) -> str:
     if key in OUTSIDE_REASONS:
         return OUTSIDE_REASONS[key]
-    said = [n for n in not_expressible if n.split(":")[0] == key]
+    said = [u.reason for u in unsaid if u.key == key]
     if said:
-        return said[0].split(": ", 1)[-1]
+        return said[0]
     if key.startswith("hardware."):
         return "the machine (the profile with the tuned scenario's overrides)"
     return "not a DeepSpeed config key (it describes the run or sosim's model of it)"
@@ -102,7 +103,8 @@ def read_back(config: Mapping[str, Any], winner: Scenario, overrides: list[str],
 
     t = winner.training
     inputs = RunInputs(hardware=winner.hardware.name, gpus=winner.cluster.gpus, seq_len=t.seq_len,
-                       activation_checkpointing=t.activation_checkpointing, overrides=tuple(overrides))
+                       activation_checkpointing=t.activation_checkpointing, overrides=tuple(overrides),
+                       deepspeed_version=winner.schedule.deepspeed_version)
     model = HfModel(model=winner.model.model_dump(), origin="<model>")
     mapping = map_ds_config(Located(data=json.loads(json.dumps(config)), origin="<written>"), model, inputs)
     hardware = mapping.scenario["hardware"] if profile_by_name else winner.hardware.model_dump()
@@ -121,7 +123,7 @@ def _back_by_name(config: Mapping[str, Any], winner: Scenario) -> tuple[Scenario
             f"no shipped profile is named {name!r}: save the scenario's hardware section as a profile YAML")]
 
 
-def outside_changes(config: Mapping[str, Any], winner: Scenario, not_expressible: list[str]) -> list[OutsideChange]:
+def outside_changes(config: Mapping[str, Any], winner: Scenario, unsaid: Sequence[Unsaid]) -> list[OutsideChange]:
     """What the winner needs besides ``config``: the always-given flags, then every key that reads back
     differently (as --set). Raises ConfigError when the config does not read back."""
     t, c = winner.training, winner.cluster
@@ -135,7 +137,7 @@ def outside_changes(config: Mapping[str, Any], winner: Scenario, not_expressible
     for key in sorted(set(want) | set(back)):
         if key in _FLAGS or want.get(key) == back.get(key):
             continue
-        changes.append(OutsideChange(key, want.get(key), _set_text(key, want.get(key)), _reason(key, not_expressible)))
+        changes.append(OutsideChange(key, want.get(key), _set_text(key, want.get(key)), _reason(key, unsaid)))
     return changes
 
 
@@ -160,7 +162,7 @@ def write_ds_config(result: TuneResult, out: str | Path, base_ds: Mapping[str, A
         return {"path": None, "skipped": "no configuration fits"}
     emitted = dsconfig.ds_config_from_scenario(best.scenario, base_ds)
     try:
-        changes = outside_changes(emitted.config, best.scenario, emitted.not_expressible)
+        changes = outside_changes(emitted.config, best.scenario, emitted.unsaid)
     except SosimError as exc:  # a system's DeepSpeed form writes what it cannot read: say so, write nothing
         raise ConfigError([f"--out {out}: the winner's DeepSpeed config does not read back: {exc}"]) from None
     path = Path(out)

@@ -19,7 +19,10 @@ from typing import TYPE_CHECKING, Any
 from sosim.answers.ablation import STEPS as ABLATION_STEPS
 from sosim.answers.ablation import run_ablation
 from sosim.answers.maxsize import PAPER_FAMILY, find_max_size
+from sosim.answers.validate_fit import FIT_WORDS, evaluate_fit
 from sosim.formats.output import print_json
+from sosim.inputs.ds_versions import NEWEST
+from sosim.inputs.ds_versions import check as check_version
 from sosim.inputs.errors import ConfigError, SosimError
 from sosim.inputs.resources import data_root, default_references
 from sosim.run.loader import Located, dotted, load_scenario, read_yaml
@@ -44,6 +47,8 @@ class Row:
     error: float  # relative error, or model-size steps for maxsize rows
     budget: float
     within: bool
+    # The DeepSpeed release the prediction runs (the row's ``deepspeed_version``: the one its run used).
+    deepspeed_version: str = NEWEST
 
 
 def _model_overrides(name: str) -> list[str]:
@@ -57,36 +62,43 @@ def _metric(base: Path, overrides: list[str], metric: str) -> float:
 
 def evaluate(row: dict[str, Any], base_dir: Path) -> Row:
     scenario = base_dir / row["scenario"]
+    version = str(row.get("deepspeed_version", NEWEST))
+    # The version goes last: a row's ``schedule={...}`` replaces the whole schedule section.
+    tail = [f"schedule.deepspeed_version={version}"]
     fixed = list(row.get("set", []))
     kind = row["kind"]
     if kind == "metric":
-        pred = _metric(scenario, fixed, row["metric"])
+        pred = _metric(scenario, fixed + tail, row["metric"])
     elif kind == "ratio":
         models = row.get("models") or [None]
         ratios = []
         for m in models:
             extra = fixed + (_model_overrides(m) if m else [])
-            num = _metric(scenario, extra + row["numerator"], row["metric"])
-            den = _metric(scenario, extra + row["denominator"], row["metric"])
+            num = _metric(scenario, extra + row["numerator"] + tail, row["metric"])
+            den = _metric(scenario, extra + row["denominator"] + tail, row["metric"])
             ratios.append(num / den)
         pred = max(ratios) if row.get("agg") == "max" else math.exp(sum(map(math.log, ratios)) / len(ratios))
     elif kind == "ablation":
-        pred = run_ablation(str(scenario), fixed)[int(row["step"])].incremental
+        pred = run_ablation(str(scenario), fixed + tail)[int(row["step"])].incremental
+    elif kind == "fits":  # a "trains on N GPUs" claim: memory only (sosim/answers/validate_fit.py)
+        published_fit, predicted_fit, margin, ok = evaluate_fit({**row, "set": fixed + tail}, scenario)
+        return Row(row["id"], row["source"], published_fit, predicted_fit, margin, 0.0, ok, version)
     elif kind == "maxsize":
-        found = find_max_size(load_scenario(scenario, fixed), "paper")
+        found = find_max_size(load_scenario(scenario, fixed + tail), "paper")
         name = found.model.name.removeprefix("gpt-")
         steps = abs(_FAMILY_ORDER.index(name) - _FAMILY_ORDER.index(row["published_model"]))
         budget = float(row["budget_steps"])
-        return Row(row["id"], row["source"], row["published_model"], name, float(steps), budget, steps <= budget)
+        return Row(row["id"], row["source"], row["published_model"], name, float(steps), budget, steps <= budget,
+                   version)
     else:
         raise ConfigError([f"validation row {row.get('id')}: unknown kind '{kind}'"])
     published = float(row["published"])
     err = (pred - published) / published
     budget = float(row["budget_rel"])
-    return Row(row["id"], row["source"], published, pred, err, budget, abs(err) <= budget)
+    return Row(row["id"], row["source"], published, pred, err, budget, abs(err) <= budget, version)
 
 
-_KINDS = ("metric", "ratio", "ablation", "maxsize")
+_KINDS = ("metric", "ratio", "ablation", "maxsize", "fits")
 # kind -> (required key, expected type) beyond id, source, kind, scenario.
 _REQUIRED: dict[str, tuple[tuple[str, type | tuple[type, ...]], ...]] = {
     "metric": (("metric", str), ("published", (int, float)), ("budget_rel", (int, float))),
@@ -94,6 +106,7 @@ _REQUIRED: dict[str, tuple[tuple[str, type | tuple[type, ...]], ...]] = {
               ("budget_rel", (int, float))),
     "ablation": (("step", int), ("published", (int, float)), ("budget_rel", (int, float))),
     "maxsize": (("published_model", str), ("budget_steps", (int, float))),
+    "fits": (("published", str),),
 }
 _TYPE_NAMES = {str: "a string", list: "a list", int: "an integer", (int, float): "a number"}
 
@@ -123,6 +136,16 @@ def row_problems(row: Any, i: int, loc: Located, base_dir: Path) -> list[str]:
             problems.append(f"{at(key)}: must be {_TYPE_NAMES.get(typ, str(typ))}, got {value!r}")
         elif isinstance(value, (int, float)) and not (math.isfinite(value) and value > 0) and key != "step":
             problems.append(f"{at(key)}: must be a positive finite number, got {value!r}")
+    for key in ("deepspeed_version", "deepspeed_version_why"):
+        if key in row and not isinstance(row[key], str):
+            problems.append(f"{at(key)}: must be a string, got {row[key]!r}")
+    if isinstance(row.get("deepspeed_version"), str):
+        try:
+            check_version(row["deepspeed_version"])
+        except ValueError as exc:
+            problems.append(f"{at('deepspeed_version')}: {exc}")
+    if "deepspeed_version" in row and "deepspeed_version_why" not in row:
+        problems.append(f"{at('deepspeed_version_why')}: missing (say why the run used that release)")
     for key in ("set", "numerator", "denominator", "models"):
         value = row.get(key)
         if value is not None and (not isinstance(value, list) or not all(isinstance(v, str) for v in value)):
@@ -137,6 +160,8 @@ def row_problems(row: Any, i: int, loc: Located, base_dir: Path) -> list[str]:
                         f"{', '.join(_FAMILY_ORDER)})")
     if kind == "ablation" and isinstance(row.get("step"), int) and not 0 <= row["step"] <= len(ABLATION_STEPS):
         problems.append(f"{at('step')}: must be 0..{len(ABLATION_STEPS)}")
+    if kind == "fits" and isinstance(row.get("published"), str) and row["published"] not in FIT_WORDS:
+        problems.append(f"{at('published')}: must be one of {', '.join(FIT_WORDS)}")
     if kind == "ratio" and row.get("agg", "mean") not in ("mean", "max"):
         problems.append(f"{at('agg')}: must be mean or max")
     return problems
@@ -213,14 +238,17 @@ def _cmd(args: argparse.Namespace) -> int:
                     "out_of_budget": len(bad) + bad_measured,
                     **({"measured": measured.to_json()} if measured is not None else {})})
     else:
-        print(f"{'id':<34} {'published':>10} {'predicted':>10} {'error':>8} {'budget':>7}  ok")
+        print(f"{'id':<34} {'published':>10} {'predicted':>10} {'error':>8} {'budget':>7}  ok   deepspeed")
         for r in rows:
             pub = r.published if isinstance(r.published, str) else f"{r.published:.3g}"
             pred = r.predicted if isinstance(r.predicted, str) else f"{r.predicted:.3g}"
             unit = " steps" if isinstance(r.published, str) else ""
             err = f"{r.error:.0f}{unit}" if unit else f"{r.error:+.1%}"
             bud = f"{r.budget:.0f}{unit}" if unit else f"{r.budget:.0%}"
-            print(f"{r.id:<34} {pub:>10} {pred:>10} {err:>8} {bud:>7}  {'yes' if r.within else 'NO'}")
+            if r.published in FIT_WORDS:  # error: the tighter memory's use - 1; the claim must hold
+                err, bud = f"{r.error:+.0%} mem", "same"
+            print(f"{r.id:<34} {pub:>10} {pred:>10} {err:>8} {bud:>7}  {'yes' if r.within else 'NO ':<3}  "
+                  f"{r.deepspeed_version}")
         print(f"\n{len(rows) - len(bad)}/{len(rows)} rows within budget")
         if measured is not None:
             print("\n" + vm.format_report(measured))

@@ -54,7 +54,9 @@ import numpy as np
 from sosim.costs.model import Costs
 from sosim.engine.plan import Category, Op, Phase, Plan, ResourceKind
 from sosim.formats.hf_model import model_from_hf
+from sosim.hardware.moe import runtime_from_tag
 from sosim.inputs.config import Scenario
+from sosim.inputs.ds_versions import NEWEST
 from sosim.inputs.errors import ConfigError
 from sosim.inputs.resources import data_root, shipped_calibration_dir
 from sosim.inputs.safe_read import read_text
@@ -139,6 +141,9 @@ class MeasuredRun:
     sub_group_size: float
     model_label: str
     session: str = ""  # the step script's output folder of the device session that measured it ("" unknown)
+    # The DeepSpeed release the run imported (its deepspeed_version column; "" in old rows: the release of every
+    # earlier campaign, 0.19.8). The prediction runs that release's code (sosim/schedules/ds_version.py).
+    deepspeed_version: str = NEWEST
 
     @property
     def pair_key(self) -> tuple[Any, ...]:
@@ -213,6 +218,29 @@ def _hf_config(row: Mapping[str, str], where: str) -> dict[str, Any]:
         "num_key_value_heads": int(_num(row, "kv_heads", where)),
         "intermediate_size": int(_num(row, "ffn", where)),
         "vocab_size": int(_num(row, "vocab", where)),
+        **_moe_config(row, where),
+    }
+
+
+def _moe_config(row: Mapping[str, str], where: str) -> dict[str, Any]:
+    """A Qwen3-MoE step row (issue 22: Hugging Face Qwen3MoeForCausalLM built from its config): its Qwen3MoeConfig
+    keys; {} for a Llama row. Columns as scripts/ds_train_step.py writes them (family moe, moe_experts, moe_top_k,
+    ffn = the experts' width, head_dim, moe_impl) or as moe-needs.md named them (experts, experts_per_token,
+    moe_ffn). ``_moe_impl`` (not a config key) carries how the run held and ran its experts to scenario_dict."""
+    experts = _cell(row, "moe_experts") or _cell(row, "experts")
+    if not experts and _cell(row, "family") != "moe":
+        return {}
+    top_k = "moe_top_k" if _cell(row, "moe_top_k") else "experts_per_token"
+    width = "moe_ffn" if _cell(row, "moe_ffn") else "ffn"
+    return {
+        "_name_or_path": f"measured-qwen3-moe-{_cell(row, 'model') or 'model'}",
+        "model_type": _cell(row, "model_type") or "qwen3_moe",
+        "num_experts": int(_num(row, "moe_experts" if _cell(row, "moe_experts") else "experts", where)),
+        "num_experts_per_tok": int(_num(row, top_k, where)),
+        "moe_intermediate_size": int(_num(row, width, where)),
+        "head_dim": int(_num(row, "head_dim", where)),
+        "decoder_sparse_step": 1, "mlp_only_layers": [],
+        "_moe_impl": _cell(row, "moe_impl"),
     }
 
 
@@ -301,6 +329,7 @@ def read_runs(folder: Path) -> tuple[list[MeasuredRun], list[Skipped]]:
             ratio=_num(row, "ratio", where, 1.0), cores_perc=_num(row, "cpuadam_cores_perc", where, 0.8),
             sub_group_size=_num(row, "sub_group_size", where, 0.0), model_label=_cell(row, "model"),
             session=_session(ds_path),
+            deepspeed_version=_cell(row, "deepspeed_version").split("+")[0] or NEWEST,
         ))
     return runs, skipped
 
@@ -315,7 +344,10 @@ def find_run_folders(root: Path = CALIBRATION_DIR) -> list[Path]:
 # ------------------------------------------------------------------------------------------------------
 def scenario_dict(run: MeasuredRun, profile: str, overrides: Sequence[str] = ()) -> dict[str, Any]:
     """The scenario of a run: its DeepSpeed config and shape through sosim.formats.dsconfig (floor: GPU only)."""
-    hf = model_from_hf(Located(run.model, f"{run.where} (model shape columns)"))
+    config = dict(run.model)
+    runtime = runtime_from_tag(str(config.pop("_moe_impl", "")))  # how an MoE run held and ran its experts
+    hf = model_from_hf(Located(config, f"{run.where} (model shape columns)"))
+    hf.model.update(runtime)
     if run.config == "floor":
         return {
             "name": f"{run.run_id}@{run.machine}", "hardware": profile, "model": hf.model,
@@ -328,7 +360,8 @@ def scenario_dict(run: MeasuredRun, profile: str, overrides: Sequence[str] = ())
 
     assert run.ds_config is not None
     inputs = RunInputs(hardware=profile, gpus=run.gpus, seq_len=run.seq,
-                       activation_checkpointing=run.activation_checkpointing, overrides=tuple(overrides))
+                       activation_checkpointing=run.activation_checkpointing, overrides=tuple(overrides),
+                       deepspeed_version=None if run.deepspeed_version == NEWEST else run.deepspeed_version)
     mapping = map_ds_config(read_json(run.ds_config), hf, inputs, name=f"{run.run_id}@{run.machine}")
     return mapping.scenario
 
@@ -447,7 +480,7 @@ def run_engine(plan: Plan, sc: Scenario | None = None) -> tuple[np.ndarray, np.n
     from sosim.engine.simpy_engine import run_plan_detailed
     from sosim.hardware.machine import Machine
 
-    node, contention, ranks = node_plan(sc, Machine.from_scenario(sc), plan)
+    node, contention, ranks = node_plan(Machine.from_scenario(sc), plan)
     run = run_plan_detailed(node, contention)
     return run.start_s[::ranks], run.end_s[::ranks]
 

@@ -2,8 +2,8 @@
 
 :class:`AnalyticCostModel` derives durations from a hardware profile (roofline with efficiency curves;
 published CPU-Adam latencies). A measured calibration table, when a profile names one, takes precedence
-for the operations it covers (see :mod:`sosim.costs.table`). The schedules only see the
-:class:`CostModel` protocol, so either can feed them.
+for the operations it covers (see :mod:`sosim.costs.table`). The schedules see neither: they are handed the
+cost object, :class:`sosim.costs.model.Costs`, built over one of them (its *components*).
 """
 
 from __future__ import annotations
@@ -11,15 +11,19 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from functools import cached_property
-from typing import Literal, Protocol
+from typing import TYPE_CHECKING, Literal
 
 import numpy as np
 
 from sosim.costs import grace_host, training_stack
 from sosim.hardware import model as tm
+from sosim.hardware import moe
 from sosim.hardware.machine import AIO_BLOCK_BYTES, AIO_QUEUE_DEPTH, AIO_THREADS
 from sosim.inputs.config import AdamImpl, Curve, HardwareProfile, ModelSpec, TrainingSpec
 from sosim.inputs.units import BF16_BYTES, FP32_BYTES, GB, TFLOP, us_to_s
+
+if TYPE_CHECKING:
+    from sosim.costs.calibration_table import CalibrationTable
 
 Direction = Literal["h2d", "d2h"]
 CollectiveKind = Literal["all_reduce", "reduce_scatter", "all_gather", "all_to_all"]
@@ -48,11 +52,15 @@ FIRST_TOUCH_GBps_PER_CORE = grace_host.REFERENCE_FIRST_TOUCH_GBps_PER_CORE  # at
 # DeepSpeed ZeRO-3 runs Python hooks around every submodule's forward and backward (fetch, release,
 # partition bookkeeping) even on one GPU; with the kernel launches after them, this host work is what a
 # layer's pass waits for. Fallback where no table measured it (e.g. GH200's Grace host): the x86 H200
-# machine's measurement carried over per parameter tensor: a Hugging Face Llama layer (9 parameter tensors)
-# under ZeRO-3 takes 8.1-10.0 ms forward and 7.7-8.2 ms backward alone whatever its shape at 2048-8192
-# tokens (calibration/nvidia-h200-2026-11-30/measurements.csv, layer z3_fwd / z3_fwd_bwd) = ~1.0 ms per
-# tensor per pass. Not measured on any other host (its single-thread speed sets it).
-STAGE3_HOOK_S_PER_TENSOR = 1.0e-3
+# machine's measurement carried over per parameter-holding submodule: a Hugging Face Llama layer (9 such
+# modules, one parameter tensor each) under ZeRO-3 takes 8.1-10.0 ms forward and 7.7-8.2 ms backward alone
+# whatever its shape at 2048-8192 tokens (calibration/nvidia-h200-2026-11-30/measurements.csv, layer z3_fwd /
+# z3_fwd_bwd) = ~1.0 ms per module per pass. Per module, not per tensor (issue 21): DeepSpeed's hook time timed
+# on the lent H200 for GPT-2 layers (12 tensors in 6 parameter modules) against Llama layers (9 in 9) at two
+# sizes (calibration/nvidia-h200-2026-12-01-z3hooks): GPT-2 / Llama 0.70 and 0.75 (per tensor would give 1.34);
+# least squares over the 8 rows: 1.14 ms per parameter module per step, mean error 12% (per tensor: 29%), and a
+# per-tensor term beside it fits to ~0. Not measured on any other host (its single-thread speed sets it).
+STAGE3_HOOK_S_PER_MODULE = 1.0e-3
 # Host waiting for the GPU stream to drain (torch.cuda.synchronize / event sync, e.g. the norm's .item()):
 # the GPU runs dry for the kernel-launch pipeline depth. Estimate: 100 us.
 HOST_SYNC_S = 100e-6
@@ -104,7 +112,34 @@ def parameter_tensors_per_layer(m: ModelSpec) -> int:
     if m.ffn_kind == "gelu":
         return 2 * len(tm.layer_gemms(m)) + 4  # weight + bias per linear, LayerNorm scale + bias twice
     # Hugging Face Llama keeps q, k, v and gate, up as separate Linear modules: 7 weights + 2 RMSNorm scales.
-    return 7 + 2
+    # Qwen3 adds q_norm / k_norm, GPT-OSS its sinks; an MoE layer's MLP is its router, the experts' two 3-D
+    # tensors and a shared expert's three (sosim/hardware/moe.py: transformers 5.x's layout).
+    extras = (2 if m.qk_norm else 0) + (1 if m.attention_sinks else 0)
+    mlp = moe.mlp_tensors(m) if m.is_moe else 3
+    return 4 + mlp + 2 + extras
+
+
+def hooked_modules_per_layer(m: ModelSpec) -> int:
+    """What DeepSpeed's ZeRO-3 hooks run over in one decoder layer, counted per hooked parameter-holding module
+    (the hook time follows modules, not tensors: STAGE3_HOOK_S_PER_MODULE): a dense layer's parameter modules;
+    an MoE layer's attention and norm modules plus the MLP's hooked modules (a leaf MoE block is one:
+    sosim/hardware/moe.py hooked_mlp_modules)."""
+    if not m.is_moe:
+        return parameter_modules_per_layer(m)
+    extras = (2 if m.qk_norm else 0) + (1 if m.attention_sinks else 0)
+    return 4 + 2 + extras + moe.hooked_mlp_modules(m)
+
+
+def parameter_modules_per_layer(m: ModelSpec) -> int:
+    """Submodules of one decoder layer that hold parameters (what DeepSpeed's ZeRO-3 hooks fetch and release,
+    one module at a time): one Linear per GEMM (weight, and GPT's bias) and the two norms. Hugging Face Llama keeps
+    q, k, v and gate, up as separate Linear modules: 7 + 2; Qwen3's q_norm / k_norm are two more, GPT-OSS's sinks
+    make its attention module hold a parameter of its own. An MoE layer: its hooked modules."""
+    if m.is_moe:
+        return hooked_modules_per_layer(m)
+    if m.ffn_kind == "gelu":
+        return len(tm.layer_gemms(m)) + 2
+    return 7 + 2 + (2 if m.qk_norm else 0) + (1 if m.attention_sinks else 0)
 
 
 def model_parameter_tensors(m: ModelSpec) -> int:
@@ -117,35 +152,6 @@ def model_parameter_tensors(m: ModelSpec) -> int:
 def stage3_variant(system: str) -> str:
     """The calibration variant of a DeepSpeed stage-3 cost: SuperOffload's engine, or plain ZeRO-3's."""
     return "superoffload" if system == "superoffload" else "zero3"
-
-
-class CostModel(Protocol):
-    """Durations in seconds for one GPU's share of the work."""
-
-    def layer_fwd_s(self) -> float: ...
-    def layer_bwd_s(self) -> float: ...
-    def head_fwd_s(self) -> float: ...
-    def head_bwd_s(self) -> float: ...
-    def gpu_adam_s(self, params: float) -> float: ...
-    def gpu_cast_s(self, elements: float) -> float: ...
-    def gpu_quantize_s(self, elements: float, kernel: QuantKernel, fused: bool) -> float: ...
-    def copy_s(self, n_bytes: float, direction: Direction, pinned: bool) -> float: ...
-    def cpu_adam_s(self, params: float, impl: AdamImpl, cores: float, total_params: float) -> float: ...
-    def cpu_cast_s(self, elements: float, cores: float) -> float: ...
-    def cpu_norm_s(self, params: float) -> float: ...
-    # ``per_node`` and the aio settings are the topology's (sosim/costs/model.py); component models ignore them.
-    def collective_s(self, kind: CollectiveKind, n_bytes: float, ranks: int, per_node: int | None = None) -> float: ...
-    def disk_s(self, n_bytes: float, write: bool, block_bytes: float = AIO_BLOCK_BYTES,
-               queue_depth: int = AIO_QUEUE_DEPTH, threads: int = AIO_THREADS) -> float: ...
-    # DeepSpeed stage-3 paths (docs/model.md "Costs: measured baseline and what-if").
-    def ds_refresh_s(self, elements: float, threads: float, pinned: bool, system: str = "zero3_offload") -> float: ...
-    def stage3_hook_s(self, tokens: int, backward: bool) -> float: ...
-    def ds_unscale_clip_s(self, elements: float, system: str) -> float: ...
-    def ds_step_fixed_s(self, params: float, subgroups: int, system: str) -> float: ...
-    def so_worker_roundtrip_s(self, elements: float, with_copies: bool = False) -> float: ...
-    def so_flush_s(self, elements: float) -> float | None: ...
-    @property
-    def provenance(self) -> dict[str, str]: ...
 
 
 def interp_log_x(curve: Curve, x: float) -> float:
@@ -209,13 +215,17 @@ class AnalyticCostModel:
 
     @cached_property
     def _attention_flops_fwd(self) -> float:
-        # The stack's share of that work (sosim/costs/training_stack.py: 1 unless attention skips padding).
-        return (tm.attention_flops_fwd(self.model, self.tokens_per_gpu, self.training.seq_len) * CAUSAL_WORK_FRACTION
+        # The stack's share of that work (sosim/costs/training_stack.py: 1 unless attention skips padding);
+        # sliding-window layers do less (tm.causal_attention_fraction, CAUSAL_WORK_FRACTION without them).
+        return (tm.attention_flops_fwd(self.model, self.tokens_per_gpu, self.training.seq_len)
+                * tm.causal_attention_fraction(self.model, self.training.seq_len)
                 * training_stack.attention_work_fraction(self.training))
 
     def elementwise_fwd_s(self) -> float:
         """The memory-bound kernels of one layer's forward (norms, residuals, rotary, activation)."""
         elem_bytes = tm.elementwise_bytes_fwd_per_token(self.model) * self.hw.gpu.elementwise_traffic_factor
+        if self.model.is_moe:  # the token permutation's single kernels, at their bytes (sosim/hardware/moe.py)
+            elem_bytes += moe.permutation_elems_fwd_per_token(self.model) * BF16_BYTES
         return elem_bytes * self.tokens_per_gpu / self._hbm_Bps
 
     @cached_property
@@ -223,11 +233,38 @@ class AnalyticCostModel:
         """(gemm, attention, elementwise, overhead) forward seconds of one layer."""
         t = self.tokens_per_gpu
         gemm = sum(self.gemm_shape_s(t, g.n_out, g.k_in) for g in tm.layer_gemms(self.model))
-        return gemm, self.attention_fwd_s(), self.elementwise_fwd_s(), us_to_s(self.hw.gpu.layer_overhead_us)
+        over = us_to_s(self.hw.gpu.layer_overhead_us)
+        if self.model.is_moe:
+            gemm += self._moe_expert_gemms_s()
+            over += moe.eager_host_syncs_fwd(self.model, t) * HOST_SYNC_S
+        return gemm, self.attention_fwd_s(), self.elementwise_fwd_s(), over
+
+    def _moe_expert_gemms_s(self) -> float:
+        """The routed experts' GEMMs of the mean layer (the router and shared experts are in layer_gemms):
+        grouped_mm: one GEMM per projection over every expert's tile-padded rows; eager: one per expert at its
+        routed tokens. A model with dense layers adds their dense MLP GEMMs in proportion."""
+        m, t = self.model, self.tokens_per_gpu
+        (k1, n1), (k2, n2) = moe.routed_gemm_shapes(m)
+        if m.experts_impl == "grouped_mm":
+            rows = moe.grouped_rows(m, t)
+            routed = self.gemm_shape_s(rows, n1, k1) + self.gemm_shape_s(rows, n2, k2) if rows else 0.0
+        else:
+            counts = [round(c) for c in moe.expert_tokens(m, t)]
+            routed = sum(self.gemm_shape_s(c, n1, k1) + self.gemm_shape_s(c, n2, k2) for c in counts if c > 0)
+        dense = 0.0
+        if m.dense_layers:
+            f, h = m.ffn_dim, m.hidden
+            dense = self.gemm_shape_s(t, 2 * f, h) + self.gemm_shape_s(t, h, f)
+        return (routed * m.moe_layers + dense * m.dense_layers) / m.layers
 
     @cached_property
     def _min_fwd_s(self) -> float:
-        return us_to_s(self.hw.gpu.layer_min_fwd_us)
+        # The launch-bound floor, measured on Llama layers; an MoE layer (or Qwen3's q/k norms) dispatches more
+        # ops: the floor per op (sosim/hardware/moe.py host_ops_fwd).
+        floor = us_to_s(self.hw.gpu.layer_min_fwd_us)
+        if not self.model.is_moe and not self.model.qk_norm:
+            return floor
+        return floor * moe.host_ops_fwd(self.model, self.tokens_per_gpu) / moe.LLAMA_LAYER_FWD_OPS
 
     @cached_property
     def _layer_flops_fwd(self) -> float:
@@ -373,12 +410,13 @@ class AnalyticCostModel:
         """Host-side time of one decoder layer's forward (or backward alone) under DeepSpeed's ZeRO-3 hooks,
         kernel launches included: the GPU's pass of the layer waits for it when it is longer.
 
-        Analytic: a per-parameter-tensor figure, the same in both passes and for every token count, on this
-        profile's host thread (sosim.costs.grace_host: the x86 VM's figure / cpu.host_thread_speed).
+        Analytic: a figure per parameter-holding submodule (measured to follow modules, not tensors:
+        STAGE3_HOOK_S_PER_MODULE), the same in both passes and for every token count, on this profile's host
+        thread (sosim.costs.grace_host: the x86 VM's figure / cpu.host_thread_speed).
         """
         del tokens, backward  # the estimate depends on neither
-        per_tensor = grace_host.host_thread_s(STAGE3_HOOK_S_PER_TENSOR, self.hw.cpu)
-        return per_tensor * parameter_tensors_per_layer(self.model)
+        per_module = grace_host.host_thread_s(STAGE3_HOOK_S_PER_MODULE, self.hw.cpu)
+        return per_module * hooked_modules_per_layer(self.model)
 
     def ds_unscale_clip_s(self, elements: float, system: str) -> float:
         """DeepSpeed stage 3's ``unscale_and_clip_grads`` over one sub-group's fp32 host gradients: a CPU
@@ -413,6 +451,10 @@ class AnalyticCostModel:
         """SuperOffload's whole gradient flush of ``elements`` as measured (``so_grads``), or None: the
         analytic model has no number of its own, and the plan then sums its copy and cast ops."""
         del elements
+        return None
+
+    def measured_table(self) -> CalibrationTable | None:
+        """No table: every duration here is the analytic model's."""
         return None
 
     @property

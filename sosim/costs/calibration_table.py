@@ -383,6 +383,16 @@ class CalibrationTable:
         cols = self.columns_by_op.get(("cpu_adam", impl))
         return None if cols is None else self._per_element_time_s(("cpu_adam", impl), cols, elements, threads)
 
+    def cpu_adam_variant_time_s(self, elements: float, threads: float, variant: str) -> float | None:
+        """One Adam step of a named implementation variant: ``cpu_adam`` rows of that variant (torch's AdamW
+        for-loop / foreach / fused on plain tensors or DTensors, ``torch_<impl>[_dtensor]``, timed by
+        scripts/torch_cpu_adam_bench.py). None when the variant or the thread count was not measured."""
+        _check_non_negative(elements=elements, threads=threads)
+        if elements == 0:
+            return 0.0
+        cols = self.columns_by_op.get(("cpu_adam", variant))
+        return None if cols is None else self._per_element_time_s(("cpu_adam", variant), cols, elements, threads)
+
     def cast_time_s(
         self, elements: float, where: Literal["cpu", "gpu"], to_dtype: Literal["bf16", "fp32"], threads: float | None
     ) -> float | None:

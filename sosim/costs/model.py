@@ -24,10 +24,9 @@ from collections.abc import Callable
 from typing import Concatenate, ParamSpec, TypeVar
 
 from sosim.costs import collectives
-from sosim.costs.analytic import AnalyticCostModel, CollectiveKind, Direction, QuantKernel
+from sosim.costs.analytic import AnalyticCostModel, CollectiveKind
 from sosim.costs.calibration_table import CalibrationTable
 from sosim.hardware.machine import AIO_BLOCK_BYTES, AIO_QUEUE_DEPTH, AIO_THREADS, Machine, nvme_s
-from sosim.inputs.config import AdamImpl
 
 P = ParamSpec("P")
 R = TypeVar("R", bound=float | None)  # every cost is seconds (so_flush_s: or None)
@@ -59,8 +58,23 @@ def _cached(method: Callable[Concatenate[Costs, P], R]) -> Callable[Concatenate[
     return call
 
 
+def _cost(method: Callable[Concatenate[AnalyticCostModel, P], R]) -> Callable[Concatenate[Costs, P], R]:
+    """The components' cost ``method`` (declared there, once; a table model overrides the measured ones), asked
+    of this object's components and remembered as :func:`_cached` remembers."""
+    name = method.__name__
+
+    def ask(self: Costs, *args: P.args, **kwargs: P.kwargs) -> R:
+        # By name: the components' own class answers (a table model's override where it has one).
+        answer: Callable[P, R] = getattr(self.components, name)
+        return answer(*args, **kwargs)
+
+    ask.__name__ = name
+    ask.__doc__ = method.__doc__
+    return _cached(ask)
+
+
 class Costs:
-    """Every duration a schedule needs (the :class:`~sosim.costs.analytic.CostModel` protocol), in seconds for
+    """Every duration a schedule needs (systems are given this object, typed: no protocol besides it), in seconds for
     one GPU's share of the work, with the machine's topology built in and each answer cached."""
 
     def __init__(self, components: AnalyticCostModel, machine: Machine | None = None) -> None:
@@ -76,51 +90,22 @@ class Costs:
         """Distinct calls remembered per method (for tests and profiling)."""
         return {name: len(memo) for name, memo in self._cache.items() if memo}
 
-    # --- GPU -------------------------------------------------------------------------------------------------
-    @_cached
-    def layer_fwd_s(self) -> float:
-        return self.components.layer_fwd_s()
+    # --- the components' costs, each declared once (on AnalyticCostModel; a table model overrides the measured
+    # ones) and asked here through this object's cache ------------------------------------------------------
+    # GPU
+    layer_fwd_s = _cost(AnalyticCostModel.layer_fwd_s)
+    layer_bwd_s = _cost(AnalyticCostModel.layer_bwd_s)
+    head_fwd_s = _cost(AnalyticCostModel.head_fwd_s)
+    head_bwd_s = _cost(AnalyticCostModel.head_bwd_s)
+    gpu_adam_s = _cost(AnalyticCostModel.gpu_adam_s)
+    gpu_cast_s = _cost(AnalyticCostModel.gpu_cast_s)
+    gpu_quantize_s = _cost(AnalyticCostModel.gpu_quantize_s)
 
-    @_cached
-    def layer_bwd_s(self) -> float:
-        return self.components.layer_bwd_s()
-
-    @_cached
-    def head_fwd_s(self) -> float:
-        return self.components.head_fwd_s()
-
-    @_cached
-    def head_bwd_s(self) -> float:
-        return self.components.head_bwd_s()
-
-    @_cached
-    def gpu_adam_s(self, params: float) -> float:
-        return self.components.gpu_adam_s(params)
-
-    @_cached
-    def gpu_cast_s(self, elements: float) -> float:
-        return self.components.gpu_cast_s(elements)
-
-    @_cached
-    def gpu_quantize_s(self, elements: float, kernel: QuantKernel, fused: bool) -> float:
-        return self.components.gpu_quantize_s(elements, kernel, fused)
-
-    # --- host link and CPU -----------------------------------------------------------------------------------
-    @_cached
-    def copy_s(self, n_bytes: float, direction: Direction, pinned: bool) -> float:
-        return self.components.copy_s(n_bytes, direction, pinned)
-
-    @_cached
-    def cpu_adam_s(self, params: float, impl: AdamImpl, cores: float, total_params: float) -> float:
-        return self.components.cpu_adam_s(params, impl, cores, total_params)
-
-    @_cached
-    def cpu_cast_s(self, elements: float, cores: float) -> float:
-        return self.components.cpu_cast_s(elements, cores)
-
-    @_cached
-    def cpu_norm_s(self, params: float) -> float:
-        return self.components.cpu_norm_s(params)
+    # host link and CPU
+    copy_s = _cost(AnalyticCostModel.copy_s)
+    cpu_adam_s = _cost(AnalyticCostModel.cpu_adam_s)
+    cpu_cast_s = _cost(AnalyticCostModel.cpu_cast_s)
+    cpu_norm_s = _cost(AnalyticCostModel.cpu_norm_s)
 
     # --- topology: collectives and disk ----------------------------------------------------------------------
     @_cached
@@ -150,37 +135,18 @@ class Costs:
             return self.components.disk_s(n_bytes, write)
         return nvme_s(self.machine, n_bytes, write, block_bytes, queue_depth, threads)
 
-    # --- DeepSpeed stage-3 paths -----------------------------------------------------------------------------
-    @_cached
-    def ds_refresh_s(self, elements: float, threads: float, pinned: bool, system: str = "zero3_offload") -> float:
-        return self.components.ds_refresh_s(elements, threads, pinned, system)
+    # DeepSpeed stage-3 paths
+    ds_refresh_s = _cost(AnalyticCostModel.ds_refresh_s)
+    stage3_hook_s = _cost(AnalyticCostModel.stage3_hook_s)
+    ds_unscale_clip_s = _cost(AnalyticCostModel.ds_unscale_clip_s)
+    ds_step_fixed_s = _cost(AnalyticCostModel.ds_step_fixed_s)
+    so_worker_roundtrip_s = _cost(AnalyticCostModel.so_worker_roundtrip_s)
+    so_flush_s = _cost(AnalyticCostModel.so_flush_s)
 
-    @_cached
-    def stage3_hook_s(self, tokens: int, backward: bool) -> float:
-        return self.components.stage3_hook_s(tokens, backward)
-
-    @_cached
-    def ds_unscale_clip_s(self, elements: float, system: str) -> float:
-        return self.components.ds_unscale_clip_s(elements, system)
-
-    @_cached
-    def ds_step_fixed_s(self, params: float, subgroups: int, system: str) -> float:
-        return self.components.ds_step_fixed_s(params, subgroups, system)
-
-    @_cached
-    def so_worker_roundtrip_s(self, elements: float, with_copies: bool = False) -> float:
-        return self.components.so_worker_roundtrip_s(elements, with_copies)
-
-    @_cached
-    def so_flush_s(self, elements: float) -> float | None:
-        return self.components.so_flush_s(elements)
-
-    @property
-    def table(self) -> CalibrationTable | None:
+    def measured_table(self) -> CalibrationTable | None:
         """The calibration table behind the components (a replay's sampled one in a band), or None: DeepSpeed's
         per-tensor host costs are read from its rows (sosim/costs/offload_mechanisms.py)."""
-        table = getattr(self.components, "table", None)  # only the table model has one
-        return table if isinstance(table, CalibrationTable) else None
+        return self.components.measured_table()
 
     @property
     def provenance(self) -> dict[str, str]:

@@ -25,11 +25,14 @@ nor rescaled on what-if hardware; they read the profile's table when it measured
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 
-from sosim.costs.calibration_table import CalibrationTable
 from sosim.hardware.model import ModelSpec, layer_tensor_sizes
+
+if TYPE_CHECKING:
+    from sosim.costs.model import Costs
 
 # DeepSpeed's stage3_param_persistence_threshold default (runtime/zero/config.py, 1e5 elements): smaller
 # parameters (norm scales, biases) stay on the GPU and are never fetched.
@@ -57,22 +60,20 @@ Z2_FLUSH_H200 = Z2FlushCosts(
     / (45_092_864 + 491_816_960),
     source=f"measured on an H200 ({_SOURCE}, z2_flush)",
 )
+# Estimate kept for profiles whose tables lack the z2_flush rows (z2_flush_costs measures it): DeepSpeed's overflow
+# tracker truth-tests a CUDA scalar per parameter; ~20 us of GPU idle each, ~10 tensors per layer. (It lived in
+# sosim/schedules/zero_offload.py; a duration is the costs' to state.)
+Z2_SYNC_ESTIMATE_S_PER_TENSOR = 20e-6
+Z2_ESTIMATE_TENSORS_PER_LAYER = 10
 # For reference: (z3_offload_param_fwd - z3_offload_sgd_fwd) per layer at hidden 2048, batch 4, same lease.
 ZINF_FETCH_H200_S_PER_TENSOR = (0.0108508138 - 0.0061695685) / HARNESS_FETCHED_TENSORS_PER_LAYER
 
 
-def _table(costs: object) -> CalibrationTable | None:
-    """The measured table behind ``costs``: the cost object's (sosim/costs/model.py ``Costs.table``) or a bare
-    table model's; None for the analytic model."""
-    table = getattr(costs, "table", None)
-    return table if isinstance(table, CalibrationTable) else None
-
-
-def z2_flush_costs(costs: object) -> Z2FlushCosts | None:
+def z2_flush_costs(costs: Costs) -> Z2FlushCosts | None:
     """The profile's measured ZeRO-2 flush costs (rows ``z2_flush``); None when its tables lack them (a host
     round trip measured on the H200's x86 host says little about another host: such profiles keep the earlier
-    estimate, ``zero_offload.SYNC_S_PER_TENSOR``; :data:`Z2_FLUSH_H200` is the H200's, for reference)."""
-    table = _table(costs)
+    estimate, :data:`Z2_SYNC_ESTIMATE_S_PER_TENSOR`; :data:`Z2_FLUSH_H200` is the H200's, for reference)."""
+    table = costs.measured_table()
     cols = {v: table.columns_by_op.get(("z2_flush", v)) for v in ("sync", "no_sync", "cast_copy")} if table else {}
     if not cols or any(c is None for c in cols.values()):
         return None
@@ -89,15 +90,16 @@ def z2_flush_costs(costs: object) -> Z2FlushCosts | None:
         elements += float(n)
     if tensors <= 0 or elements <= 0:
         return None
-    path = getattr(table, "path", "the profile's table")
-    return Z2FlushCosts(max(0.0, d_sync / tensors), max(0.0, d_norm / elements), f"measured: {path} (z2_flush)")
+    assert table is not None
+    return Z2FlushCosts(max(0.0, d_sync / tensors), max(0.0, d_norm / elements),
+                        f"measured: {table.path} (z2_flush)")
 
 
-def zinf_fetch_s_per_tensor(costs: object) -> tuple[float, str] | None:
+def zinf_fetch_s_per_tensor(costs: Costs) -> tuple[float, str] | None:
     """Host time per fetched parameter tensor of ZeRO-Infinity's CPU tier, and its source; None when the
     profile's tables lack the rows (such profiles keep the fetch as a copy only, as before;
     :data:`ZINF_FETCH_H200_S_PER_TENSOR` is the H200's, for reference)."""
-    table = _table(costs)
+    table = costs.measured_table()
     with_param = table.columns_by_op.get(("layer", "z3_offload_param_fwd")) if table else None
     without = table.columns_by_op.get(("layer", "z3_offload_sgd_fwd")) if table else None
     if with_param is None or without is None:
@@ -110,7 +112,8 @@ def zinf_fetch_s_per_tensor(costs: object) -> tuple[float, str] | None:
     if not diffs:
         return None
     per_tensor = max(0.0, float(np.mean(diffs))) / HARNESS_FETCHED_TENSORS_PER_LAYER
-    return per_tensor, f"measured: {getattr(table, 'path', 'the profile table')} (layer z3_offload_param)"
+    assert table is not None
+    return per_tensor, f"measured: {table.path} (layer z3_offload_param)"
 
 
 def fetched_tensors_per_layer(m: ModelSpec) -> int:

@@ -38,7 +38,6 @@ from sosim.costs.analytic import (
     ADAM_BYTES_PER_PARAM,
     AnalyticCostModel,
     CollectiveKind,
-    CostModel,
     Direction,
     model_parameter_tensors,
     stage3_variant,
@@ -271,7 +270,7 @@ class TableCostModel(AnalyticCostModel):
     def _shape(self) -> tuple[int, int, int, int, int]:
         m, t = self.model, self.training
         batch = max(1, self.tokens_per_gpu // t.seq_len)
-        return m.hidden, t.seq_len, batch, m.heads, m.hidden // m.heads
+        return m.hidden, t.seq_len, batch, m.heads, m.attn_head_dim
 
     def gemm_shape_s(self, m: int, n: int, k: int) -> float:
         measured = self.table.gemm_time_s(m, n, k)
@@ -282,8 +281,14 @@ class TableCostModel(AnalyticCostModel):
         measured = self.table.attention_time_s(batch, seq, heads, head_dim, backward=False)
         seconds = self._use("attention_fwd", measured, lambda a: a.attention_fwd_s())
         if measured is not None:  # a timed kernel over every token: the stack's share of it (training_stack.py)
-            seconds *= training_stack.attention_work_fraction(self.training)
+            seconds *= training_stack.attention_work_fraction(self.training) * self._window_share
         return self._roofline(self._attention_flops_fwd, seconds)
+
+    @functools.cached_property
+    def _window_share(self) -> float:
+        """A causal kernel's time scaled to the work of the model's sliding-window layers (1 without them)."""
+        fraction = tm.causal_attention_fraction(self.model, self.training.seq_len)
+        return 1.0 if fraction == tm.CAUSAL_ATTENTION_FRACTION else fraction / tm.CAUSAL_ATTENTION_FRACTION
 
     def attention_bwd_s(self) -> float:
         _, seq, batch, heads, head_dim = self._shape
@@ -292,13 +297,15 @@ class TableCostModel(AnalyticCostModel):
         measured = None if fwd is None or both is None else max(both - fwd, 0.0)
         seconds = self._use("attention_bwd", measured, lambda a: a.attention_bwd_s())
         if measured is not None:
-            seconds *= training_stack.attention_work_fraction(self.training)
+            seconds *= training_stack.attention_work_fraction(self.training) * self._window_share
         return self._roofline(2.0 * self._attention_flops_fwd, seconds)
 
     def _measured_layer(self, backward: bool) -> float | None:
         """A measured whole layer at this exact shape (hidden, heads, kv_heads, ffn, seq; batch interpolated)."""
         m = self.model
-        if m.ffn_kind != "swiglu":  # the harness times Llama-style layers only
+        if m.ffn_kind != "swiglu" or m.is_moe:  # the harness times Llama-style dense layers only
+            return None
+        if m.head_dim is not None and m.q_dim != m.hidden:  # attention wider or narrower than the layers timed
             return None
         if not training_stack.uses_timed_layers(self.training):  # another stack: composed from its components
             return None
@@ -393,7 +400,7 @@ class TableCostModel(AnalyticCostModel):
     def stage3_hook_s(self, tokens: int, backward: bool) -> float:
         m = self.model
         found = None
-        if m.ffn_kind == "swiglu":  # the harness times Hugging Face Llama layers only
+        if m.ffn_kind == "swiglu" and not m.is_moe:  # the harness times Hugging Face Llama layers only
             found = self.table.stage3_hook_time_s(m.hidden, m.heads, m.n_kv_heads, m.ffn_dim, tokens, backward)
         measured = None if found is None else found[0]
         return self._use("stage3_hook", measured, lambda a: a.stage3_hook_s(tokens, backward))
@@ -457,6 +464,10 @@ class TableCostModel(AnalyticCostModel):
         if measured is None:
             return None
         return self._use("so_flush", measured, lambda a: so_flush_parts_s(a, elements))
+
+    def measured_table(self) -> CalibrationTable:
+        """The table these costs are measured in (a band replay's: the sampled one)."""
+        return self.table
 
     # --- provenance ------------------------------------------------------------------------------------------
     @property
@@ -537,7 +548,7 @@ def beyond_measured_threads_s(measured_s: float, threads: int, cores: float, n_b
     return min(measured_s, max(measured_s * threads / cores, floor_s))
 
 
-def so_flush_parts_s(costs: CostModel, elements: float) -> float:
+def so_flush_parts_s(costs: AnalyticCostModel, elements: float) -> float:
     """The four ops of one SuperOffload flush as the plan builds them: bf16 D2H and H2D (pinned host buffer),
     the GPU cast to fp32, the pageable fp32 D2H (``gradients.Stage3Gradients``)."""
     b16 = elements * 2.0

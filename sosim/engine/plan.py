@@ -135,7 +135,7 @@ class Plan:
     proportion to one iteration's ops plus one pass over all starts and ends.
     """
 
-    __slots__ = ("_copy_deps", "_ops", "copies", "iteration_starts", "template")
+    __slots__ = ("_copy_deps", "_ops", "copies", "iteration_starts", "optimizer_core_share", "template")
 
     def __init__(self, ops: list[Op] | None = None, iteration_starts: list[int] | None = None) -> None:
         self._ops: list[Op] | None = [] if ops is None else ops
@@ -144,6 +144,10 @@ class Plan:
         self.template: Template | None = None  # set by repeat(): the ops are ``copies`` copies of it
         self.copies = 0
         self._copy_deps: list[dict[int, tuple[int, ...]]] | None = None
+        # The share of a rank's CPU threads its optimizer worker (CPU_OPT) is pinned to, the rest being the
+        # training process's (CPU_MAIN); 1: no split, both take turns on every thread. Set by the system that
+        # splits the cores (sosim/schedules/cpu.py split_cores); the engine's contention reads it here.
+        self.optimizer_core_share = 1.0
 
     @property
     def ops(self) -> list[Op]:
@@ -195,18 +199,20 @@ class Plan:
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, Plan):
             return NotImplemented
-        return self.ops == other.ops and self.iteration_starts == other.iteration_starts
+        return (self.ops == other.ops and self.iteration_starts == other.iteration_starts
+                and self.optimizer_core_share == other.optimizer_core_share)
 
     __hash__ = None  # type: ignore[assignment]  # mutable, compared by value
 
     def __repr__(self) -> str:
         return f"Plan({len(self.ops)} ops, iteration_starts={self.iteration_starts})"
 
-    def __getstate__(self) -> tuple[list[Op], list[int]]:
-        return self.ops, self.iteration_starts
+    def __getstate__(self) -> tuple[list[Op], list[int], float]:
+        return self.ops, self.iteration_starts, self.optimizer_core_share
 
-    def __setstate__(self, state: tuple[list[Op], list[int]]) -> None:
-        self.__init__(*state)  # type: ignore[misc]
+    def __setstate__(self, state: tuple[list[Op], list[int], float]) -> None:
+        self.__init__(state[0], state[1])  # type: ignore[misc]
+        self.optimizer_core_share = state[2]
 
     @staticmethod
     def repeat(template: Template, n: int) -> Plan:

@@ -11,9 +11,9 @@ Read families (the keys each uses, as in ``transformers``' configuration classes
 
 Another ``model_type`` is read by its keys and ``hidden_act`` (silu/swish -> gated, gelu/relu -> ungated),
 and the report says so. ``max_position_embeddings`` is the model's context window, not the training
-sequence: the sequence length comes from the command line (``--seq``). Mixture-of-experts configs and
-attention heads wider than ``hidden_size / num_attention_heads`` are outside sosim's layer model and are
-errors, not approximations.
+sequence: the sequence length comes from the command line (``--seq``). Mixture-of-experts configs (Qwen3-MoE,
+Mixtral, GPT-OSS, DeepSeek-V3-style), an explicit ``head_dim`` and sliding-window ``layer_types`` are read by
+:mod:`sosim.formats.hf_moe`; multi-head latent attention and expert parallelism are errors, not approximations.
 """
 
 from __future__ import annotations
@@ -24,21 +24,24 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from sosim.formats import hf_moe
+from sosim.formats.hf_reader import _Reader
 from sosim.formats.jsonio import Note, read_json
 from sosim.inputs.config import ModelSpec
 from sosim.inputs.errors import ConfigError
 from sosim.run.loader import KeyPath, Located
 
-GATED_TYPES = ("llama", "mistral", "qwen2", "qwen3")
+GATED_TYPES = ("llama", "mistral", "qwen2", "qwen3", "seed_oss", *hf_moe.MOE_TYPES)
 GELU_TYPES = ("gpt2", "gpt_neox")
 _GATED_ACTS = ("silu", "swish")
 _UNGATED_ACTS = ("gelu", "gelu_new", "gelu_fast", "gelu_pytorch_tanh", "gelu_python", "relu", "quick_gelu")
 # tie_word_embeddings when the file does not say: each class's own default in transformers
 # (LlamaConfig/MistralConfig/Qwen2Config/Qwen3Config/GPTNeoXConfig: False; GPT2Config and the base
 # PretrainedConfig: True).
-_TIE_DEFAULT = {"llama": False, "mistral": False, "qwen2": False, "qwen3": False, "gpt_neox": False, "gpt2": True}
-# Keys that would make the layer something sosim's ModelSpec cannot describe.
-_MOE_KEYS = ("num_local_experts", "num_experts", "n_routed_experts", "moe_intermediate_size", "num_experts_per_tok")
+_TIE_DEFAULT = {"llama": False, "mistral": False, "qwen2": False, "qwen3": False, "gpt_neox": False, "gpt2": True,
+                # SeedOssConfig, Qwen3MoeConfig, Qwen2MoeConfig, OlmoeConfig, MixtralConfig, GptOssConfig,
+                # DeepseekV2/V3Config, Glm4MoeConfig, Dots1Config: False.
+                "seed_oss": False, **dict.fromkeys(hf_moe.MOE_TYPES, False)}
 # Keys read into the model; everything else in the file is listed as ignored (tokenizer ids, rope and norm
 # constants, dtype...) because it does not change parameter counts or FLOPs.
 _READ_KEYS = {
@@ -58,46 +61,6 @@ class HfModel:
     max_positions: int | None = None
     sliding_window: int | None = None
     origin: str = ""
-
-
-class _Reader:
-    def __init__(self, loc: Located, prefix: KeyPath) -> None:
-        self.loc = loc
-        self.prefix = prefix
-        node = loc.data
-        for p in prefix:
-            node = node[p]
-        self.data: dict[str, Any] = node
-        self.notes: list[Note] = []
-        self.problems: list[str] = []
-
-    def where(self, key: str) -> str:
-        return self.loc.where((*self.prefix, key))
-
-    def dotted(self, key: str) -> str:
-        return ".".join(str(p) for p in (*self.prefix, key))
-
-    def error(self, key: str, message: str) -> None:
-        self.problems.append(f"{self.where(key)}: {self.dotted(key)}: {message}")
-
-    def pos_int(self, key: str, to: str, required: bool = True) -> int | None:
-        if key not in self.data or self.data[key] is None:
-            if required:
-                self.error(key, f"missing (sosim needs it for model.{to})")
-            return None
-        value = self.data[key]
-        if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-            self.error(key, f"expected a positive integer, got {value!r}")
-            return None
-        self.notes.append(Note("mapped", self.dotted(key), self.where(key), value, f"model.{to}", value))
-        return value
-
-    def defaulted(self, key: str, to: str, value: Any, reason: str) -> None:
-        self.notes.append(Note("defaulted", self.dotted(key), self.loc.origin, None, f"model.{to}", value, reason))
-
-    def ignored(self, key: str, reason: str, affects_step: bool = False) -> None:
-        self.notes.append(Note("ignored", self.dotted(key), self.where(key), self.data.get(key), reason=reason,
-                               affects_step=affects_step))
 
 
 def _family(r: _Reader) -> tuple[str, str]:
@@ -136,9 +99,6 @@ def model_from_hf(loc: Located, name: str = "") -> HfModel:
     if prefix:
         r.notes.append(Note("mapped", "text_config", loc.where(prefix), None, "model",
                             reason="multimodal config: the language model's text_config is read"))
-    moe = [k for k in _MOE_KEYS if r.data.get(k)]
-    if moe:
-        r.error(moe[0], "mixture-of-experts layers are not modelled by sosim (dense decoder layers only)")
     family, how = _family(r)
     model: dict[str, Any] = {}
     if family == "gpt2":
@@ -185,17 +145,13 @@ def model_from_hf(loc: Located, name: str = "") -> HfModel:
         tied = _TIE_DEFAULT.get(model_type, True)
         r.defaulted("tie_word_embeddings", "tied_embeddings", tied,
                     f"absent: the {model_type or 'PretrainedConfig'} default in transformers")
-    head_dim = r.data.get("head_dim")
-    if head_dim is not None and (isinstance(head_dim, bool) or not isinstance(head_dim, int) or head_dim <= 0):
-        r.error("head_dim", f"expected a positive integer, got {head_dim!r}")  # {} or "64" was a TypeError below
-        head_dim = None
-    if head_dim is not None and hidden and heads:
-        if head_dim * heads != hidden:
-            r.error("head_dim", f"{head_dim} x {heads} heads != hidden_size {hidden}: attention wider or narrower "
-                    "than the hidden size is not modelled by sosim")
-        else:
-            r.notes.append(Note("mapped", r.dotted("head_dim"), r.where("head_dim"), head_dim, "model.hidden",
-                                hidden, reason="consistent with hidden_size / num_attention_heads"))
+    extra: dict[str, Any] = {}
+    if family == "gated":
+        extra.update(hf_moe.read_attention(r, model_type, hidden, heads, layers))
+        extra.update(hf_moe.read_moe(r, model_type, layers, ffn))
+    elif any(r.data.get(k) for k in hf_moe.EXPERT_COUNT_KEYS):
+        key = next(k for k in hf_moe.EXPERT_COUNT_KEYS if r.data.get(k))
+        r.error(key, "mixture-of-experts layers are modelled with gated (SwiGLU) experts only")
     if family == "gated":
         biases = [k for k in ("attention_bias", "mlp_bias") if r.data.get(k) is True]
         if model_type == "qwen2":
@@ -211,14 +167,16 @@ def model_from_hf(loc: Located, name: str = "") -> HfModel:
     sliding = r.data.get("sliding_window")
     use_sliding = r.data.get("use_sliding_window", model_type == "mistral")
     sliding_window = sliding if isinstance(sliding, int) and use_sliding else None
+    if "sliding_layers" in extra:
+        sliding_window = None  # modelled (sosim/hardware/model.py causal_attention_fraction), not a caveat
     for k in ("sliding_window", "use_sliding_window"):
-        if k in r.data:
+        if k in r.data and "sliding_layers" not in extra:
             r.ignored(k, "sosim models full causal attention; a sliding window only changes attention FLOPs "
                       "when the sequence is longer than the window (checked against --seq)")
     if "model_type" in r.data:
         r.notes.append(Note("mapped", r.dotted("model_type"), r.where("model_type"), r.data["model_type"],
                             "model.ffn_kind", ffn_kind, reason=how))
-    rest = sorted(k for k in r.data if k not in _READ_KEYS and k not in _MOE_KEYS and k != "text_config")
+    rest = sorted(k for k in r.data if k not in _READ_KEYS and k not in hf_moe.READ_KEYS and k != "text_config")
     if rest:
         r.notes.append(Note("ignored", ", ".join(rest), loc.origin, None,
                             reason="no effect on parameter counts or FLOPs (tokens, rope/norm constants, dtype, ...)"))
@@ -226,7 +184,8 @@ def model_from_hf(loc: Located, name: str = "") -> HfModel:
         raise ConfigError(r.problems)
     assert hidden and layers and heads and vocab and ffn and kv_heads  # guaranteed by the checks above
     model = {"name": name or _model_name(loc, r.data), "layers": layers, "hidden": hidden, "heads": heads,
-             "kv_heads": kv_heads, "ffn": ffn, "ffn_kind": ffn_kind, "vocab": vocab, "tied_embeddings": tied}
+             "kv_heads": kv_heads, "ffn": ffn, "ffn_kind": ffn_kind, "vocab": vocab, "tied_embeddings": tied,
+             **extra}
     try:
         ModelSpec.model_validate(model)
     except ValidationError as exc:
@@ -246,10 +205,8 @@ def _model_name(loc: Located, data: dict[str, Any]) -> str:
 
 def resolve_model_path(ref: str | Path) -> Path:
     """A config.json file, or a model folder holding one (a Hugging Face snapshot)."""
-    from sosim.inputs.safe_read import is_dir  # False for a name the file system refuses (read_json says why)
-
     p = Path(ref)
-    if is_dir(p):
+    if p.is_dir():
         return p / "config.json"
     return p
 

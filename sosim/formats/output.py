@@ -117,11 +117,14 @@ def check_finite_result(name: str, metrics: dict[str, Any]) -> None:
 
 def provenance_fields(sc: Any, engine: str | None = None) -> dict[str, Any]:
     """What produced a result, for every output: implementation (None where a system has one), the hardware
-    profile's name, the calibration table's path, several joined by ", " (None: the analytic cost model),
+    profile's name, the calibration table's path, several joined by ", " (None: the analytic cost model), the
+    DeepSpeed release,
     and, when given, the engine that ran the plan (docs/engines.md; every Result's provenance names it)."""
     paths = sc.hardware.calibration_paths
     out = {"implementation": getattr(sc.schedule, "implementation", None), "profile": sc.hardware.name,
-           "calibration": ", ".join(paths) if paths else None}
+           "calibration": ", ".join(paths) if paths else None,
+           # The DeepSpeed release the system runs (issue 21; sosim/schedules/ds_version.py).
+           "deepspeed_version": getattr(sc.schedule, "deepspeed_version", None)}
     if engine is not None:
         out["engine"] = engine
     return out

@@ -21,6 +21,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import stat
 import tempfile
 from collections.abc import Callable, Sequence
@@ -252,13 +253,34 @@ def write_atomic(path: str | Path, option: str, what: str, write: Callable[[Path
     return out
 
 
+def framework_config(path: Path) -> bool:
+    """A torchtitan job or Megatron-LM arguments file as sosim/formats/torchtitan.py and megatron_args.py
+    write them: the TOML's first line says so; the arguments are one ``--flag [value]`` a line, joined by
+    backslashes, opening with ``--num-layers`` (nothing else in the file)."""
+    if path.stat().st_size > 64 * 1024:
+        return False
+    try:
+        text = path.read_bytes().decode("utf-8")
+    except (OSError, UnicodeDecodeError):
+        return False
+    if text.startswith("# written by sosim (torchtitan job config"):
+        return True
+    lines = text.removesuffix("\n").split(" \\\n")
+    return (text.startswith("--num-layers ") and text.endswith("\n") and "--use-distributed-optimizer" in lines
+            and all(_MEGATRON_LINE.fullmatch(line) for line in lines))
+
+
+_MEGATRON_LINE = re.compile(r"--[a-z0-9-]+( [^\s\\]+)?")
+
+
 # The recognisers of sosim's outputs, by what they are.
 TRACE = chrome_trace
 CHECK_BASELINE = json_object_with("format", "sosim-check/1")
 JUNIT = junit_of_check
 FIGURE = matplotlib_figure
 DS_CONFIG = json_written_by_sosim
+FRAMEWORK_CONFIG = framework_config
 
-__all__ = ["CHECK_BASELINE", "DS_CONFIG", "FIGURE", "JUNIT", "TRACE", "Recogniser", "chrome_trace", "contains",
-           "json_object_with", "json_written_by_sosim", "junit_of_check", "matplotlib_figure", "prepare_output",
-           "starts_with", "target_problem", "write_atomic"]
+__all__ = ["CHECK_BASELINE", "DS_CONFIG", "FIGURE", "FRAMEWORK_CONFIG", "JUNIT", "TRACE", "Recogniser", "chrome_trace",
+           "contains", "framework_config", "json_object_with", "json_written_by_sosim", "junit_of_check",
+           "matplotlib_figure", "prepare_output", "starts_with", "target_problem", "write_atomic"]

@@ -117,9 +117,12 @@ class Machine:
         nodes = -(-total // per_node)
         node = hw.node
         cores = hw.cpu.cores
+        # A system whose launcher sets the threads (torchrun's OMP_NUM_THREADS=1 for FSDP2) says so on its knobs.
+        default_threads = getattr(sc.schedule, "rank_threads_default", None)
         if node is None:
+            legacy_threads = default_threads(per_node, cores) if callable(default_threads) else cores
             return cls(hw, total, per_node, nodes, True, tuple(range(per_node)),
-                       sc.cluster.cpu_threads_per_rank or cores, per_node, cores,
+                       sc.cluster.cpu_threads_per_rank or legacy_threads, per_node, cores,
                        tuple([-1] * per_node), tuple(range(per_node)) if hw.interconnect else tuple([-1] * per_node),
                        tuple(range(per_node)))
         sockets = node.cpu_sockets
@@ -133,6 +136,8 @@ class Machine:
         # its GPU's socket, time-shared with the other ranks there (what the single-socket lent machine
         # measured); an unbound pool spreading over other sockets' cores and memory is not modelled.
         launched = max(1, min(cores, cores * sockets // per_node)) if sc.cluster.bind_cores_to_rank else cores
+        if callable(default_threads):
+            launched = default_threads(per_node, launched)
         threads = sc.cluster.cpu_threads_per_rank or launched
         uplink_of = {g: i for i, up in enumerate(node.uplinks) for g in up.gpus}
         rank_uplink = tuple(uplink_of.get(g, -1) for g in range(per_node))
@@ -357,11 +362,6 @@ def nvme_s(m: Machine, n_bytes: float, write: bool, block_bytes: float = AIO_BLO
 
 
 # --- what the schedules ask of the machine ----------------------------------------------------------------------
-def rank_threads(sc: Scenario) -> int:
-    """CPU threads of each rank (its OpenMP pool): see :attr:`Machine.threads_per_rank`."""
-    return Machine.from_scenario(sc).threads_per_rank
-
-
 def zero_group(sc: Scenario) -> int:
     """Ranks a ZeRO partition is spread over: data x sequence parallel. With Ulysses every sequence rank
     computes gradients of all parameters on its slice of the sequence, so DeepSpeed reduces and partitions

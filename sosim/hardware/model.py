@@ -22,6 +22,7 @@ from __future__ import annotations
 import functools
 from dataclasses import dataclass
 
+from sosim.hardware import moe
 from sosim.inputs.config import ModelSpec, Scenario, TrainingSpec
 from sosim.inputs.units import BF16_BYTES
 
@@ -42,11 +43,15 @@ class Gemm:
 
 
 def layer_gemms(m: ModelSpec) -> list[Gemm]:
-    """The weight GEMMs of one decoder layer (forward), in execution order."""
+    """The weight GEMMs of one decoder layer (forward) over all its tokens, in execution order. An MoE
+    layer's routed experts run at their own token counts (:mod:`sosim.hardware.moe`): here only its
+    attention, router and shared-expert GEMMs."""
     h = m.hidden
-    kv_dim = m.n_kv_heads * (h // m.heads)
-    gemms = [Gemm("qkv", h, h + 2 * kv_dim), Gemm("attn_out", h, h)]
-    if m.ffn_kind == "swiglu":
+    q_dim, kv_dim = m.q_dim, m.kv_dim
+    gemms = [Gemm("qkv", h, q_dim + 2 * kv_dim), Gemm("attn_out", q_dim, h)]
+    if m.is_moe:
+        gemms += [Gemm(name, k_in, n_out) for name, k_in, n_out in moe.token_gemm_shapes(m)]
+    elif m.ffn_kind == "swiglu":
         gemms += [Gemm("mlp_gate_up", h, 2 * m.ffn_dim), Gemm("mlp_down", m.ffn_dim, h)]
     else:
         gemms += [Gemm("mlp_up", h, m.ffn_dim), Gemm("mlp_down", m.ffn_dim, h)]
@@ -55,7 +60,10 @@ def layer_gemms(m: ModelSpec) -> list[Gemm]:
 
 @functools.lru_cache(maxsize=64)
 def layer_params(m: ModelSpec) -> int:
-    """Parameters of one decoder layer (weights, GPT-style biases, norm scales)."""
+    """Parameters of one decoder layer (weights, GPT-style biases, norm scales); an MoE model's mean layer
+    counts every expert (:func:`sosim.hardware.moe.mlp_tensor_sizes`)."""
+    if m.is_moe:
+        return attention_params(m) + sum(moe.mlp_tensor_sizes(m))
     weights = sum(g.k_in * g.n_out for g in layer_gemms(m))
     if m.ffn_kind == "gelu":
         # GPT-2/Megatron: biases on every linear, two LayerNorms with scale and bias.
@@ -64,8 +72,28 @@ def layer_params(m: ModelSpec) -> int:
     else:
         # Llama: no biases, two RMSNorm scales.
         biases = 0
-        norms = 2 * m.hidden
+        norms = 2 * m.hidden + _extra_attention_params(m)
     return weights + biases + norms
+
+
+def _extra_attention_params(m: ModelSpec) -> int:
+    """Qwen3's q_norm / k_norm scales and GPT-OSS's attention sinks (one logit per head)."""
+    return (2 * m.attn_head_dim if m.qk_norm else 0) + (m.heads if m.attention_sinks else 0)
+
+
+def attention_params(m: ModelSpec) -> int:
+    """A SwiGLU layer's attention projections, its two RMSNorm scales and the extras (q/k norms, sinks)."""
+    h = m.hidden
+    return h * (m.q_dim + 2 * m.kv_dim) + m.q_dim * h + 2 * h + _extra_attention_params(m)
+
+
+@functools.lru_cache(maxsize=64)
+def layer_active_params(m: ModelSpec) -> float:
+    """Parameters one token multiplies in the mean layer: all of a dense layer's; an MoE layer's attention,
+    router, k routed and the shared experts."""
+    if not m.is_moe:
+        return layer_params(m)
+    return attention_params(m) + moe.mlp_active_params_mean(m)
 
 
 def embedding_params(m: ModelSpec) -> int:
@@ -89,10 +117,14 @@ def layer_tensor_sizes(m: ModelSpec) -> list[int]:
     (measured per-tensor overheads, sosim/costs/offload_mechanisms.py) need them as much as the systems do.
     """
     h, f = m.hidden, m.ffn_dim
-    kv = m.n_kv_heads * (h // m.heads)
+    kv = m.kv_dim
     if m.ffn_kind == "gelu":
         return [h, h, h * (h + 2 * kv), h + 2 * kv, h * h, h, h, h, h * f, f, f * h, h]
-    return [h, h * h, h * kv, h * kv, h * h, h, h * f, h * f, f * h]
+    q = m.q_dim
+    extras = ([m.attn_head_dim] * 2 if m.qk_norm else []) + ([m.heads] if m.attention_sinks else [])
+    if m.is_moe:  # router, the experts' two 3-D tensors, the shared expert (sosim/hardware/moe.py)
+        return [h, h * q, h * kv, h * kv, q * h, *extras, h, *moe.mlp_tensor_sizes(m)]
+    return [h, h * q, h * kv, h * kv, q * h, *extras, h, h * f, h * f, f * h]
 
 
 def tokens_per_gpu(sc: Scenario) -> int:
@@ -111,8 +143,18 @@ def layer_gemm_flops_fwd(m: ModelSpec, tokens: int) -> float:
 
 
 def attention_flops_fwd(m: ModelSpec, tokens: int, seq_len: int) -> float:
-    """Score (QK^T) and value (PV) products, full s x s convention: 4*s*h per token."""
-    return 4.0 * tokens * seq_len * m.hidden
+    """Score (QK^T) and value (PV) products, full s x s convention: 4*s*(heads x head_dim) per token."""
+    return 4.0 * tokens * seq_len * m.q_dim
+
+
+def causal_attention_fraction(m: ModelSpec, seq_len: int) -> float:
+    """Fraction of the full s x s attention work the kernels do, mean over the layers: causal (1/2) for full
+    layers; a sliding-window layer's query i attends to min(i, w) keys: (w*s - w*(w-1)/2) / s^2 when s > w."""
+    if m.sliding_layers == 0 or m.sliding_window is None or seq_len <= m.sliding_window:
+        return CAUSAL_ATTENTION_FRACTION
+    w, s = m.sliding_window, seq_len
+    sliding = (w * s - w * (w - 1) / 2) / (s * s)
+    return (CAUSAL_ATTENTION_FRACTION * (m.layers - m.sliding_layers) + sliding * m.sliding_layers) / m.layers
 
 
 def head_flops_fwd(m: ModelSpec, tokens: int) -> float:
@@ -133,10 +175,18 @@ def flop_params(m: ModelSpec) -> int:
     return total_params(m) - (0 if m.tied_embeddings else m.vocab * m.hidden)
 
 
+def active_flop_params(m: ModelSpec) -> float:
+    """:func:`flop_params` with an MoE model's inactive experts left out (what one token multiplies)."""
+    if not m.is_moe:
+        return flop_params(m)
+    return flop_params(m) - m.layers * (layer_params(m) - layer_active_params(m))
+
+
 def layer_flops_fwd(m: ModelSpec, tokens: int, seq_len: int) -> float:
     """One decoder layer's forward FLOPs as counted everywhere (metrics, ops, roofline): 2 per parameter per
-    token (GEMM weights, biases, norm scales) plus causal attention."""
-    return 2.0 * tokens * layer_params(m) + attention_flops_fwd(m, tokens, seq_len) * CAUSAL_ATTENTION_FRACTION
+    token (GEMM weights, biases, norm scales; an MoE layer's active ones) plus causal attention."""
+    return (2.0 * tokens * layer_active_params(m)
+            + attention_flops_fwd(m, tokens, seq_len) * causal_attention_fraction(m, seq_len))
 
 
 def elementwise_bytes_fwd_per_token(m: ModelSpec) -> float:
@@ -147,17 +197,20 @@ def elementwise_bytes_fwd_per_token(m: ModelSpec) -> float:
     statistics are inside flash attention. Dropout is not modelled (LLM pre-training runs without it).
     """
     h, f = m.hidden, m.ffn_dim
-    kv_dim = m.n_kv_heads * (h // m.heads)
-    act = 2 * f if m.ffn_kind == "gelu" else 3 * f
-    elems = 2 * 2 * h + 2 * 3 * h + 2 * (h + kv_dim) + act
+    kv_dim = m.kv_dim
+    act: float = 2 * f if m.ffn_kind == "gelu" else 3 * f
+    if m.is_moe:  # the experts' activations and the token permutation (sosim/hardware/moe.py)
+        act = moe.elementwise_elems_fwd_per_token_mlp(m)
+    elems = 2 * 2 * h + 2 * 3 * h + 2 * (m.q_dim + kv_dim) + act
     return float(elems * BF16_BYTES)
 
 
 def model_flops_per_step(m: ModelSpec, t: TrainingSpec, global_tokens: int, causal: bool = True) -> float:
-    """Model FLOPs: 6*N*tokens + 3 passes x attention (causal: 6*L*h*s*tokens; full: 12*L*h*s*tokens)."""
-    n = flop_params(m)
+    """Model FLOPs: 6*N*tokens + 3 passes x attention (causal: 6*L*h*s*tokens; full: 12*L*h*s*tokens);
+    N: the active parameters of an MoE model."""
+    n = active_flop_params(m)
     attention = 3.0 * m.layers * attention_flops_fwd(m, global_tokens, t.seq_len)
-    return 6.0 * n * global_tokens + attention * (CAUSAL_ATTENTION_FRACTION if causal else 1.0)
+    return 6.0 * n * global_tokens + attention * (causal_attention_fraction(m, t.seq_len) if causal else 1.0)
 
 
 def hardware_flops_per_step(m: ModelSpec, t: TrainingSpec, global_tokens: int, causal: bool = True) -> float:
@@ -165,18 +218,21 @@ def hardware_flops_per_step(m: ModelSpec, t: TrainingSpec, global_tokens: int, c
     base = model_flops_per_step(m, t, global_tokens, causal)
     if not t.activation_checkpointing:
         return base
-    attention = attention_flops_fwd(m, global_tokens, t.seq_len) * (CAUSAL_ATTENTION_FRACTION if causal else 1.0)
-    return base + m.layers * (2.0 * global_tokens * layer_params(m) + attention)
+    attention = attention_flops_fwd(m, global_tokens, t.seq_len) * (
+        causal_attention_fraction(m, t.seq_len) if causal else 1.0)
+    return base + m.layers * (2.0 * global_tokens * layer_active_params(m) + attention)
 
 
 def deepspeed_convention_flops_per_step(m: ModelSpec, t: TrainingSpec, global_tokens: int) -> float:
     """FLOPs as DeepSpeed's examples and the ZeRO-Offload paper count them: per sample
     2*c*P*s + 4*c*L*h*s^2 with c = 4 when activations are checkpointed, else 3; P = all parameters (embedding
     table included), full (not causal) attention. Used only to compare with numbers published that way.
+    An MoE model: its active parameters (the experts a token skips do no work in any convention).
     """
     c = 4.0 if t.activation_checkpointing else 3.0
     samples = global_tokens / t.seq_len
-    return samples * (2.0 * c * total_params(m) * t.seq_len + 4.0 * c * m.layers * m.hidden * t.seq_len**2)
+    p = total_params(m) if not m.is_moe else active_flop_params(m) + (0 if m.tied_embeddings else m.vocab * m.hidden)
+    return samples * (2.0 * c * p * t.seq_len + 4.0 * c * m.layers * m.q_dim * t.seq_len**2)
 
 
 def activation_bytes_per_token_layer(m: ModelSpec) -> float:
@@ -188,9 +244,12 @@ def activation_bytes_per_token_layer(m: ModelSpec) -> float:
     MLP gelu 3h + 4f / swiglu 3h + 6f, norms 4h.
     """
     h, f = m.hidden, m.ffn_dim
-    kv_dim = m.n_kv_heads * (h // m.heads)
-    attention = 7 * h + 4 * kv_dim
-    mlp = 3 * h + (4 * f if m.ffn_kind == "gelu" else 6 * f)
+    kv_dim = m.kv_dim
+    # 2h (QKV input) + 2q (Q) + 4kv (K, V) + 2q (projection input) + h (its dropout mask) = 7h + 4kv at q = h.
+    attention = 7 * h + 4 * kv_dim if m.head_dim is None else 3 * h + 4 * m.q_dim + 4 * kv_dim
+    mlp: float = 3 * h + (4 * f if m.ffn_kind == "gelu" else 6 * f)
+    if m.is_moe:  # routed token copies (sosim/hardware/moe.py)
+        mlp = moe.activation_bytes_per_token_mlp(m)
     return float(attention + mlp + 4 * h)
 
 

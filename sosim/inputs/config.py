@@ -45,6 +45,7 @@ from sosim.inputs.bounds import (
     curve_problem,
     field_problem,
 )
+from sosim.inputs.ds_versions import NEWEST, DeepSpeedVersion
 
 PosFloat = Annotated[float, Field(gt=0)]
 NonNegFloat = Annotated[float, Field(ge=0)]
@@ -54,7 +55,8 @@ UnitInterval = Annotated[float, Field(ge=0, le=1)]
 # A piecewise-linear curve: (x, y) points with strictly increasing x.
 Curve = list[tuple[float, float]]
 
-AdamImpl = Literal["torch", "cpu_adam", "grace_adam"]
+# cpu_adam_sve: DeepSpeedCPUAdam's SVE kernel (DeepSpeed PR 8365; sosim/schedules/ds_version.py).
+AdamImpl = Literal["torch", "cpu_adam", "cpu_adam_sve", "grace_adam"]
 # Sanity bounds of the inputs, and the check that numbers are numbers: sosim/inputs/bounds.py (docs/limits.md).
 BandwidthGBps = Annotated[float, Field(ge=MIN_GBPS, le=MAX_GBPS)]
 GpuCount = Annotated[int, Field(gt=0, le=MAX_GPUS)]
@@ -428,18 +430,88 @@ class ModelSpec(_Strict):
     ffn_kind: Literal["gelu", "swiglu"] = "gelu"
     vocab: PosInt = 50432
     tied_embeddings: bool = False
+    # Width of one attention head; None: hidden / heads. Qwen3, Gemma and GPT-OSS set it on its own, so the
+    # attention width heads x head_dim differs from hidden (q and o projections are hidden x heads*head_dim).
+    head_dim: PosInt | None = None
+    # RMSNorm scales on q and k per head (Qwen3's q_norm / k_norm): two more tensors of head_dim per layer.
+    qk_norm: bool = False
+    # --- mixture of experts (sosim/hardware/moe.py); all unset: a dense model ---------------------------------
+    experts: PosInt | None = None  # routed experts per MoE layer (num_experts / num_local_experts / n_routed_experts)
+    experts_per_token: PosInt | None = None  # top-k (num_experts_per_tok)
+    shared_experts: NonNegInt = 0  # experts every token runs (n_shared_experts; Qwen2-MoE's shared expert)
+    expert_ffn: PosInt | None = None  # one expert's SwiGLU width (moe_intermediate_size); None: ffn
+    shared_expert_ffn: PosInt | None = None  # one shared expert's width; None: expert_ffn
+    dense_layers: NonNegInt = 0  # layers with the dense ffn instead (first_k_dense_replace, mlp_only_layers)
+    # How tokens spread over the experts: 0 = uniform (tokens x top-k / experts each); s > 0: expert e gets a
+    # share proportional to (e+1)^-s (Zipf), capped at every token; a what-if knob, not read from configs.
+    routing_skew: NonNegFloat = 0.0
+    # How the framework runs the experts (Hugging Face transformers 5.x ``experts_implementation``):
+    # "grouped_mm" (its default: one grouped GEMM per projection) or "eager" (a Python loop over hit experts).
+    experts_impl: Literal["grouped_mm", "eager"] = "grouped_mm"
+    # How the experts' weights are held: "fused", two 3-D tensors per layer (transformers 5.x Qwen3MoeExperts);
+    # "per_expert", one module of three Linears per expert (transformers 4.x, most hand-written MoE layers): ZeRO-3
+    # hooks and fetches per expert module then.
+    expert_tensors: Literal["fused", "per_expert"] = "fused"
+    # The MoE block is a ZeRO-3 leaf module: DeepSpeed installs no hooks below it and fetches all its tensors at
+    # once (deepspeed/runtime/zero/leaf_module_config.py DEFAULT_LEAF_MODULE_CLASSES in 0.18 and 0.19: the
+    # Qwen3-MoE, Qwen2-MoE and Mixtral sparse blocks). Other MoE blocks are hooked module by module.
+    zero3_leaf_block: bool = False
+    # --- attention variants -----------------------------------------------------------------------------------
+    sliding_window: PosInt | None = None  # tokens a sliding-window layer attends to
+    sliding_layers: NonNegInt = 0  # how many layers use the window (layer_types "sliding_attention")
+    attention_sinks: bool = False  # GPT-OSS: one learned sink logit per head and layer
 
     @model_validator(mode="after")
     def _shapes(self) -> ModelSpec:
-        if self.hidden % self.heads:
+        if self.head_dim is None and self.hidden % self.heads:
             raise ValueError(f"heads ({self.heads}) must divide hidden ({self.hidden})")
         if self.kv_heads is not None and self.heads % self.kv_heads:
             raise ValueError(f"kv_heads ({self.kv_heads}) must divide heads ({self.heads})")
+        if (self.experts is None) != (self.experts_per_token is None):
+            raise ValueError("experts and experts_per_token go together (a mixture of experts needs both)")
+        if self.experts is None and (self.shared_experts or self.expert_ffn or self.dense_layers
+                                     or self.shared_expert_ffn):
+            raise ValueError("shared_experts, expert_ffn, shared_expert_ffn and dense_layers describe a mixture "
+                             "of experts: set experts and experts_per_token too")
+        if self.experts is not None and self.experts_per_token is not None:
+            if self.experts_per_token > self.experts:
+                raise ValueError(f"experts_per_token ({self.experts_per_token}) cannot exceed experts "
+                                 f"({self.experts})")
+            if self.ffn_kind != "swiglu":
+                raise ValueError("mixture-of-experts layers are modelled with SwiGLU experts (ffn_kind: swiglu)")
+            if self.dense_layers >= self.layers:
+                raise ValueError(f"dense_layers ({self.dense_layers}) must leave at least one MoE layer of "
+                                 f"{self.layers}")
+        if self.sliding_layers > self.layers:
+            raise ValueError(f"sliding_layers ({self.sliding_layers}) cannot exceed layers ({self.layers})")
+        if self.sliding_layers and self.sliding_window is None:
+            raise ValueError("sliding_layers needs sliding_window (the tokens those layers attend to)")
         return self
 
     @property
     def n_kv_heads(self) -> int:
         return self.kv_heads if self.kv_heads is not None else self.heads
+
+    @property
+    def attn_head_dim(self) -> int:
+        return self.head_dim if self.head_dim is not None else self.hidden // self.heads
+
+    @property
+    def q_dim(self) -> int:
+        """Attention width: heads x head_dim (= hidden unless head_dim says otherwise)."""
+        return self.heads * self.attn_head_dim if self.head_dim is not None else self.hidden
+
+    @property
+    def kv_dim(self) -> int:
+        return self.n_kv_heads * self.attn_head_dim
+
+    @property
+    def is_moe(self) -> bool:
+        return self.experts is not None
+
+    @property
+    def moe_layers(self) -> int:
+        return self.layers - self.dense_layers if self.is_moe else 0
 
     @property
     def ffn_dim(self) -> int:
@@ -448,6 +520,14 @@ class ModelSpec(_Strict):
         if self.ffn_kind == "gelu":
             return 4 * self.hidden
         return 256 * ((8 * self.hidden // 3 + 255) // 256)
+
+    @property
+    def expert_ffn_dim(self) -> int:
+        return self.expert_ffn if self.expert_ffn is not None else self.ffn_dim
+
+    @property
+    def shared_expert_ffn_dim(self) -> int:
+        return self.shared_expert_ffn if self.shared_expert_ffn is not None else self.expert_ffn_dim
 
 
 class TrainingSpec(_Strict):
@@ -507,6 +587,9 @@ class ScheduleKnobs(_Strict):
     """Base of every system's knobs (each system module defines its subclass with a ``system`` literal)."""
 
     system: str
+    # Which DeepSpeed release runs the system (sosim/inputs/ds_versions.py lists the modelled ones; what each
+    # does differently: sosim/schedules/ds_version.py). Ignored by the paper's schedules (implementation: ideal).
+    deepspeed_version: DeepSpeedVersion = NEWEST
 
 
 class OffloadKnobs(ScheduleKnobs):
@@ -597,6 +680,10 @@ class Scenario(_Strict):
                 f"schedule.cpu_adam: '{sched.cpu_adam}' has no timing in profile '{self.hardware.name}' "
                 f"(cpu.adam_s_by_gparams has: {known})"
             )
+        check = getattr(sched, "check_scenario", None)
+        problem = check(self) if callable(check) else None
+        if problem:
+            raise ValueError(problem)
         node = self.hardware.node
         if getattr(type(sched), "NEEDS_NVME", False) and (node is None or node.nvme is None):
             raise ValueError(

@@ -32,7 +32,7 @@ from pydantic import BaseModel, ValidationError
 
 from sosim.inputs.bounds import BOUND_REASONS, MAX_GBPS, MAX_GPUS, MIN_GBPS, FieldProblem
 from sosim.inputs.config import KNOBS_CONTEXT, HardwareProfile, Scenario
-from sosim.inputs.errors import ConfigError
+from sosim.inputs.errors import ConfigError, Problem, ProblemKind
 from sosim.inputs.resources import find_example, shipped_profiles_dir
 from sosim.inputs.safe_read import MAX_TABLE_BYTES, path_problem, shown_path
 from sosim.inputs.safe_read import exists as _exists
@@ -84,12 +84,24 @@ class Located:
     # Key paths set by --set: reported as the override, not as a line of the file.
     overridden: dict[KeyPath, str] = field(default_factory=dict)
 
+    def override_at(self, path: KeyPath) -> str | None:
+        """The ``--set`` text that set ``path`` or a section above it (None: the file's)."""
+        for i in range(len(path), -1, -1):
+            if path[:i] in self.overridden:
+                return self.overridden[path[:i]]
+        return None
+
+    def problem(self, path: KeyPath, message: str, kind: ProblemKind = "value") -> Problem:
+        """A problem at ``path``, located as :meth:`where`."""
+        text = self.override_at(path)
+        return Problem(self.where(path), dotted(path), message, kind, () if text is None else (text,))
+
     def where(self, path: KeyPath) -> str:
         """Best location for a key path: the override that set it (or a section above it), else the nearest
         line in the file."""
-        for i in range(len(path), -1, -1):
-            if path[:i] in self.overridden:
-                return f"--set {self.overridden[path[:i]]}"
+        text = self.override_at(path)
+        if text is not None:
+            return f"--set {text}"
         # Keys are indexed as YAML wrote them (text); a key YAML read as a number (grid: {1: ...}) is found
         # by its text too.
         as_text: dict[tuple[str, ...], tuple[str, int]] | None = None
@@ -105,24 +117,25 @@ class Located:
         return f"{self.origin}:1"
 
 
-    def blame(self, path: KeyPath, message: str) -> tuple[str, str]:
+    def blame(self, path: KeyPath, message: str) -> tuple[str, str, tuple[str, ...]]:
         """Where a problem found at ``path`` comes from, and a note to add to its message. As :meth:`where`,
         except that a problem a section (or the whole scenario) reports about a combination of values is put
         on the ``--set`` below it that the message names ('heads (7) must divide hidden' after
         --set model.heads=7); when the message names none of them, the file location stays and the note says
-        which overrides took part."""
+        which overrides took part. Third: the ``--set`` texts it is put on."""
+        text = self.override_at(path)
+        if text is not None:
+            return f"--set {text}", "", (text,)
         shown = self.where(path)
-        if shown.startswith("--set "):
-            return shown, ""
         below = [(p, t) for p, t in self.overridden.items() if len(p) > len(path) and p[: len(path)] == path]
         if not below:
-            return shown, ""
+            return shown, "", ()
         named = [t for p, t in below if _mentions(message, p)]
         # Else the ones in a section the message names ('cluster.gpus: ...' after --set cluster.gpus_per_node=3).
         named = named or [t for p, t in below if len(p) > 1 and f"{dotted(p[:-1])}." in message]
         if named:
-            return ", ".join(f"--set {t}" for t in named), ""
-        return shown, f" (with {', '.join(f'--set {t}' for _, t in below)})"
+            return ", ".join(f"--set {t}" for t in named), "", tuple(named)
+        return shown, f" (with {', '.join(f'--set {t}' for _, t in below)})", ()
 
 
 def _mentions(message: str, path: KeyPath) -> bool:
@@ -446,14 +459,15 @@ def parse_override(text: str) -> tuple[KeyPath, Any]:
         text.encode("utf-8")
     except UnicodeEncodeError:  # bytes from the command line that are not UTF-8 (kept as surrogates)
         shown = text.encode("utf-8", "backslashreplace").decode()
-        raise ConfigError([f"--set {shown}: not UTF-8 text"]) from None
+        raise ConfigError([Problem(f"--set {shown}", "", "not UTF-8 text", "override_syntax", (text,))]) from None
     shown = shown_override(text)
     if "=" not in text:
-        raise ConfigError([f"--set {shown}: expected key.path=value"])
+        raise ConfigError([Problem(f"--set {shown}", "", "expected key.path=value", "override_syntax", (text,))])
     key, _, raw = text.partition("=")
     parts = key.strip().split(".")
     if not key.strip() or any(not p.strip() for p in parts):
-        raise ConfigError([f"--set {shown}: empty key in '{shown_override(key)}'"])
+        raise ConfigError([Problem(f"--set {shown}", "", f"empty key in '{shown_override(key)}'", "empty_key",
+                                   (text,))])
     if len(parts) > MAX_YAML_DEPTH:  # a 5,000-part key recursed past Python's limit while it was set
         raise ConfigError([f"--set {shown}: a key of {len(parts):,} parts; no key sosim takes is nested more "
                            f"than {MAX_YAML_DEPTH} levels"])
@@ -475,7 +489,8 @@ def _set_path(data: dict[str, Any], path: KeyPath, value: Any, text: str) -> Non
         elif isinstance(node, list) and isinstance(key, int) and key < len(node):
             node = node[key]
         else:
-            raise ConfigError([f"--set {text}: '{dotted(path[: i + 1])}' is not a mapping"])
+            raise ConfigError([Problem(f"--set {text}", "", f"'{dotted(path[: i + 1])}' is not a mapping",
+                                       "not_a_mapping", (text,))])
     last = path[-1]
     if isinstance(node, dict):
         node[last] = value
@@ -483,18 +498,18 @@ def _set_path(data: dict[str, Any], path: KeyPath, value: Any, text: str) -> Non
     if isinstance(node, list) and isinstance(last, int) and last < len(node):
         node[last] = value
         return
-    raise ConfigError([f"--set {text}: cannot set '{dotted(path)}'"])
+    raise ConfigError([Problem(f"--set {text}", "", f"cannot set '{dotted(path)}'", "cannot_set", (text,))])
 
 
 # ---------------------------------------------------------------------------------------- validation
 
 
 def _format_validation(exc: ValidationError, loc: Located, prefix: KeyPath = (),
-                       skip: Iterable[KeyPath] = ()) -> list[str]:
+                       skip: Iterable[KeyPath] = ()) -> list[Problem]:
     """pydantic's errors as ``file:line: key: message``; errors at the paths in ``skip`` (already reported)
     are left out."""
     skipped = set(skip)
-    problems = []
+    problems: list[Problem] = []
     for err in exc.errors():
         # Drop the discriminator tag pydantic inserts for tagged unions (e.g. 'zero_offload').
         raw_path = tuple(p for p in err["loc"] if not (isinstance(p, str) and "[" in p))
@@ -507,15 +522,17 @@ def _format_validation(exc: ValidationError, loc: Located, prefix: KeyPath = (),
         if isinstance(cause, FieldProblem):  # a model-level check about one of its fields: point at that key
             path = (*path, *cause.path)
             msg = f"Value error, {cause.message}"
+        kind: ProblemKind = "value"
         if err["type"] == "extra_forbidden":
             msg = "unknown key (check the spelling; see docs/scenarios.md)"
+            kind = "unknown_key"
         elif msg.startswith("Value error, "):
             msg = msg[len("Value error, ") :]
         bounded = next((str(p) for p in reversed(path) if str(p) in _BOUNDED), None)  # a curve's point: its field
         if err["type"] in ("less_than_equal", "greater_than_equal", "less_than", "greater_than") and bounded:
             msg += f" ({_BOUNDED[bounded]}; docs/limits.md)"
-        where, note = loc.blame(path, msg)
-        problems.append(f"{where}: {dotted(path)}: {msg}{note}")
+        where, note, overrides = loc.blame(path, msg)
+        problems.append(Problem(where, dotted(path), f"{msg}{note}", kind, overrides))
     return problems
 
 
@@ -573,22 +590,25 @@ def _all_finite(value: Any) -> bool:
     return True
 
 
-def finite_problems(value: BaseModel, loc: Located, prefix: KeyPath = ()) -> list[str]:
+def finite_problems(value: BaseModel, loc: Located, prefix: KeyPath = ()) -> list[Problem]:
     """Every inf/NaN in a validated model (pydantic accepts them in float fields), with its location."""
-    return [f"{loc.where(p)}: {dotted(p)}: not a finite number ({v}); give a finite value"
-            for p, v in _non_finite(value, prefix)]
+    return [_not_finite(loc, p, v) for p, v in _non_finite(value, prefix)]
 
 
-def _work_problems(sc: Scenario, loc: Located) -> list[str]:
+def _not_finite(loc: Located, path: KeyPath, value: float) -> Problem:
+    return loc.problem(path, f"not a finite number ({value}); give a finite value")
+
+
+def _work_problems(sc: Scenario, loc: Located) -> list[Problem]:
     """Refuse a plan too large to simulate in reasonable time, naming the key that made it large."""
     layers, accum, its = sc.model.layers, sc.training.grad_accum, sc.training.iterations
     passes = layers * accum * its
     if passes <= MAX_LAYER_PASSES:
         return []
     path: KeyPath = ("model", "layers") if layers >= accum else ("training", "grad_accum")
-    return [f"{loc.where(path)}: {dotted(path)}: {layers:,} layers x {accum:,} micro-batches (grad_accum) x "
-            f"{its} iterations = {passes:,} layer passes to simulate, more than the {MAX_LAYER_PASSES:,} this "
-            "tool runs (about ten seconds); use fewer layers, micro-batches or iterations"]
+    return [loc.problem(path, f"{layers:,} layers x {accum:,} micro-batches (grad_accum) x {its} iterations = "
+                              f"{passes:,} layer passes to simulate, more than the {MAX_LAYER_PASSES:,} this tool runs "
+                              "(about ten seconds); use fewer layers, micro-batches or iterations")]
 
 
 # ------------------------------------------------------------------------------------------- loading
@@ -599,8 +619,7 @@ def load_profile(ref: str | Path, relative_to: Path | None = None, *, profile_di
     """Load a hardware profile by name (``--profiles`` folders, $SOSIM_PROFILES, then the shipped ones) or path."""
     located = _load_profile_located(str(ref), relative_to, user_dirs=profile_dirs, notes=notes)
     raw_bad = dict(_non_finite(located.data, ()))
-    nan_problems = [f"{located.where(p)}: {dotted(p)}: not a finite number ({v}); give a finite value"
-                    for p, v in raw_bad.items()]
+    nan_problems = [_not_finite(located, p, v) for p, v in raw_bad.items()]
     try:
         profile = HardwareProfile.model_validate(located.data)
     except ValidationError as exc:
@@ -867,11 +886,10 @@ def load_scenario(
 
 
 def _validate_scenario(data: Mapping[str, Any], located: Located,
-                       raw_bad: Mapping[tuple[Any, ...], Any]) -> tuple[Scenario, list[str]]:
+                       raw_bad: Mapping[tuple[Any, ...], Any]) -> tuple[Scenario, list[Problem]]:
     """The validated scenario and the non-finite numbers named as such (inf/NaN written as numbers are
     reported as not finite, not as a failed bound); a validation error is a ConfigError with both."""
-    nan_problems = [f"{located.where(p)}: {dotted(p)}: not a finite number ({v}); give a finite value"
-                    for p, v in raw_bad.items()]
+    nan_problems = [_not_finite(located, p, v) for p, v in raw_bad.items()]
     try:
         return with_baseline(Scenario.model_validate(data, context=VALIDATION_CONTEXT)), nan_problems
     except ValidationError as exc:

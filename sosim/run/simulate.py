@@ -5,7 +5,7 @@ from __future__ import annotations
 import gc
 from collections.abc import Callable
 
-from sosim.costs.analytic import AnalyticCostModel, CostModel
+from sosim.costs.analytic import AnalyticCostModel
 from sosim.costs.model import Costs
 from sosim.engine import fast as engine_fast
 from sosim.engine import simpy_engine
@@ -18,6 +18,7 @@ from sosim.hardware.memory import check_fit
 from sosim.hardware.model import tokens_per_gpu
 from sosim.inputs.config import Scenario
 from sosim.run.result import Result, compute_metrics
+from sosim.schedules import ds_version
 from sosim.schedules.registry import SYSTEMS
 
 # The engine's contract: a node plan and its contention in, every op's start and end (and stretch) out.
@@ -111,14 +112,14 @@ def simulate_with(sc: Scenario, costs: Costs | None, engine: str, runs: EngineRu
     usage = module.memory_usage(sc)
     # One rank's plan, expanded to the ranks of one node that share a host, with the node's shared resources
     # handed to the engine (sosim/engine/contention.py).
-    plan = module.build_plan(sc, costs)
-    node, contention, ranks = node_plan(sc, machine, plan)
+    plan = module.build_plan(sc, costs, machine)
+    node, contention, ranks = node_plan(machine, plan)
     run = ENGINES[engine](node, contention) if runs is None else runs.run(engine, node, contention)
     # Metrics, spans and trace are rank 0's view (its ops are every ranks-th op of the node plan).
     start, end = run.start_s[::ranks], run.end_s[::ranks]
     fit = check_fit(usage, sc.hardware, machine)
     metrics = compute_metrics(sc, plan, start, end, usage, fit)
-    prov = provenance(sc, costs, module.choices(sc))
+    prov = provenance(sc, costs, module.choices(sc, machine))
     prov["engine"] = engine
     prov.update({k: str(v) for k, v in machine.describe().items()})
     # The FLOP convention behind model_tflops / mfu (sosim/hardware/model.py): long-sequence anchors hinge on it.
@@ -127,7 +128,7 @@ def simulate_with(sc: Scenario, costs: Costs | None, engine: str, runs: EngineRu
     return Result(sc, metrics, plan, start, end, usage, prov)
 
 
-def provenance(sc: Scenario, costs: CostModel, choices: dict[str, str]) -> dict[str, str]:
+def provenance(sc: Scenario, costs: Costs, choices: dict[str, str]) -> dict[str, str]:
     """What produced a result: system, implementation, hardware profile, cost model and calibration table,
     then the cost model's own notes and the choices the system made for this scenario."""
     sched = sc.schedule
@@ -137,6 +138,7 @@ def provenance(sc: Scenario, costs: CostModel, choices: dict[str, str]) -> dict[
         "profile": sc.hardware.name,
         "calibration": "none",
     }
+    out.update(ds_version.describe(sc))  # which DeepSpeed release the system runs, and what that changes
     out.update(costs.provenance)
     out.update(choices)
     return out

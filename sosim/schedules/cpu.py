@@ -42,6 +42,9 @@ class CpuPlan:
     optimizer: Resource  # where CPU Adam runs
     optimizer_cores: float
     adam: AdamImpl = "cpu_adam"  # which CPU Adam implementation
+    # The share of the cores the optimizer worker was given (1: no split): the plan carries it to the engine's
+    # contention model, which divides a rank's threads between the two pools by it.
+    core_share: float = 1.0
 
     @property
     def shared(self) -> bool:
@@ -59,6 +62,6 @@ def split_cores(cores: int, adam_fraction: float, main_threads_follow_affinity: 
     main = int((1.0 - adam_fraction) * cores)
     if main == 0:
         # psutil cpu_affinity([]) = all CPUs: both processes on every core, time-sharing them.
-        return CpuPlan(CPU_MAIN, CPU_OPT, float(cores), CPU_OPT, float(cores), adam)
+        return CpuPlan(CPU_MAIN, CPU_OPT, float(cores), CPU_OPT, float(cores), adam, adam_fraction)
     bulk_cores = float(main) if main_threads_follow_affinity else float(cores)
-    return CpuPlan(CPU_MAIN, CPU_MAIN, bulk_cores, CPU_OPT, float(cores - main), adam)
+    return CpuPlan(CPU_MAIN, CPU_MAIN, bulk_cores, CPU_OPT, float(cores - main), adam, adam_fraction)

@@ -30,7 +30,7 @@ from sosim.engine.plan import COMPUTE, GPU, NET, SYNC, Category, Op, Phase, Plan
 from sosim.hardware.machine import zero_group
 
 if TYPE_CHECKING:
-    from sosim.costs.analytic import CostModel
+    from sosim.costs.model import Costs
     from sosim.inputs.config import Scenario
     from sosim.schedules.cpu import CpuPlan
     from sosim.schedules.layout import Group, Layout, Unit
@@ -41,7 +41,7 @@ class Ctx:
     """What the blocks share while one plan is built."""
 
     sc: Scenario
-    costs: CostModel
+    costs: Costs
     plan: Plan
     layout: Layout
     cpu: CpuPlan
@@ -244,7 +244,9 @@ def group_slot(group: int) -> int:
 
 def build(ctx: Ctx, r: Recipe) -> Plan:
     """Every iteration of ``ctx.sc`` through the blocks of ``r``: one iteration built as a template, repeated."""
-    return Plan.repeat(build_template(ctx, r), ctx.sc.training.iterations + r.warmup_iterations)
+    plan = Plan.repeat(build_template(ctx, r), ctx.sc.training.iterations + r.warmup_iterations)
+    plan.optimizer_core_share = r.cpu.core_share
+    return plan
 
 
 def build_template(ctx: Ctx, r: Recipe) -> Template:
@@ -322,7 +324,7 @@ class _Arrivals:
         self.step.on_done(ctx, group, arrival)
 
 
-def plan_for(sc: Scenario, costs: CostModel, recipe: Recipe) -> Plan:
+def plan_for(sc: Scenario, costs: Costs, recipe: Recipe) -> Plan:
     """The plan of ``sc`` built from ``recipe``'s blocks. ``costs`` remembers its own answers (the cost object,
     sosim/costs/model.py): iterations and groups of the same size ask it the same questions."""
     return build(Ctx(sc, costs, Plan(), recipe.layout, recipe.cpu), recipe)

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Literal
 
 from sosim.engine.plan import NET, Category, Phase, Plan
 from sosim.hardware import model as tm
-from sosim.hardware.machine import rank_threads
+from sosim.hardware.machine import Machine
 from sosim.hardware.memory import MemoryUsage
 from sosim.inputs.config import PosFloat, ScheduleKnobs
 from sosim.inputs.units import BF16_BYTES
@@ -21,7 +21,7 @@ from sosim.schedules.layout import Group, Unit
 from sosim.schedules.weights import Replicated
 
 if TYPE_CHECKING:
-    from sosim.costs.analytic import CostModel
+    from sosim.costs.model import Costs
     from sosim.inputs.config import Scenario
 
 # PyTorch DDP's default bucket_cap_mb.
@@ -87,16 +87,16 @@ def memory_usage(sc: Scenario) -> MemoryUsage:
     return MemoryUsage(gpu_bytes=gpu, cpu_bytes={})
 
 
-def recipe(sc: Scenario, costs: CostModel) -> Recipe:
+def recipe(sc: Scenario, costs: Costs, machine: Machine) -> Recipe:
     units = layout.build_units(sc, costs)
     tensors = layout.build_tensors(sc.model, units)
     flushes = layout.make_flushes(tensors, layout.bucket_elements_from_mb(DDP_BUCKET_MB), "fill")
     whole = layout.one_group(tensors, on_gpu=True)
     reduce = AllReduce()
     return Recipe(layout=layout.make_layout(units, tensors, flushes, whole),
-                  cpu=cpu.one_process(rank_threads(sc), "cpu_adam"), weights=Replicated(),
+                  cpu=cpu.one_process(machine.threads_per_rank, "cpu_adam"), weights=Replicated(),
                   grads=reduce, step=GpuAdamStep(reduce))
 
 
-def build_plan(sc: Scenario, costs: CostModel) -> Plan:
-    return plan_for(sc, costs, recipe(sc, costs))
+def build_plan(sc: Scenario, costs: Costs, machine: Machine) -> Plan:
+    return plan_for(sc, costs, recipe(sc, costs, machine))

@@ -85,7 +85,7 @@ def emit(sc: Scenario, base: Mapping[str, Any], out: Emitted) -> None:
         stage = stages[0]
     else:
         stage = 0
-        out.note(f"schedule.state_bytes_per_param: {state:g} B/param matches no ZeRO stage 0-2 on {dp} "
+        out.note("schedule.state_bytes_per_param", f"{state:g} B/param matches no ZeRO stage 0-2 on {dp} "
                  "data-parallel ranks (0: 16, 1: 4+12/dp, 2: 2+14/dp; stage 3 is the zero3 system); written as "
                  "stage 0")
     out[(*ZERO, "stage")] = stage

@@ -177,6 +177,9 @@ class Stage3Gradients(_PerFlush):
     overlap_comm: bool
     pinned: bool
     superoffload: bool
+    # DeepSpeed 0.18.0-0.19.4 (before PR 8207): ``fp32_grad_tensor.copy_(...)`` without non_blocking, so the
+    # host waits for every flush's fp32 copy (sosim/schedules/ds_version.py zero3_blocking_grad_copy).
+    blocking_fp32_copy: bool = False
     max_in_flight: int = 2
     _stream: Stream = field(default_factory=Stream)
     _flush_ends: list[int] = field(default_factory=list)
@@ -230,7 +233,7 @@ class Stage3Gradients(_PerFlush):
         if not ctx.boundary:
             return
         arrival = last
-        if self.superoffload:
+        if self.superoffload or self.blocking_fp32_copy:
             arrival = ctx.host_op(f"grad_sync:f{n}", 0.0, [last], G)
         for g in ctx.layout.groups_done_by(n):
             done(ctx, g, arrival)

@@ -26,7 +26,7 @@ from sosim.hardware import model as tm
 from sosim.inputs.units import BF16_BYTES, MB
 
 if TYPE_CHECKING:
-    from sosim.costs.analytic import CostModel
+    from sosim.costs.model import Costs
     from sosim.inputs.config import ModelSpec, Scenario
 
 FlushRule = Literal["fill", "overflow"]
@@ -117,7 +117,7 @@ def ulysses_all_to_all_bytes(sc: Scenario) -> float:
     return 4.0 * tm.tokens_per_gpu(sc) * sc.model.hidden * BF16_BYTES * (sp - 1) / sp
 
 
-def ulysses_all_to_all_s(sc: Scenario, costs: CostModel) -> float:
+def ulysses_all_to_all_s(sc: Scenario, costs: Costs) -> float:
     """DeepSpeed-Ulysses: per layer and pass, all-to-all of q, k, v before attention and of the output after.
 
     Each rank exchanges 4 * (N/P) * h elements (bf16) per pass, N = sequence tokens of the micro-batch;
@@ -130,7 +130,7 @@ def ulysses_all_to_all_s(sc: Scenario, costs: CostModel) -> float:
     return costs.collective_s("all_to_all", n_bytes, sp)  # each rank's buffer; (P-1)/P of it leaves the GPU
 
 
-def build_units(sc: Scenario, costs: CostModel) -> list[Unit]:
+def build_units(sc: Scenario, costs: Costs) -> list[Unit]:
     m = sc.model
     emb, head, layer_p, layer_fwd_flops, layer_bwd_flops, head_flops = _unit_counts(
         m, tm.tokens_per_gpu(sc), sc.training.seq_len, sc.training.activation_checkpointing)

@@ -35,14 +35,15 @@ def pin(m: DsReader, v: ZeroView, sec: Mapping[str, Any], section: str) -> bool:
         return bool(m.boolean(path))
     if "cpu_offload_use_pin_memory" in v.zero:
         return bool(m.boolean((*ZERO, "cpu_offload_use_pin_memory")))
-    return True
+    return v.default_pin
 
 
 def read_pin(m: DsReader, v: ZeroView, sched: dict[str, Any], *, with_params: bool) -> bool:
     """pin_memory: one knob in sosim. A system that also moves parameters: pageable if either side is."""
     opt_pin = pin(m, v, v.opt, "offload_optimizer")
     pin_value = opt_pin
-    reason = "" if "pin_memory" in v.opt else "DeepSpeed default (pinned)"
+    reason = "" if "pin_memory" in v.opt else ("DeepSpeed default (pinned; from 0.19.5, PR 8207)" if v.default_pin
+                                               else "DeepSpeed default before 0.19.5 (pageable; PR 8207)")
     if with_params:
         param_pin = pin(m, v, v.param, "offload_param")
         pin_value = opt_pin and param_pin
@@ -286,7 +287,7 @@ def emit_common(sc: Scenario, base: Mapping[str, Any], out: Emitted, *, stage: i
     k = sc.schedule.model_dump()
     del base
     if k["implementation"] == "ideal":
-        out.note("schedule.implementation: ideal is the paper's schedule; DeepSpeed runs its own code path "
+        out.note("schedule.implementation", "ideal is the paper's schedule; DeepSpeed runs its own code path "
                  "(predict it with --set schedule.implementation=deepspeed)")
     out[(*ZERO, "stage")] = stage
     out[(*OPT, "device")] = "cpu"
@@ -307,10 +308,10 @@ def emit_cpu_adam_notes(sc: Scenario, out: Emitted) -> None:
     k = sc.schedule.model_dump()
     cores = k["cpu_adam_core_fraction"]
     if cores != 1.0:
-        out.note(f"schedule.cpu_adam_core_fraction: {cores:g}: DeepSpeedCPUAdam uses all the process's "
+        out.note("schedule.cpu_adam_core_fraction", f"{cores:g}: DeepSpeedCPUAdam uses all the process's "
                  "cores outside super_offload (limit them with OMP_NUM_THREADS / taskset instead)")
     if k["cpu_adam"] == "grace_adam":
-        out.note("schedule.cpu_adam: grace_adam is not in DeepSpeed 0.19; DeepSpeed runs DeepSpeedCPUAdam")
+        out.note("schedule.cpu_adam", "grace_adam is not in DeepSpeed 0.19; DeepSpeed runs DeepSpeedCPUAdam")
 
 
 def emit_optimizer(sc: Scenario, base: Mapping[str, Any], out: Emitted, *, torch_adam_allowed: bool = True) -> None:
@@ -320,7 +321,7 @@ def emit_optimizer(sc: Scenario, base: Mapping[str, Any], out: Emitted, *, torch
     if base_opt is None or str(base_opt.get("type", "")).lower() not in ADAM_TYPES:
         out[("optimizer",)] = {"type": "AdamW"}
         if base_opt is not None:
-            out.note(f"optimizer.type: {base_opt.get('type')!r} replaced by AdamW (sosim times Adam)")
+            out.note("optimizer.type", f"{base_opt.get('type')!r} replaced by AdamW (sosim times Adam)")
     torch_adam = k["cpu_adam"] == "torch" and torch_adam_allowed
     out[("optimizer", "params", "torch_adam")] = True if torch_adam else DELETE
 

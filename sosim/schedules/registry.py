@@ -1,8 +1,8 @@
 """The systems sosim knows: one line each.
 
 A system is everything sosim knows about it, carried in its :class:`System` entry: its knobs model (with a
-``system`` literal), ``build_plan(scenario, costs) -> Plan``, ``memory_usage(scenario) -> MemoryUsage``,
-optionally ``choices(scenario) -> dict[str, str]`` (what it decided, for the result's provenance) and
+``system`` literal), ``build_plan(scenario, costs, machine) -> Plan``, ``memory_usage(scenario) -> MemoryUsage``,
+optionally ``choices(scenario, machine) -> dict[str, str]`` (what it decided, for the result's provenance) and
 ``PRESETS`` (implementation -> recipe), its DeepSpeed form (``DEEPSPEED``: how it reads from and writes to a
 DeepSpeed config, sosim/schedules/system_api.py; None for a system DeepSpeed cannot run) and its tuning space
 (``TUNE_SPACE``: the knobs ``sosim tune`` moves). sosim.formats.dsconfig and sosim.answers.tune_space ask this
@@ -22,8 +22,10 @@ from typing import TYPE_CHECKING, Annotated, Any, NamedTuple, Union
 from pydantic import Field, TypeAdapter
 
 from sosim.schedules import (
+    fsdp2_offload,
     gpu_only,
     gpu_only_ds,
+    megatron_offload,
     superoffload,
     superoffload_ds,
     zero3,
@@ -39,8 +41,9 @@ from sosim.schedules import (
 )
 
 if TYPE_CHECKING:
-    from sosim.costs.analytic import CostModel
+    from sosim.costs.model import Costs
     from sosim.engine.plan import Plan
+    from sosim.hardware.machine import Machine
     from sosim.hardware.memory import MemoryUsage
     from sosim.inputs.config import Scenario, ScheduleKnobs
     from sosim.schedules.system_api import DeepSpeedForm
@@ -49,17 +52,19 @@ if TYPE_CHECKING:
 
 class System(NamedTuple):
     knobs: type[ScheduleKnobs]
-    build_plan: Callable[[Scenario, CostModel], Plan]
+    # The Machine (sosim/hardware/machine.py) is resolved once per simulation by the caller and handed in: a
+    # system reads its threads per rank, nodes and volumes there and never rebuilds it from the scenario.
+    build_plan: Callable[[Scenario, Costs, Machine], Plan]
     memory_usage: Callable[[Scenario], MemoryUsage]
-    choices: Callable[[Scenario], dict[str, str]]
+    choices: Callable[[Scenario, Machine], dict[str, str]]
     deepspeed: DeepSpeedForm | None = None
     tune_space: tuple[Knob, ...] = ()
     # Implementation -> recipe builder (``PRESETS``); empty for a system with one plan (gpu_only, zero3).
     presets: Mapping[str, Callable[..., Any]] = MappingProxyType({})
 
 
-def _no_choices(sc: Scenario) -> dict[str, str]:
-    del sc
+def _no_choices(sc: Scenario, machine: Machine) -> dict[str, str]:
+    del sc, machine
     return {}
 
 
@@ -82,6 +87,8 @@ _REGISTERED: dict[str, System] = {
     "zero_infinity_nvme": system_of(zero_infinity_nvme, zero_infinity_nvme.ZeroInfinityNvmeKnobs,
                                     zero_infinity_nvme_ds),
     "zero3": system_of(zero3, zero3.Zero3Knobs, zero3_ds),
+    "fsdp2_offload": system_of(fsdp2_offload, fsdp2_offload.Fsdp2OffloadKnobs),
+    "megatron_offload": system_of(megatron_offload, megatron_offload.MegatronOffloadKnobs),
 }
 # A read-only view (tests add a toy system to the dict underneath, with monkeypatch.setitem).
 SYSTEMS: MappingProxyType[str, System] = MappingProxyType(_REGISTERED)

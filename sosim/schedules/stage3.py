@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from sosim.costs.analytic import parameter_tensors_per_layer
+from sosim.costs.analytic import hooked_modules_per_layer
 from sosim.engine.plan import Category, Phase
 from sosim.hardware import model as tm
 from sosim.hardware.machine import zero_group
@@ -16,7 +16,7 @@ from sosim.inputs.units import BF16_BYTES, FP32_BYTES
 from sosim.schedules import layout
 
 if TYPE_CHECKING:
-    from sosim.costs.analytic import CostModel
+    from sosim.costs.model import Costs
     from sosim.inputs.config import Scenario
     from sosim.schedules.driver import Ctx
     from sosim.schedules.layout import Unit
@@ -29,7 +29,7 @@ OPT_STATE_BYTES = 16.0
 DEEPSPEED_CPU_STATE_BYTES = 18.0
 
 
-def deepspeed_layout(sc: Scenario, costs: CostModel, sub_group_elements: float, bucket_mb: float,
+def deepspeed_layout(sc: Scenario, costs: Costs, sub_group_elements: float, bucket_mb: float,
                      ratio: float) -> layout.Layout:
     """Reduce buckets flushed on overflow, sub-groups of ``sub_group_size`` partition elements in registration
     order, the first int((1 - ratio) * n) sub-groups updated on the GPU."""
@@ -47,13 +47,14 @@ class InterleavedHooks:
 
     ``DeepSpeedZeRoOffload._register_deepspeed_module`` (parameter_offload.py) hooks every submodule (q_proj,
     k_proj, ..., down_proj, the norms), so a decoder layer's host work is a sequence of (hook, kernels) pieces,
-    one per parameter tensor, and the GPU starts the layer as soon as the first piece is issued. Where the host
+    one per parameter-holding submodule (its cost follows modules, not tensors: STAGE3_HOOK_S_PER_MODULE), and
+    the GPU starts the layer as soon as the first piece is issued. Where the host
     thread has just waited for the stream (SuperOffload's per-flush sync in ``partition_grads``, ZeRO-3's
     ``param_reduce_events`` back-pressure), the GPU's queue is empty and it waits for that first piece only;
     the rest of the layer's hooks run while the GPU computes what was issued. The GPU still cannot finish the
     layer before the host has issued it: when the hooks are longer than the layer's GPU pass, the GPU waits for
     the difference. So each layer's hook time is split into a lead (the part the layer's compute waits for:
-    one tensor's share, or the host's excess over the GPU pass if larger) and a remainder the host thread runs
+    one module's share, or the host's excess over the GPU pass if larger) and a remainder the host thread runs
     alongside the compute. (sosim.schedules.weights.Stage3Hooks, which this replaces for DeepSpeed's stage-3
     systems, made the layer's compute wait for all of its hooks: after a sync the whole block was GPU idle.)
     """
@@ -62,14 +63,14 @@ class InterleavedHooks:
     bwd_s: float
     fwd_gpu_s: float  # the layer's GPU pass the hooks interleave with (forward; backward incl. recompute)
     bwd_gpu_s: float
-    tensors: int  # pieces per layer: the layer's parameter tensors (one hooked submodule each)
+    modules: int  # pieces per layer: the layer's parameter-holding submodules (each hooked, fetched, released)
 
     def around(self, ctx: Ctx, u: Unit, phase: Phase) -> None:
         if not u.is_layer:
             return
         forward = phase is Phase.FORWARD
         hook_s, gpu_s = (self.fwd_s, self.fwd_gpu_s) if forward else (self.bwd_s, self.bwd_gpu_s)
-        lead_s = max(hook_s / self.tensors, hook_s - gpu_s)
+        lead_s = max(hook_s / self.modules, hook_s - gpu_s)
         tag = "fwd" if forward else "bwd"
         lead = ctx.add(ctx.cpu.host, f"stage3_hooks_{tag}:{u.name}", lead_s, [ctx.host_issue], phase, Category.HOOK,
                        u.index, 0.0, 0.0, -1)
@@ -80,14 +81,14 @@ class InterleavedHooks:
         ctx.host_issue = lead
 
 
-def deepspeed_hooks(sc: Scenario, costs: CostModel) -> InterleavedHooks:
+def deepspeed_hooks(sc: Scenario, costs: Costs) -> InterleavedHooks:
     """Per-layer host-side hook cost, forward and backward; a checkpointed layer's recompute in backward runs
     the forward hooks again."""
     tokens = tm.tokens_per_gpu(sc)
     fwd = costs.stage3_hook_s(tokens, False)
     bwd = costs.stage3_hook_s(tokens, True) + (fwd if sc.training.activation_checkpointing else 0.0)
     return InterleavedHooks(fwd, bwd, costs.layer_fwd_s(), costs.layer_bwd_s(),
-                            parameter_tensors_per_layer(sc.model))
+                            hooked_modules_per_layer(sc.model))
 
 
 def footprint(sc: Scenario, *, weight_flow: bool, offload_checkpoints: bool, gpu_fraction: float,

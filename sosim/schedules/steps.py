@@ -239,6 +239,9 @@ class Stage2Step:
     copies it to the GPU (2 B/param), after the whole update."""
 
     refresh: Refresh
+    # DeepSpeed 0.18.0-0.19.5: unscale_and_clip_grads has no early return, the pass always runs
+    # (sosim/schedules/ds_version.py zero2_unscale_always).
+    unscale_always: bool = False
 
     def on_done(self, ctx: Ctx, group: Group, arrival: int) -> None:
         del ctx, group, arrival
@@ -250,7 +253,7 @@ class Stage2Step:
         gate = list(arrivals.values())
         # 0.19.8 ``unscale_and_clip_grads`` returns at once when clip_grad == 0 and loss_scale == 1 (bf16); the
         # runs' timer inside step() reads 2.5 us (calibration/nvidia-h200-2026-11-30, ZeRO-2 runs).
-        if t.gradient_clipping > 0 or t.precision == "fp16":
+        if self.unscale_always or t.gradient_clipping > 0 or t.precision == "fp16":
             gate = [ctx.add(ctx.cpu.bulk, "unscale_clip", 2.0 * ctx.costs.cpu_norm_s(p), gate, phase=OPT,
                             category=Category.OPTIMIZER, n_bytes=8.0 * p)]
         adams = [cpu_adam(ctx, g, gate) for g in ctx.layout.groups]

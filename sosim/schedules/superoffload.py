@@ -1,6 +1,8 @@
 """SuperOffload (Lian et al., ASPLOS'26): DeepSpeed's implementation (default) and the paper's schedule.
 
-``implementation: deepspeed`` (DeepSpeed 0.19.8, ``runtime/superoffload/superoffload_stage3.py`` and
+``implementation: deepspeed`` at ``deepspeed_version`` 0.18.0-0.18.8 is the code as released (PR 7559):
+sosim/schedules/superoffload_release.py. From 0.18.9 (PR 7906; read in 0.19.8,
+``runtime/superoffload/superoffload_stage3.py`` and
 ``superoffload_utils.py``): a ZeRO-3 path (per-layer hooks; weights in HBM, or streamed from host memory
 with ``weight_placement: flow`` = ``offload_param: cpu``) whose CPU Adam runs in a worker process on
 ``cpu_adam_core_fraction`` of the cores (``cpuadam_cores_perc``). Gradients flush per reduce bucket (bf16
@@ -25,18 +27,19 @@ from pydantic import BaseModel, model_validator
 
 from sosim.engine.plan import Plan
 from sosim.hardware import model as tm
-from sosim.hardware.machine import rank_threads
+from sosim.hardware.machine import Machine
 from sosim.hardware.memory import MemoryUsage, check_fit
 from sosim.inputs.config import AdamImpl, Fraction, OffloadKnobs, PosFloat, UnitInterval
+from sosim.inputs.errors import SosimError
 from sosim.inputs.units import BF16_BYTES, FP32_BYTES
-from sosim.schedules import cpu, layout, stage3
+from sosim.schedules import cpu, ds_version, layout, stage3, superoffload_release
 from sosim.schedules.driver import ActivationsOnGpu, Recipe, plan_for
 from sosim.schedules.gradients import HostGradients, Stage3Gradients
 from sosim.schedules.steps import AfterBackward, BlockingCopy, CastAndCopy, HostCopyOnly, Speculative, Stage3Step
 from sosim.schedules.weights import CheckpointsOnHost, HostStreamed, Partitioned
 
 if TYPE_CHECKING:
-    from sosim.costs.analytic import CostModel
+    from sosim.costs.model import Costs
     from sosim.inputs.config import Scenario
 
 
@@ -84,8 +87,9 @@ class SuperOffloadKnobs(OffloadKnobs):
             raise ValueError("cast: DeepSpeed casts the refreshed parameters on the CPU (copy_ of the fp32 "
                              "master into the bf16 weights); cast: gpu needs implementation: ideal")
         if not self.speculation:
-            raise ValueError("speculation: DeepSpeed decides it (Adam during backward exactly when "
-                             "gradient_clipping is 0); speculation: false needs implementation: ideal")
+            raise ValueError("speculation: DeepSpeed decides it (Adam during backward: always in 0.18.0-0.18.8, "
+                             "exactly when gradient_clipping is 0 from 0.18.9); speculation: false needs "
+                             "implementation: ideal")
         return self
 
 
@@ -100,7 +104,9 @@ def _memory(sc: Scenario, s: SuperOffloadKnobs, flow: bool) -> MemoryUsage:
             sc, weight_flow=flow, offload_checkpoints=False,
             gpu_fraction=stage3.deepspeed_gpu_fraction(sc, s.sub_group_elements, 1.0 - s.gpu_optimizer_fraction),
             cpu_state_bytes=stage3.DEEPSPEED_CPU_STATE_BYTES,
-            gpu_buffer_bytes=stage3.deepspeed_gpu_buffers(sc, s.bucket_mb))
+            gpu_buffer_bytes=(superoffload_release.release_gpu_buffers(sc, s.bucket_mb, s.sub_group_elements)
+                              if ds_version.behaviour(sc).superoffload_release_path
+                              else stage3.deepspeed_gpu_buffers(sc, s.bucket_mb)))
         # The worker's fp32 gradient scratch buffer, as large as the largest sub-group (superoffload_utils.py).
         usage.cpu_bytes["worker_grad_buffer"] = FP32_BYTES * min(s.sub_group_elements, tm.total_params(sc.model))
         return usage
@@ -124,23 +130,34 @@ def memory_usage(sc: Scenario) -> MemoryUsage:
     return _memory(sc, s, placement(sc, s)[0])
 
 
-def choices(sc: Scenario) -> dict[str, str]:
+def choices(sc: Scenario, machine: Machine) -> dict[str, str]:
     s = _knobs(sc)
     flow, reason = placement(sc, s)
     clip = sc.training.gradient_clipping > 0
-    spec = (not clip) if s.implementation == "deepspeed" else s.speculation
+    release = s.implementation == "deepspeed" and ds_version.behaviour(sc).superoffload_release_path
+    # 0.18.0-0.18.8 speculate whatever the clipping; from PR 7906 (0.18.9) only without it.
+    spec = True if release else (not clip) if s.implementation == "deepspeed" else s.speculation
     return {"weight_placement": "flow" if flow else "stationary", "placement_reason": reason,
             "speculation_active": str(spec)}
 
 
-def deepspeed(sc: Scenario, costs: CostModel, s: SuperOffloadKnobs) -> Recipe:
+def deepspeed(sc: Scenario, costs: Costs, s: SuperOffloadKnobs, machine: Machine) -> Recipe:
+    adam = ds_version.adam_impl(sc, s.cpu_adam)
+    if ds_version.behaviour(sc).superoffload_release_path:
+        # DeepSpeed 0.18.0-0.18.8: the release-era code (sosim/schedules/superoffload_release.py).
+        if placement(sc, s)[0]:
+            raise SosimError(f"schedule.deepspeed_version {sc.schedule.deepspeed_version}: SuperOffload with "
+                             "offload_param (weight_placement: flow) is modelled only from 0.18.9 on")
+        return superoffload_release.recipe(
+            sc, costs, machine, sub_group_elements=s.sub_group_elements, ratio=1.0 - s.gpu_optimizer_fraction,
+            core_fraction=s.cpu_adam_core_fraction, overlap_comm=s.overlap_comm, pinned=s.pin_memory, adam=adam)
     # weight_placement flow = DeepSpeed's offload_param: cpu: weights streamed per layer by the stage-3 prefetcher,
     # the refresh rewrites the host bf16 partition (a CPU cast) instead of copying to the GPU.
     flow, _ = placement(sc, s)
     refresh = HostCopyOnly(cast=True) if flow else BlockingCopy("superoffload")
     return Recipe(
         layout=stage3.deepspeed_layout(sc, costs, s.sub_group_elements, s.bucket_mb, 1.0 - s.gpu_optimizer_fraction),
-        cpu=cpu.split_cores(rank_threads(sc), s.cpu_adam_core_fraction, False, s.cpu_adam),
+        cpu=cpu.split_cores(machine.threads_per_rank, s.cpu_adam_core_fraction, False, adam),
         weights=HostStreamed(1, BF16_BYTES) if flow else Partitioned(),
         hooks=stage3.deepspeed_hooks(sc, costs),
         grads=Stage3Gradients(overlap_comm=s.overlap_comm, pinned=s.pin_memory, superoffload=True),
@@ -148,7 +165,7 @@ def deepspeed(sc: Scenario, costs: CostModel, s: SuperOffloadKnobs) -> Recipe:
     )
 
 
-def ideal(sc: Scenario, costs: CostModel, s: SuperOffloadKnobs) -> Recipe:
+def ideal(sc: Scenario, costs: Costs, s: SuperOffloadKnobs, machine: Machine) -> Recipe:
     flow, _ = placement(sc, s)
     gpu_cast = s.cast == "gpu"
     units = layout.build_units(sc, costs)
@@ -165,7 +182,7 @@ def ideal(sc: Scenario, costs: CostModel, s: SuperOffloadKnobs) -> Recipe:
             else AfterBackward(refresh, norm=t.gradient_clipping > 0 or t.precision == "fp16", wait_for_all=True))
     return Recipe(
         layout=layout.make_layout(units, tensors, flushes, groups),
-        cpu=cpu.split_cores(rank_threads(sc), s.cpu_adam_core_fraction, True, s.cpu_adam),
+        cpu=cpu.split_cores(machine.threads_per_rank, s.cpu_adam_core_fraction, True, s.cpu_adam),
         weights=HostStreamed(1, refresh_bytes) if flow else Partitioned(),
         activations=CheckpointsOnHost() if flow else ActivationsOnGpu(),
         grads=HostGradients(fp32_on_gpu=gpu_cast, overlap_comm=s.overlap_comm),
@@ -176,6 +193,6 @@ def ideal(sc: Scenario, costs: CostModel, s: SuperOffloadKnobs) -> Recipe:
 PRESETS = {"deepspeed": deepspeed, "ideal": ideal}
 
 
-def build_plan(sc: Scenario, costs: CostModel) -> Plan:
+def build_plan(sc: Scenario, costs: Costs, machine: Machine) -> Plan:
     s = _knobs(sc)
-    return plan_for(sc, costs, PRESETS[s.implementation](sc, costs, s))
+    return plan_for(sc, costs, PRESETS[s.implementation](sc, costs, s, machine))

@@ -112,15 +112,15 @@ def _paper_notes(sc: Scenario, out: Emitted) -> None:
     k = sc.schedule.model_dump()
     if k["implementation"] == "ideal":
         if k["cast"] == "gpu":
-            out.note("schedule.cast: gpu (fp32 over the link, cast on the GPU) is the paper's; DeepSpeed casts on "
+            out.note("schedule.cast", "gpu (fp32 over the link, cast on the GPU) is the paper's; DeepSpeed casts on "
                      "the CPU")
-        out.note(f"schedule.bucket_mb: {k['bucket_mb']:g} MB transfer buckets are the paper's; DeepSpeed's "
+        out.note("schedule.bucket_mb", f"{k['bucket_mb']:g} MB transfer buckets are the paper's; DeepSpeed's "
                  "SuperOffload moves gradients per sub-group (sub_group_size)")
     if not k["speculation"] and sc.training.gradient_clipping == 0:
-        out.note("schedule.speculation: false has no DeepSpeed switch (its SuperOffload speculates whenever "
+        out.note("schedule.speculation", "false has no DeepSpeed switch (its SuperOffload speculates whenever "
                  "gradient_clipping is 0)")
     if k["cpu_adam"] != "cpu_adam":
-        out.note(f"schedule.cpu_adam: {k['cpu_adam']}: DeepSpeed's SuperOffload worker always runs DeepSpeedCPUAdam")
+        out.note("schedule.cpu_adam", f"{k['cpu_adam']}: DeepSpeed's SuperOffload worker always runs DeepSpeedCPUAdam")
 
 
 def emit(sc: Scenario, base: Mapping[str, Any], out: Emitted) -> None:

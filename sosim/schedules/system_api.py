@@ -75,6 +75,9 @@ class ZeroView:
     is_super: bool  # offload_optimizer.super_offload
     dp: int  # data-parallel ranks
     model: Mapping[str, Any]  # the scenario's model section
+    # offload_*.pin_memory when a config leaves it out: False before PR 8207 (0.19.5), True from it
+    # (sosim/schedules/ds_version.py default_pin_memory).
+    default_pin: bool = True
 
     def key(self, *names: str) -> tuple[KeyPath, Any]:
         """The first of ``names`` present in the ZeRO section (aliases), and its value (MISSING: absent)."""
@@ -84,18 +87,31 @@ class ZeroView:
         return (*ZERO, names[0]), MISSING
 
 
+@dataclass(frozen=True)
+class Unsaid:
+    """A setting of the scenario that a DeepSpeed config cannot express: its ``key`` (a scenario key path, or a
+    DeepSpeed one) and why, or what the run needs instead (``reason``). Printed as ``key: reason``."""
+
+    key: str
+    reason: str
+
+    def __str__(self) -> str:
+        return f"{self.key}: {self.reason}"
+
+
 @dataclass
 class Emitted:
     """What an emitter decides: DeepSpeed key path -> value (or DELETE), and what it cannot express."""
 
     settings: dict[KeyPath, Any] = field(default_factory=dict)
-    notes: list[str] = field(default_factory=list)
+    notes: list[Unsaid] = field(default_factory=list)
 
     def __setitem__(self, path: KeyPath, value: Any) -> None:
         self.settings[path] = value
 
-    def note(self, text: str) -> None:
-        self.notes.append(text)
+    def note(self, key: str, reason: str) -> None:
+        """``key`` cannot be said in the config: ``reason``."""
+        self.notes.append(Unsaid(key, reason))
 
 
 @dataclass(frozen=True)

@@ -88,3 +88,14 @@ BUCKET = Knob(
 OVERLAP = Knob("schedule.overlap_comm", "overlap", "overlap_comm", (True, False), fmt=fmt_onoff)
 PREFETCH = Knob("schedule.prefetch_layers", "prefetch", "layers of parameters prefetched", (0, 1, 2, 4),
                 refine="linear", bounds=(0, 16), integer=True, memory=True)
+
+
+def fmt_threads(v: Any) -> str:
+    return "launcher default" if v is None else str(v)
+
+
+# OMP_NUM_THREADS per rank for the systems whose CPU Adam runs on torch's intra-op threads (FSDP2, Megatron):
+# torchrun's default with several processes per node is 1 (torch/distributed/run.py); prime-rl PR 3248 raises
+# it to the rank's share of the cores. Searched only with several ranks (one rank keeps torch's default).
+OMP_THREADS = Knob("cluster.cpu_threads_per_rank", "omp", "OMP_NUM_THREADS per rank", (None, 2, 4, 8, 16, 32),
+                   min_dp=2, fmt=fmt_threads)

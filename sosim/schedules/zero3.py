@@ -40,7 +40,7 @@ from pydantic import BaseModel, Field
 
 from sosim.engine.plan import GPU_CAST, NET, Category, Phase, Plan
 from sosim.hardware import model as tm
-from sosim.hardware.machine import Machine, rank_threads, zero_group
+from sosim.hardware.machine import Machine, zero_group
 from sosim.hardware.memory import MemoryUsage
 from sosim.inputs.config import PosFloat, ScheduleKnobs
 from sosim.inputs.units import BF16_BYTES, FP32_BYTES
@@ -50,7 +50,8 @@ from sosim.schedules.layout import Flush, Group, Unit
 from sosim.schedules.steps import gpu_adam
 
 if TYPE_CHECKING:
-    from sosim.costs.analytic import CostModel, QuantKernel
+    from sosim.costs.analytic import QuantKernel
+    from sosim.costs.model import Costs
     from sosim.inputs.config import Scenario
 
 # Elements per quantization group (one fp32 scale each): DeepSpeed's default for qwZ.
@@ -205,28 +206,26 @@ def memory_usage(sc: Scenario) -> MemoryUsage:
     return MemoryUsage(gpu_bytes=gpu, cpu_bytes={})
 
 
-def recipe(sc: Scenario, costs: CostModel) -> Recipe:
+def recipe(sc: Scenario, costs: Costs, machine: Machine) -> Recipe:
     s = _knobs(sc)
-    m = Machine.from_scenario(sc)
     hpz = min(s.zero_hpz_partition_size, zero_group(sc))
     return Recipe(
         layout=stage3.deepspeed_layout(sc, costs, SUB_GROUP_ELEMENTS, s.bucket_mb, ratio=0.0),
-        cpu=cpu.one_process(rank_threads(sc), "cpu_adam"),
-        weights=Gathered(m, s.zero_quantized_weights, hpz),
+        cpu=cpu.one_process(machine.threads_per_rank, "cpu_adam"),
+        weights=Gathered(machine, s.zero_quantized_weights, hpz),
         hooks=stage3.deepspeed_hooks(sc, costs),
-        grads=Reduced(m, s.zero_quantized_gradients),
+        grads=Reduced(machine, s.zero_quantized_gradients),
         step=GpuStep(),
     )
 
 
-def choices(sc: Scenario) -> dict[str, str]:
+def choices(sc: Scenario, machine: Machine) -> dict[str, str]:
     s = _knobs(sc)
     on = [n for n, v in (("qwZ", s.zero_quantized_weights), ("hpZ", s.zero_hpz_partition_size > 1),
                          ("qgZ", s.zero_quantized_gradients)) if v]
-    m = Machine.from_scenario(sc)
-    note = "" if not s.zero_quantized_gradients or m.nodes > 1 else " (qgZ inactive on one node, as in DeepSpeed)"
+    note = "" if not s.zero_quantized_gradients or machine.nodes > 1 else " (qgZ inactive on one node, as in DeepSpeed)"
     return {"zeropp": (", ".join(on) or "off") + note}
 
 
-def build_plan(sc: Scenario, costs: CostModel) -> Plan:
-    return plan_for(sc, costs, recipe(sc, costs))
+def build_plan(sc: Scenario, costs: Costs, machine: Machine) -> Plan:
+    return plan_for(sc, costs, recipe(sc, costs, machine))

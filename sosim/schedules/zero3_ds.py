@@ -64,7 +64,7 @@ def emit(sc: Scenario, base: Mapping[str, Any], out: Emitted) -> None:
     for key in ("zero_quantized_weights", "zero_hpz_partition_size", "zero_quantized_gradients"):
         out[(*ZERO, key)] = k[key]
     if k["quantize_kernels"] != "fused":
-        out.note(f"schedule.quantize_kernels: {k['quantize_kernels']} describes how sosim times the quantization "
+        out.note("schedule.quantize_kernels", f"{k['quantize_kernels']} describes how sosim times the quantization "
                  "kernels, not a DeepSpeed setting")
     if not isinstance(base.get("optimizer"), dict):
         out[("optimizer",)] = {"type": "AdamW"}

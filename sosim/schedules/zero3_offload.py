@@ -17,17 +17,17 @@ from typing import TYPE_CHECKING, ClassVar, Literal
 from pydantic import BaseModel, model_validator
 
 from sosim.engine.plan import Plan
-from sosim.hardware.machine import rank_threads, zero_group
+from sosim.hardware.machine import Machine, zero_group
 from sosim.hardware.memory import MemoryUsage
 from sosim.inputs.config import AdamImpl, Fraction, OffloadKnobs, PosFloat
-from sosim.schedules import cpu, layout, stage3
+from sosim.schedules import cpu, ds_version, layout, stage3
 from sosim.schedules.driver import Recipe, plan_for
 from sosim.schedules.gradients import HostGradients, Stage3Gradients
 from sosim.schedules.steps import AfterBackward, BlockingCopy, CastAndCopy, Stage3Step
 from sosim.schedules.weights import Partitioned
 
 if TYPE_CHECKING:
-    from sosim.costs.analytic import CostModel
+    from sosim.costs.model import Costs
     from sosim.inputs.config import Scenario
 
 
@@ -81,18 +81,20 @@ def memory_usage(sc: Scenario) -> MemoryUsage:
     return stage3.offload_footprint(sc, implementation=s.implementation, bucket_mb=s.bucket_mb, weight_flow=False)
 
 
-def deepspeed(sc: Scenario, costs: CostModel, s: Stage3OffloadKnobs) -> Recipe:
+def deepspeed(sc: Scenario, costs: Costs, s: Stage3OffloadKnobs, machine: Machine) -> Recipe:
     return Recipe(
         layout=stage3.deepspeed_layout(sc, costs, s.sub_group_elements, s.bucket_mb, ratio=1.0),
-        cpu=cpu.one_process(rank_threads(sc), s.cpu_adam),
+        cpu=cpu.one_process(machine.threads_per_rank, ds_version.adam_impl(sc, s.cpu_adam)),
         weights=Partitioned(),
         hooks=stage3.deepspeed_hooks(sc, costs),
-        grads=Stage3Gradients(overlap_comm=s.overlap_comm, pinned=s.pin_memory, superoffload=False),
+        # Before PR 8207 (0.19.5) the fp32 gradient copy_ is blocking: the host waits for each flush.
+        grads=Stage3Gradients(overlap_comm=s.overlap_comm, pinned=s.pin_memory, superoffload=False,
+                              blocking_fp32_copy=ds_version.behaviour(sc).zero3_blocking_grad_copy),
         step=Stage3Step(BlockingCopy("zero3_offload"), system="zero3_offload", worker=False, handed_off=False),
     )
 
 
-def ideal(sc: Scenario, costs: CostModel, s: Stage3OffloadKnobs) -> Recipe:
+def ideal(sc: Scenario, costs: Costs, s: Stage3OffloadKnobs, machine: Machine) -> Recipe:
     units = layout.build_units(sc, costs)
     tensors = layout.build_tensors(sc.model, units)
     flushes = layout.make_flushes(tensors, layout.bucket_elements_from_mb(s.bucket_mb), "fill")
@@ -100,7 +102,7 @@ def ideal(sc: Scenario, costs: CostModel, s: Stage3OffloadKnobs) -> Recipe:
     t = sc.training
     return Recipe(
         layout=layout.make_layout(units, tensors, flushes, groups),
-        cpu=cpu.split_cores(rank_threads(sc), s.cpu_adam_core_fraction, True, s.cpu_adam),
+        cpu=cpu.split_cores(machine.threads_per_rank, s.cpu_adam_core_fraction, True, s.cpu_adam),
         weights=Partitioned(),
         grads=HostGradients(fp32_on_gpu=False, overlap_comm=s.overlap_comm),
         step=AfterBackward(CastAndCopy(cast_on_gpu=False, pinned=s.pin_memory),
@@ -111,6 +113,6 @@ def ideal(sc: Scenario, costs: CostModel, s: Stage3OffloadKnobs) -> Recipe:
 PRESETS = {"deepspeed": deepspeed, "ideal": ideal}
 
 
-def build_plan(sc: Scenario, costs: CostModel) -> Plan:
+def build_plan(sc: Scenario, costs: Costs, machine: Machine) -> Plan:
     s = _knobs(sc)
-    return plan_for(sc, costs, PRESETS[s.implementation](sc, costs, s))
+    return plan_for(sc, costs, PRESETS[s.implementation](sc, costs, s, machine))

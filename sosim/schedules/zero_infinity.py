@@ -27,7 +27,8 @@ from sosim.schedules.zero3_offload import deepspeed as zero3_deepspeed
 from sosim.schedules.zero3_offload import ideal as zero3_ideal
 
 if TYPE_CHECKING:
-    from sosim.costs.analytic import CostModel
+    from sosim.costs.model import Costs
+    from sosim.hardware.machine import Machine
     from sosim.inputs.config import Scenario
 
 
@@ -48,9 +49,9 @@ def memory_usage(sc: Scenario) -> MemoryUsage:
                                     prefetch_layers=s.prefetch_layers)
 
 
-def deepspeed(sc: Scenario, costs: CostModel, s: ZeroInfinityKnobs) -> Recipe:
+def deepspeed(sc: Scenario, costs: Costs, s: ZeroInfinityKnobs, machine: Machine) -> Recipe:
     """ZeRO-3 offload's DeepSpeed recipe with host-resident weights: swap the weight source and the refresh."""
-    base = zero3_deepspeed(sc, costs, s)
+    base = zero3_deepspeed(sc, costs, s, machine)
     step = Stage3Step(HostCopyOnly(cast=True), system="zero3_offload", worker=False, handed_off=False)
     streamed = HostStreamed(s.prefetch_layers, BF16_BYTES)
     measured = zinf_fetch_s_per_tensor(costs)
@@ -60,8 +61,8 @@ def deepspeed(sc: Scenario, costs: CostModel, s: ZeroInfinityKnobs) -> Recipe:
     return replace(base, weights=weights, step=step)
 
 
-def ideal(sc: Scenario, costs: CostModel, s: ZeroInfinityKnobs) -> Recipe:
-    base = zero3_ideal(sc, costs, s)
+def ideal(sc: Scenario, costs: Costs, s: ZeroInfinityKnobs, machine: Machine) -> Recipe:
+    base = zero3_ideal(sc, costs, s, machine)
     assert isinstance(base.step, AfterBackward)
     return replace(base, weights=HostStreamed(s.prefetch_layers, BF16_BYTES),
                    step=AfterBackward(HostCopyOnly(cast=True), norm=base.step.norm))
@@ -70,6 +71,6 @@ def ideal(sc: Scenario, costs: CostModel, s: ZeroInfinityKnobs) -> Recipe:
 PRESETS = {"deepspeed": deepspeed, "ideal": ideal}
 
 
-def build_plan(sc: Scenario, costs: CostModel) -> Plan:
+def build_plan(sc: Scenario, costs: Costs, machine: Machine) -> Plan:
     s = _knobs(sc)
-    return plan_for(sc, costs, PRESETS[s.implementation](sc, costs, s))
+    return plan_for(sc, costs, PRESETS[s.implementation](sc, costs, s, machine))

@@ -35,7 +35,7 @@ from pydantic import Field
 
 from sosim.engine.plan import H2D, NET, NVME_READ, NVME_WRITE, Category, Phase, Plan
 from sosim.hardware import model as tm
-from sosim.hardware.machine import Machine, nvme_throughput_Bps, rank_threads, zero_group
+from sosim.hardware.machine import Machine, nvme_throughput_Bps, zero_group
 from sosim.inputs.units import BF16_BYTES, FP32_BYTES
 from sosim.schedules import cpu, stage3
 from sosim.schedules.driver import Ctx, DoneCallback, Recipe, plan_for
@@ -46,7 +46,7 @@ from sosim.schedules.weights import HostStreamed, Partitioned
 from sosim.schedules.zero3_offload import STAGE3_DEFAULTS, Stage3OffloadKnobs
 
 if TYPE_CHECKING:
-    from sosim.costs.analytic import CostModel
+    from sosim.costs.model import Costs
     from sosim.hardware.memory import MemoryUsage
     from sosim.inputs.config import Scenario
 
@@ -250,7 +250,7 @@ def memory_usage(sc: Scenario) -> MemoryUsage:
     return replace(base, cpu_bytes=cpu_bytes, nvme_bytes=nvme_bytes)
 
 
-def deepspeed(sc: Scenario, costs: CostModel, s: ZeroInfinityNvmeKnobs) -> Recipe:
+def deepspeed(sc: Scenario, costs: Costs, s: ZeroInfinityNvmeKnobs, machine: Machine) -> Recipe:
     nvme = Nvme(s.aio_block_size, s.aio_queue_depth, s.aio_intra_op_parallelism)
     weights: Partitioned | HostStreamed | NvmeStreamed
     if s.offload_param == "nvme":
@@ -261,7 +261,7 @@ def deepspeed(sc: Scenario, costs: CostModel, s: ZeroInfinityNvmeKnobs) -> Recip
         weights = Partitioned()
     return Recipe(
         layout=stage3.deepspeed_layout(sc, costs, s.sub_group_elements, s.bucket_mb, ratio=1.0),
-        cpu=cpu.one_process(rank_threads(sc), s.cpu_adam),
+        cpu=cpu.one_process(machine.threads_per_rank, s.cpu_adam),
         weights=weights,
         hooks=stage3.deepspeed_hooks(sc, costs),
         grads=NvmeGradients(Stage3Gradients(overlap_comm=s.overlap_comm, pinned=s.pin_memory, superoffload=False),
@@ -271,18 +271,17 @@ def deepspeed(sc: Scenario, costs: CostModel, s: ZeroInfinityNvmeKnobs) -> Recip
     )
 
 
-def choices(sc: Scenario) -> dict[str, str]:
+def choices(sc: Scenario, machine: Machine) -> dict[str, str]:
     s = _knobs(sc)
-    m = Machine.from_scenario(sc)
-    read = nvme_throughput_Bps(m, False, s.aio_block_size, s.aio_queue_depth, s.aio_intra_op_parallelism)
-    write = nvme_throughput_Bps(m, True, s.aio_block_size, s.aio_queue_depth, s.aio_intra_op_parallelism)
+    read = nvme_throughput_Bps(machine, False, s.aio_block_size, s.aio_queue_depth, s.aio_intra_op_parallelism)
+    write = nvme_throughput_Bps(machine, True, s.aio_block_size, s.aio_queue_depth, s.aio_intra_op_parallelism)
     return {"offload_param": s.offload_param,
             "nvme_rank_stream_GBps": f"read {read / 1e9:.1f}, write {write / 1e9:.1f} (aio block "
                                      f"{s.aio_block_size} B, queue depth {s.aio_queue_depth}, "
                                      f"{s.aio_intra_op_parallelism} thread)"}
 
 
-def build_plan(sc: Scenario, costs: CostModel) -> Plan:
+def build_plan(sc: Scenario, costs: Costs, machine: Machine) -> Plan:
     s = _knobs(sc)
     # One preset: DeepSpeed's (the paper's ZeRO-Infinity overlaps more; pipeline_read/write express it).
-    return plan_for(sc, costs, deepspeed(sc, costs, s))
+    return plan_for(sc, costs, deepspeed(sc, costs, s, machine))

@@ -26,7 +26,7 @@ if TYPE_CHECKING:
 
 AIO_KEYS = (("block_size", "aio_block_size"), ("queue_depth", "aio_queue_depth"),
             ("intra_op_parallelism", "aio_intra_op_parallelism"), ("thread_count", "aio_intra_op_parallelism"))
-NVME_PATH_NOTE = "nvme_path: /local_nvme is a placeholder; point it at the node's NVMe volume"
+NVME_PATH_NOTE = ("nvme_path", "/local_nvme is a placeholder; point it at the node's NVMe volume")
 
 
 def claims(v: ZeroView) -> str | None:
@@ -77,7 +77,7 @@ def emit(sc: Scenario, base: Mapping[str, Any], out: Emitted) -> None:
     out[("aio", "block_size")] = k["aio_block_size"]
     out[("aio", "queue_depth")] = k["aio_queue_depth"]
     out[("aio", "intra_op_parallelism")] = k["aio_intra_op_parallelism"]
-    out.note(NVME_PATH_NOTE)
+    out.note(*NVME_PATH_NOTE)
     offload_ds.emit_cpu_adam_notes(sc, out)
     offload_ds.emit_optimizer(sc, base, out)
 

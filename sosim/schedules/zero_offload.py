@@ -22,27 +22,21 @@ from typing import TYPE_CHECKING, ClassVar, Literal
 
 from pydantic import BaseModel, model_validator
 
-from sosim.costs.offload_mechanisms import z2_flush_costs
+from sosim.costs.offload_mechanisms import Z2_ESTIMATE_TENSORS_PER_LAYER, Z2_SYNC_ESTIMATE_S_PER_TENSOR, z2_flush_costs
 from sosim.engine.plan import Plan
 from sosim.hardware import model as tm
-from sosim.hardware.machine import rank_threads
+from sosim.hardware.machine import Machine
 from sosim.hardware.memory import MemoryUsage
 from sosim.inputs.config import AdamImpl, Fraction, OffloadKnobs, PosFloat
 from sosim.inputs.units import BF16_BYTES, FP32_BYTES, MB
-from sosim.schedules import cpu, layout
+from sosim.schedules import cpu, ds_version, layout
 from sosim.schedules.driver import NoHooks, Recipe, plan_for
 from sosim.schedules.gradients import HostGradients, Stage2Gradients
 from sosim.schedules.steps import AfterBackward, CastAndCopy, CopyBf16, Stage2Step
 from sosim.schedules.weights import HostSyncsInBackward, Replicated
 
-# Estimate kept for profiles whose tables lack the z2_flush rows (sosim/costs/offload_mechanisms.py measures it):
-# DeepSpeed's overflow tracker truth-tests a CUDA scalar per parameter; ~20 us of GPU idle each, ~10 tensors
-# per layer.
-SYNC_S_PER_TENSOR = 20e-6
-TENSORS_PER_LAYER = 10
-
 if TYPE_CHECKING:
-    from sosim.costs.analytic import CostModel
+    from sosim.costs.model import Costs
     from sosim.inputs.config import Scenario
 
 
@@ -108,7 +102,7 @@ def memory_usage(sc: Scenario) -> MemoryUsage:
     return MemoryUsage(gpu_bytes=gpu, cpu_bytes=cpu_bytes)
 
 
-def deepspeed(sc: Scenario, costs: CostModel, s: ZeroOffloadKnobs) -> Recipe:
+def deepspeed(sc: Scenario, costs: Costs, s: ZeroOffloadKnobs, machine: Machine) -> Recipe:
     units = layout.build_units(sc, costs)
     tensors = layout.build_tensors(sc.model, units)
     flushes = layout.make_flushes(tensors, layout.bucket_elements_from_mb(s.bucket_mb), "overflow")
@@ -117,27 +111,29 @@ def deepspeed(sc: Scenario, costs: CostModel, s: ZeroOffloadKnobs) -> Recipe:
     flush_costs = z2_flush_costs(costs)
     return Recipe(
         layout=layout.make_layout(units, tensors, flushes, whole),
-        cpu=cpu.one_process(rank_threads(sc), s.cpu_adam),
+        cpu=cpu.one_process(machine.threads_per_rank, ds_version.adam_impl(sc, s.cpu_adam)),
         weights=Replicated(),
         # Measured flush costs replace the earlier per-layer estimate of the same waits; a profile without
         # the z2_flush rows keeps the estimate.
-        hooks=HostSyncsInBackward(SYNC_S_PER_TENSOR * TENSORS_PER_LAYER) if flush_costs is None else NoHooks(),
+        hooks=HostSyncsInBackward(Z2_SYNC_ESTIMATE_S_PER_TENSOR * Z2_ESTIMATE_TENSORS_PER_LAYER)
+        if flush_costs is None else NoHooks(),
         grads=Stage2Gradients(overlap_comm=s.overlap_comm, pinned=s.pin_memory, host_waits_for_copies=True,
                               flush_costs=flush_costs),
-        step=Stage2Step(CastAndCopy(cast_on_gpu=False, pinned=s.pin_memory, allgather=True)),
+        step=Stage2Step(CastAndCopy(cast_on_gpu=False, pinned=s.pin_memory, allgather=True),
+                        unscale_always=ds_version.behaviour(sc).zero2_unscale_always),
         staleness=2 if s.dpu else 1,
         warmup_iterations=2 if s.dpu else 0,
     )
 
 
-def ideal(sc: Scenario, costs: CostModel, s: ZeroOffloadKnobs) -> Recipe:
+def ideal(sc: Scenario, costs: Costs, s: ZeroOffloadKnobs, machine: Machine) -> Recipe:
     units = layout.build_units(sc, costs)
     tensors = layout.build_tensors(sc.model, units)
     flushes = layout.make_flushes(tensors, layout.bucket_elements_from_mb(s.bucket_mb), "fill")
     t = sc.training
     return Recipe(
         layout=layout.make_layout(units, tensors, flushes, layout.groups_from_flushes(flushes)),
-        cpu=cpu.split_cores(rank_threads(sc), s.cpu_adam_core_fraction, True, s.cpu_adam),
+        cpu=cpu.split_cores(machine.threads_per_rank, s.cpu_adam_core_fraction, True, s.cpu_adam),
         weights=Replicated(),
         grads=HostGradients(fp32_on_gpu=False, overlap_comm=s.overlap_comm),
         step=AfterBackward(CopyBf16(pinned=s.pin_memory), norm=t.gradient_clipping > 0 or t.precision == "fp16",
@@ -150,6 +146,6 @@ def ideal(sc: Scenario, costs: CostModel, s: ZeroOffloadKnobs) -> Recipe:
 PRESETS = {"deepspeed": deepspeed, "ideal": ideal}
 
 
-def build_plan(sc: Scenario, costs: CostModel) -> Plan:
+def build_plan(sc: Scenario, costs: Costs, machine: Machine) -> Plan:
     s = _knobs(sc)
-    return plan_for(sc, costs, PRESETS[s.implementation](sc, costs, s))
+    return plan_for(sc, costs, PRESETS[s.implementation](sc, costs, s, machine))

@@ -43,7 +43,7 @@ def emit(sc: Scenario, base: Mapping[str, Any], out: Emitted) -> None:
     offload_ds.emit_no_super_offload(sc, out)
     offload_ds.emit_cpu_adam_notes(sc, out)
     if sc.schedule.model_dump()["dpu"]:
-        out.note("schedule.dpu: delayed parameter update has no DeepSpeed 0.19 config key")
+        out.note("schedule.dpu", "delayed parameter update has no DeepSpeed 0.19 config key")
     offload_ds.emit_optimizer(sc, base, out)
 
 

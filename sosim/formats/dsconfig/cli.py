@@ -26,6 +26,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--precision", choices=["bf16", "fp16"], help="when the config leaves it to the HF Trainer")
     g.add_argument("--activation-checkpointing", choices=["on", "off"],
                    help="whether the model code checkpoints activations (default on)")
+    g.add_argument("--ds-version", metavar="X.Y.Z",
+                   help="the DeepSpeed release that runs the config (default: the newest modelled; "
+                        "sosim/inputs/ds_versions.py lists them)")
     parser.add_argument("--emit-ds-config", metavar="OUT.json",
                         help="write the scenario as a DeepSpeed config (with --ds-config: its other keys kept)")
 
@@ -50,6 +53,7 @@ def _inputs_from_args(args: argparse.Namespace) -> RunInputs:
         hardware=args.hardware, gpus=args.gpus, seq_len=args.seq, micro_batch=args.micro_batch,
         grad_accum=args.grad_accum, precision=args.precision,
         activation_checkpointing=None if ckpt is None else ckpt == "on",
+        deepspeed_version=getattr(args, "ds_version", None),
         overrides=tuple(getattr(args, "overrides", []) or []),
     )
 

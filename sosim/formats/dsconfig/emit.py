@@ -12,19 +12,25 @@ from typing import Any
 from sosim.formats.dsconfig.read import RunInputs, map_ds_config
 from sosim.formats.hf_model import HfModel
 from sosim.inputs.config import Scenario
+from sosim.inputs.ds_versions import NEWEST
 from sosim.inputs.errors import ConfigError
 from sosim.run.loader import KeyPath, Located
 from sosim.schedules import registry
 from sosim.schedules.ds_schema import MISSING
-from sosim.schedules.system_api import DELETE, Emitted
+from sosim.schedules.system_api import DELETE, Emitted, Unsaid
 
 
 @dataclass
 class EmitResult:
-    """A DeepSpeed config for a scenario, and what it cannot express (one line each, naming the scenario key)."""
+    """A DeepSpeed config for a scenario, and what it cannot express: ``unsaid`` (key and reason each), and the
+    same as lines ``key: reason`` (``not_expressible``)."""
 
     config: dict[str, Any]
-    not_expressible: list[str]
+    unsaid: list[Unsaid]
+
+    @property
+    def not_expressible(self) -> list[str]:
+        return [str(u) for u in self.unsaid]
 
     def report(self, path: str | None = None) -> dict[str, Any]:
         return {"path": path, "not_expressible": self.not_expressible}
@@ -53,24 +59,28 @@ def _batch_and_precision(sc: Scenario, base: Mapping[str, Any], out: Emitted) ->
 def _outside_notes(sc: Scenario, out: Emitted) -> None:
     """What the run needs besides the config: the model code, the launcher, the machine."""
     t, c = sc.training, sc.cluster
-    out.note("training.activation_checkpointing: "
-             + ("on: enable it in the model code (HF: model.gradient_checkpointing_enable() or "
-                "--gradient_checkpointing)" if t.activation_checkpointing else
-                "off: make sure the model code does not checkpoint")
+    version = sc.schedule.deepspeed_version
+    if version != NEWEST:
+        out.note("schedule.deepspeed_version", f"{version}: a DeepSpeed config does not say which release runs it; "
+                 f"install DeepSpeed {version} (sosim run --ds-config ... --ds-version {version} reads it so)")
+    out.note("training.activation_checkpointing",
+             ("on: enable it in the model code (HF: model.gradient_checkpointing_enable() or "
+              "--gradient_checkpointing)" if t.activation_checkpointing else
+              "off: make sure the model code does not checkpoint")
              + "; a DeepSpeed config cannot switch it")
     if t.loss_chunk_tokens is not None:
-        out.note(f"training.loss_chunk_tokens: {t.loss_chunk_tokens} (chunked loss) lives in the model code")
+        out.note("training.loss_chunk_tokens", f"{t.loss_chunk_tokens} (chunked loss) lives in the model code")
     if t.stack != "eager":
-        out.note(f"training.stack: {t.stack} (attention implementation and padding) lives in the model code")
+        out.note("training.stack", f"{t.stack} (attention implementation and padding) lives in the model code")
     if t.clip_rate > 0:
-        out.note(f"training.clip_rate: {t.clip_rate:g} describes the run (how often the norm exceeds the threshold), "
+        out.note("training.clip_rate", f"{t.clip_rate:g} describes the run (how often the norm exceeds the threshold), "
                  "not a setting")
-    out.note(f"cluster.gpus: launch on {c.gpus} GPU(s) (deepspeed --num_gpus {c.gpus}); train_batch_size assumes "
+    out.note("cluster.gpus", f"launch on {c.gpus} GPU(s) (deepspeed --num_gpus {c.gpus}); train_batch_size assumes "
              f"{c.dp} data-parallel rank(s)")
-    out.note(f"hardware: {sc.hardware.name} is not part of a DeepSpeed config")
+    out.note("hardware", f"{sc.hardware.name} is not part of a DeepSpeed config")
 
 
-def _core_settings(sc: Scenario, base: Mapping[str, Any]) -> tuple[dict[KeyPath, Any], list[str]]:
+def _core_settings(sc: Scenario, base: Mapping[str, Any]) -> tuple[dict[KeyPath, Any], list[Unsaid]]:
     """Key path -> value (or DELETE) for every DeepSpeed key the scenario decides, and what it cannot say.
 
     The system's own keys come from its DeepSpeed form (sosim/schedules/registry.py)."""
@@ -79,7 +89,7 @@ def _core_settings(sc: Scenario, base: Mapping[str, Any]) -> tuple[dict[KeyPath,
     system = sc.schedule.system
     form = registry.SYSTEMS[system].deepspeed
     if form is None:
-        out.note(f"schedule.system: {system} has no DeepSpeed form; the config keeps the base's ZeRO section")
+        out.note("schedule.system", f"{system} has no DeepSpeed form; the config keeps the base's ZeRO section")
     else:
         form.emit(sc, base, out)
     _outside_notes(sc, out)
@@ -133,7 +143,7 @@ def ds_config_from_scenario(sc: Scenario, base: Mapping[str, Any] | None = None)
     if base is not None:
         config = _keep_base_spellings(sc, base_dict, config, settings)
         notes += _replaced_autos(base_dict, config, settings)
-    return EmitResult(config=config, not_expressible=notes)
+    return EmitResult(config=config, unsaid=notes)
 
 
 # The HF Trainer argument that fills an "auto" key (transformers/integrations/deepspeed.py trainer_config_process):
@@ -147,10 +157,10 @@ _HF_ARGUMENT: dict[KeyPath, str] = {
 }
 
 
-def _replaced_autos(base: dict[str, Any], config: dict[str, Any], settings: dict[KeyPath, Any]) -> list[str]:
+def _replaced_autos(base: dict[str, Any], config: dict[str, Any], settings: dict[KeyPath, Any]) -> list[Unsaid]:
     """Keys of the user's config that said "auto" and now hold a number: the HF Trainer argument that fills
     them must say the same (micro-batch, accumulation, ...), which is a change outside the config."""
-    notes: list[str] = []
+    notes: list[Unsaid] = []
     for path in settings:
         value = _get(config, path)
         if _get(base, path) != "auto" or value is MISSING or value == "auto":
@@ -162,7 +172,8 @@ def _replaced_autos(base: dict[str, Any], config: dict[str, Any], settings: dict
             how = f"{'pass' if value else 'do not pass'} {arg} to the HF Trainer"
         else:
             how = f"pass {arg} {json.dumps(value)} to the HF Trainer"
-        notes.append(f"{'.'.join(str(p) for p in path)}: \"auto\" in your config is now {json.dumps(value)}; {how}")
+        key = ".".join(str(p) for p in path)
+        notes.append(Unsaid(key, f"\"auto\" in your config is now {json.dumps(value)}; {how}"))
     return notes
 
 
@@ -171,7 +182,8 @@ def _scenario_core(ds: dict[str, Any], sc: Scenario) -> dict[str, Any] | None:
     # Only what a DeepSpeed config cannot say comes from the scenario; batch and precision must come from
     # the dict itself, so that "auto" is kept only where the Trainer's default resolves to the same value.
     inputs = RunInputs(hardware=sc.hardware.name, gpus=sc.cluster.gpus, seq_len=sc.training.seq_len,
-                       activation_checkpointing=sc.training.activation_checkpointing)
+                       activation_checkpointing=sc.training.activation_checkpointing,
+                       deepspeed_version=sc.schedule.deepspeed_version)
     model = HfModel(model=sc.model.model_dump(), origin="<scenario>")
     try:
         mapped = map_ds_config(Located(data=ds, origin="<emitted>"), model, inputs)

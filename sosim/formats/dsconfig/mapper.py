@@ -30,6 +30,9 @@ class RunInputs:
     grad_accum: int | None = None
     precision: str | None = None  # bf16 | fp16
     activation_checkpointing: bool | None = None
+    # The DeepSpeed release that runs the config (--ds-version; None: the newest modelled,
+    # sosim/inputs/ds_versions.py): it decides the defaults that changed between releases.
+    deepspeed_version: str | None = None
     overrides: tuple[str, ...] = ()  # --set texts: the report says which mapped values they replace
 
 

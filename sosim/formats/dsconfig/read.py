@@ -15,6 +15,9 @@ from sosim.formats.hf_model import HfModel, load_hf_model
 from sosim.formats.jsonio import Note, notes_by_status, read_json
 from sosim.hardware import model as tm
 from sosim.inputs.config import ModelSpec
+from sosim.inputs.ds_versions import NEWEST
+from sosim.inputs.ds_versions import check as check_version
+from sosim.inputs.ds_versions import parse as parse_version
 from sosim.inputs.errors import ConfigError
 from sosim.run.loader import KeyPath, Located
 from sosim.schedules import registry
@@ -31,6 +34,7 @@ from sosim.schedules.ds_schema import (
     TOP_MAPPED,
     ZERO_ALIASES,
 )
+from sosim.schedules.ds_version import DsBehaviour, behaviour_of
 from sosim.schedules.offload_ds import prefetch_layers_for as prefetch_layers_for
 from sosim.schedules.system_api import DeepSpeedForm, ZeroView
 
@@ -45,12 +49,17 @@ class DsMapping:
     ds_origin: str
     model_origin: str
 
+    def version(self) -> str:
+        """The DeepSpeed release the mapping assumed (--ds-version, else the newest modelled)."""
+        sched = self.scenario.get("schedule")
+        return str(sched.get("deepspeed_version", NEWEST)) if isinstance(sched, dict) else NEWEST
+
     def report(self) -> dict[str, Any]:
         """The JSON form printed under ``ds_config_mapping`` by ``sosim run --format json``."""
         return {
             "ds_config": self.ds_origin, "model_config": self.model_origin,
-            "semantics": "DeepSpeed 0.19 (defaults, batch arithmetic, validators) with Hugging Face Trainer "
-                         "rules for 'auto'",
+            "semantics": f"DeepSpeed {self.version()} (defaults, batch arithmetic, validators) with Hugging Face "
+                         "Trainer rules for 'auto'",
             **notes_by_status(self.notes),
             "model": notes_by_status(self.model_notes),
             "scenario": self.scenario,
@@ -58,7 +67,7 @@ class DsMapping:
 
     def format(self) -> str:
         """The text report (stderr of ``sosim run``)."""
-        lines = [f"sosim: DeepSpeed config {self.ds_origin} -> scenario (DeepSpeed 0.19 semantics)"]
+        lines = [f"sosim: DeepSpeed config {self.ds_origin} -> scenario (DeepSpeed {self.version()} semantics)"]
         for status in ("mapped", "defaulted", "ignored"):
             lines += [n.line() for n in self.notes if n.status == status]
         lines.append(f"sosim: model config {self.model_origin} -> model")
@@ -169,7 +178,7 @@ def _zero_view(m: _Mapper, out: _Decided, model: dict[str, Any]) -> ZeroView | N
     is_super = "super_offload" in opt and not m.is_auto(super_path) and bool(m.boolean(super_path))
     dp = out.cluster.get("gpus", 1) // out.cluster.get("sequence_parallel", 1)
     return ZeroView(zero=zero, stage=stage, opt_dev=opt_dev, opt=opt, param_dev=param_dev, param=param,
-                    is_super=is_super, dp=dp, model=model)
+                    is_super=is_super, dp=dp, model=model, default_pin=_behaviour(m).default_pin_memory)
 
 
 def _unmodelled(v: ZeroView) -> tuple[KeyPath, str]:
@@ -282,6 +291,20 @@ def _check_max_live(m: _Mapper, path: KeyPath, value: Any, model: dict[str, Any]
         m.ignored(path, f"a cap above sosim's working set ({working} parameters): it does not bind")
 
 
+def _refuse_expert_parallel(m: _Mapper) -> None:
+    """DeepSpeed 0.19's AutoEP (``expert_parallel``: runtime/config.py get_expert_parallel_config,
+    module_inject/auto_ep_config.py) shards the experts over ranks and moves tokens by all-to-all: outside
+    sosim's scope (docs/scenarios.md, "Mixture of experts"), so an enabled section is an error, not a guess."""
+    node = m.get(("expert_parallel",))
+    if not isinstance(node, dict) or not _enabled(node):
+        return
+    size = node.get("autoep_size", 1)
+    m.error(("expert_parallel", "enabled"), f"expert parallelism (autoep_size {size!r}) is not modelled by sosim: "
+            "every rank holds every expert (remove expert_parallel, or set enabled: false; docs/scenarios.md)")
+    if "use_data_before_expert_parallelism" in m.loc.data:
+        m.handled.add(("use_data_before_expert_parallelism",))
+
+
 def _unknown_keys(m: _Mapper) -> None:
     """Keys DeepSpeed's pydantic sections would reject, and top-level keys sosim has no entry for."""
     data = m.loc.data
@@ -319,18 +342,42 @@ def _unknown_keys(m: _Mapper) -> None:
                       "top-level keys too)")
 
 
+def _behaviour(m: _Mapper) -> DsBehaviour:
+    """What the run's DeepSpeed release does (--ds-version, checked in map_ds_config; default the newest)."""
+    return behaviour_of(parse_version(m.inputs.deepspeed_version or NEWEST))
+
+
+def _check_version(inputs: RunInputs) -> None:
+    if inputs.deepspeed_version is not None:
+        try:
+            check_version(inputs.deepspeed_version)
+        except ValueError as exc:
+            raise ConfigError([f"--ds-version: {exc}"]) from None
+
+
 def map_ds_config(ds: Located, model: HfModel, inputs: RunInputs, name: str = "") -> DsMapping:
     """A parsed DeepSpeed config + a model -> scenario dict and report. Raises ConfigError listing every problem."""
     if not isinstance(ds.data, dict):
         raise ConfigError([f"{ds.origin}:1: a DeepSpeed config must be a JSON object"])
+    _check_version(inputs)
     m = _Mapper(ds, inputs)
     out = _Decided()
     _read_precision(m, out)
     _read_batch(m, out)
-    _read_clipping(m, out)
+    _read_clipping(m, out, _behaviour(m).default_gradient_clipping)
     _read_ckpt(m, out)
     if not m.problems:
         _read_zero(m, out, model.model)
+    _refuse_expert_parallel(m)
+    if not m.problems and out.schedule:
+        version = check_version(inputs.deepspeed_version or NEWEST)
+        if inputs.deepspeed_version is not None:  # else the scenario's default, the same release
+            out.schedule["deepspeed_version"] = version
+        how = "command line" if inputs.deepspeed_version else "the newest modelled release"
+        version_note = Note("mapped" if inputs.deepspeed_version else "defaulted", "--ds-version", how,
+                                  inputs.deepspeed_version, "schedule.deepspeed_version", version,
+                                  "which DeepSpeed runs the config (sosim/schedules/ds_version.py)")
+        m.notes.append(version_note)
     if not m.problems:
         _unknown_keys(m)
     if m.problems:

@@ -242,11 +242,14 @@ def _read_batch(m: _Mapper, out: _Decided) -> None:
     out.training["grad_accum"] = gas
 
 
-def _read_clipping(m: _Mapper, out: _Decided) -> None:
+def _read_clipping(m: _Mapper, out: _Decided, default: float) -> None:
+    """``default``: the release's GRADIENT_CLIPPING_DEFAULT (runtime/constants.py): 0.0 before 0.19.3, 1.0 from
+    PR 8068 (sosim/schedules/ds_version.py)."""
     path = ("gradient_clipping",)
     if m.get(path) is MISSING:
-        out.training["gradient_clipping"] = DS_DEFAULTS["gradient_clipping"]
-        m.defaulted(path, "training.gradient_clipping", 0.0, "DeepSpeed default: no clipping (runtime/constants.py)")
+        out.training["gradient_clipping"] = default
+        m.defaulted(path, "training.gradient_clipping", default,
+                    "DeepSpeed default (runtime/constants.py; 0 before 0.19.3, 1.0 from PR 8068)")
     elif m.is_auto(path):
         out.training["gradient_clipping"] = 1.0
         m.mapped(path, "training.gradient_clipping", 1.0, "\"auto\": the HF Trainer's --max_grad_norm default (1.0)")
