@@ -94,6 +94,9 @@ def _folder() -> Iterator[Path]:
         (root / "model.json").write_text(json.dumps({"model_type": "llama", "hidden_size": 256, "num_hidden_layers": 2,
                                                      "num_attention_heads": 4, "intermediate_size": 512,
                                                      "vocab_size": 1024}))
+        frameworks = ROOT / "scenarios" / "frameworks"
+        (root / "job.toml").write_bytes((frameworks / "llama3_8b_torchtitan.toml").read_bytes())
+        (root / "args.txt").write_bytes((frameworks / "llama3_8b_megatron_args.txt").read_bytes())
         os.mkfifo(root / "fifo")
         os.mkfifo(root / "fifo.yaml")
         os.mkfifo(root / "fifo.csv")
@@ -198,6 +201,8 @@ READ_ROUTES: list[Callable[[str], list[str]]] = [
     lambda p: ["run", "scenario.yaml", "--set", f"hardware.calibration=[{json.dumps(p)}]"],
     lambda p: ["sweep", "sweep.yaml", "--out", p, "--resume"],
     lambda p: ["run", "scenario.yaml", "--profiles", p],
+    lambda p: ["run", "--torchtitan", p, "--hardware", "profile.yaml"],
+    lambda p: ["run", "--megatron-args", p, "--hardware", "profile.yaml"],
 ]
 WRITE_ROUTES: list[Callable[[str], list[str]]] = [
     lambda p: ["run", "scenario.yaml", "--trace", p],
@@ -208,6 +213,8 @@ WRITE_ROUTES: list[Callable[[str], list[str]]] = [
     lambda p: ["tune", "scenario.yaml", "--budget", "5", "--no-progress", "--out", p],
     lambda p: ["sweep", "sweep.yaml", "--out", p],
     lambda p: ["compare", "scenario.yaml", "scenario.yaml", "--plot", p],
+    lambda p: ["run", "--torchtitan", "job.toml", "--hardware", "profile.yaml", "--emit-torchtitan", p],
+    lambda p: ["run", "--megatron-args", "args.txt", "--hardware", "profile.yaml", "--emit-megatron-args", p],
 ]
 
 
@@ -326,9 +333,13 @@ OUTPUTS = {  # option -> (command line writing it to P, a file of the user's the
     "check --write": lambda p: ["check", "--write", p, "scenario.yaml"],
     "tune --out": lambda p: ["tune", "scenario.yaml", "--budget", "5", "--no-progress", "--out", p],
     "compare --plot": lambda p: ["compare", "scenario.yaml", "scenario.yaml", "--plot", p],
+    "--emit-torchtitan": lambda p: ["run", "--torchtitan", "job.toml", "--hardware", "profile.yaml",
+                                    "--emit-torchtitan", p],
+    "--emit-megatron-args": lambda p: ["run", "--megatron-args", "args.txt", "--hardware", "profile.yaml",
+                                       "--emit-megatron-args", p],
 }
 SUFFIX = {"--trace": ".json", "--plot": ".png", "--emit-ds-config": ".json", "check --write": ".json",
-          "tune --out": ".json", "compare --plot": ".svg"}
+          "tune --out": ".json", "compare --plot": ".svg", "--emit-torchtitan": ".toml", "--emit-megatron-args": ".txt"}
 
 
 @_fast

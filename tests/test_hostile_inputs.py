@@ -230,7 +230,8 @@ def test_hostile_json_and_keys(tmp_path: Path, capsys: pytest.CaptureFixture[str
                                           '"train_micro_batch_size_per_gpu": ' + "9" * 4300))
     code, _, err = _run(["run", "--ds-config", str(big), "--model", GPT2, "--hardware", "gh200"], capsys)
     assert code == 2 and err.startswith(f"{big}:1: a number of 4,300 characters"), err
-    model = json.loads(Path(GPT2).read_text())
+    # head_dim: read for Llama-type (gated) configs, where {} was a TypeError (exit 70); GPT-2 does not read it.
+    model = json.loads((ROOT / "scenarios" / "deepspeed" / "models" / "llama-3-8b.json").read_text())
     model["head_dim"] = {}
     hf = tmp_path / "hf.json"
     hf.write_text(json.dumps(model, indent=1))
@@ -365,3 +366,28 @@ def test_a_file_holding_only_a_marker_is_not_sosims_output(name: str, content: b
     option = "--trace" if name.endswith(".json") else "--plot"
     code, _, err = _run(["run", "gh200_zero_offload_4b", option, name], capsys)
     assert code == 2 and "--force" in err and (tmp_path / name).read_bytes() == content
+
+
+def test_framework_inputs_and_outputs_go_through_the_same_reader_and_writer(tmp_path: Path,
+                                                                           capsys: pytest.CaptureFixture[str]) -> None:
+    frameworks = ROOT / "scenarios" / "frameworks"
+    job, args = frameworks / "llama3_8b_torchtitan.toml", frameworks / "llama3_8b_megatron_args.txt"
+    fifo = tmp_path / "p.toml"
+    os.mkfifo(fifo)
+    for option in ("--torchtitan", "--megatron-args"):
+        code, _, err = _run(["run", option, str(fifo), "--hardware", "gh200"], capsys)
+        assert code == 2 and "named pipe" in err, err
+    mine = tmp_path / "u.toml"
+    mine.write_text("mine\n")
+    code, _, err = _run(["run", "--torchtitan", str(job), "--hardware", "gh200", "--emit-torchtitan", str(mine)],
+                        capsys)
+    assert code == 2 and "--force" in err and mine.read_text() == "mine\n"
+    for option, source, emit, name in (("--torchtitan", job, "--emit-torchtitan", "o.toml"),
+                                       ("--megatron-args", args, "--emit-megatron-args", "o.txt")):
+        out = tmp_path / name
+        for _ in range(2):  # the second run replaces sosim's own previous output
+            assert _run(["run", option, str(source), "--hardware", "gh200", emit, str(out)], capsys)[0] == 0
+        copy = tmp_path / f"in-{name}"
+        copy.write_bytes(source.read_bytes())
+        code, _, err = _run(["run", option, str(copy), "--hardware", "gh200", emit, str(copy), "--force"], capsys)
+        assert code == 2 and "is an input this command reads" in err and copy.read_bytes() == source.read_bytes()
