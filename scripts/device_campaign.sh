@@ -12,7 +12,7 @@
 # copies the main CSVs to $OUT. A call on a fresh machine (the warm one was lost) installs again and continues
 # with what that machine has (nothing): the lease id changes with the boot id.
 # Environment: OUT, CALL (1, 2, 3), DEADLINE_S (whole call, default 560), WHL_DIR (default .whl), PROFILE
-# (default h200-lease-<UTC date>), CAL_TIMEOUT_S (calibrate's limit, default 500), JOBS_FILE (default
+# (default h200-lease-<UTC date>), CAL_TIMEOUT_S (calibrate's limit, default 540), JOBS_FILE (default
 # scripts/campaign_jobs.txt), DS_JOB_TIMEOUT_S (default 130), FSDP_S (call 3: time kept for FSDP2, default 240).
 set -u -o pipefail
 OUT=${OUT:-/tmp/out}
@@ -81,12 +81,32 @@ if [ "$CALL" = "1" ] && [ ! -f "$RES/profiles/$PROFILE.yaml" ]; then
   build_188 300 &
   BUILD188_PID=$!
   CAL_START=$(date +%s)
-  timeout -k 10 "${CAL_TIMEOUT_S:-500}" python3 sosim/calibrate/cli.py --quick --profile "$PROFILE" \
+  timeout -k 10 "${CAL_TIMEOUT_S:-540}" python3 sosim/calibrate/cli.py --quick --profile "$PROFILE" \
     --profiles "$RES/profiles" 2>&1 | tee "$RES/logs/calibrate.log" | grep -E "^\[calibrate\]|Error"
   CODE=${PIPESTATUS[0]}
   echo "calibrate --quick exit $CODE wall $(( $(date +%s) - CAL_START )) s (CPUAdam build included)" \
     | tee "$RES/calibrate_wall.txt"
   wait "$BUILD188_PID"
+fi
+
+# ---- a later call: the calibration's sections that call 1's limit cut off (the profile names the table, so the
+# rows added here are used as soon as they are written)
+CAL_DIR="$RES/profiles/$PROFILE.calibration"
+if [ "$CALL" != "1" ] && [ -f "$CAL_DIR/calibration_meta.json" ]; then
+  MISSING=$(python3 -c "
+import json, sys
+sys.path.insert(0, 'sosim/calibrate')
+import platform_detect as p
+plan = p.plan_for(p.detect(gpu_name='NVIDIA H200'), True, True).sections
+meta = json.load(open('$CAL_DIR/calibration_meta.json'))
+done = set(meta.get('sections', [])) - set(meta.get('failed_sections', []))
+print(','.join(s for s in plan if s not in done and s not in meta.get('sections', [])))" 2>/dev/null)
+  if [ -n "$MISSING" ] && [ "$(left_s)" -gt 300 ]; then
+    stamp "calibrate sections cut off in call 1: $MISSING"
+    timeout -k 10 200 python3 sosim/calibrate/cli.py --quick --append --out "$CAL_DIR" --only "$MISSING" 2>&1 \
+      | tee -a "$RES/logs/calibrate.log" | grep -E "^\[calibrate\]|Error"
+    stamp "calibrate --append exit ${PIPESTATUS[0]}"
+  fi
 fi
 
 # ---- the job list (0.18.8's CPUAdam built first, in the foreground: a build beside a job skews its host timings)

@@ -165,6 +165,8 @@ CSV_COLUMNS = (
     *(f"t_hook_total_{phase}_s" for phase in HOOK_PHASES),
     "t_hook_total_s",
     "t_grad_epilogue_calls",
+    "ds_hooked_modules",
+    "z3_leaf_modules",
 )
 
 
@@ -364,6 +366,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         timers.wrap(engine.optimizer)
         if args.hook_timers and hooks.attach(engine):
             family_info["hook_handles"] = hooks.hook_handles
+            family_info["ds_hooked_modules"] = hooks.registered_modules
+        # After initialize: DeepSpeed has flagged its default ZeRO-3 leaf classes by now.
+        family_info["z3_leaf_modules"] = z3_hooks.model_counts(model)["z3_leaf_modules"]
 
         def forward() -> Any:
             return engine(tokens, labels)
@@ -638,7 +643,8 @@ def rows_for(args: argparse.Namespace, run_id: str, result: dict[str, Any], conf
         "hook_timers": "true" if args.hook_timers else "",
     }
     for key in ("family", "moe_impl", "moe_experts", "moe_top_k", "moe_fallback_why", "deepspeed_path",
-                "hooked_modules", "param_modules", "param_tensors", "hook_handles"):
+                "hooked_modules", "param_modules", "param_tensors", "hook_handles", "ds_hooked_modules",
+                "z3_leaf_modules"):
         common[key] = str(result["family_info"].get(key, ""))
     rows = []
     for timing in ("unsynced", "phased"):

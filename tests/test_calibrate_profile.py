@@ -224,6 +224,10 @@ class _FakeCuda:
     def get_device_name(index: int) -> str:
         return "NVIDIA H200"
 
+    @staticmethod
+    def device_count() -> int:
+        return 1
+
 
 class _FakeTorch:
     cuda = _FakeCuda()
@@ -245,6 +249,10 @@ def test_profile_run_measures_gpu_first_waits_for_cpuadam_then_writes(
         events.append(f"run {','.join(sections)} append={append}")
         if not append:
             _calibration(out)
+        if sections == ["host_warmup"]:  # the profile is written after each host section, the first one included
+            events.append(f"profile before host_warmup: {(tmp_path / 'box1.yaml').is_file()}")
+        if sections == ["copy"]:
+            events.append(f"profile before copy: {(tmp_path / 'box1.yaml').is_file()}")
         return 0
 
     real_find_spec = importlib.util.find_spec
@@ -256,7 +264,12 @@ def test_profile_run_measures_gpu_first_waits_for_cpuadam_then_writes(
     assert calcli.main(["--profile", "box1", "--profiles", str(tmp_path), "--quick"]) == 0
     assert events[0] == "run gemm,attention,layer,gpu_cast append=False"
     assert events[1] == "build waited"
-    assert events[2].startswith("run host_warmup,copy,cpu_cast,cpu_adam,ds_refresh,") and events[2].endswith("True")
+    # Then one host section at a time, in the plan's order, each appending, the profile rewritten after each (a
+    # run stopped by a lease's limit keeps a profile of what it measured).
+    runs = [e for e in events[2:] if e.startswith("run ")]
+    assert runs[:5] == [f"run {name} append=True" for name in ("host_warmup", "copy", "cpu_cast", "cpu_adam",
+                                                              "ds_refresh")]
+    assert "profile before host_warmup: False" in events and "profile before copy: True" in events
     assert (tmp_path / "box1.yaml").is_file()
     err = capsys.readouterr().err
     assert "--set hardware=box1" in err and "platform" in err
@@ -318,3 +331,16 @@ def test_every_planned_section_has_a_runner() -> None:
     for arch, info, gpu in (("x86_64", X86_CPUINFO, "NVIDIA H200"), ("aarch64", GRACE_CPUINFO, "NVIDIA GH200 480GB")):
         plan = plan_for(detect(arch=arch, cpuinfo_text=info, gpu_name=gpu, cores=8), quick=True, deepspeed=True)
         assert set(plan.sections) <= set(calcli.ALL_SECTIONS)
+
+
+def test_two_gpus_add_the_multi_gpu_sections_one_gpu_does_not() -> None:
+    """Issue 27: a two-GPU lease's profile measures NCCL and both ranks' host work at once; a one-GPU lease cannot."""
+    one = plan_for(detect(arch="x86_64", cpuinfo_text=X86_CPUINFO, gpu_name="NVIDIA H200", cores=32), True, True)
+    two = plan_for(detect(arch="x86_64", cpuinfo_text=X86_CPUINFO, gpu_name="NVIDIA H200", cores=32, gpus=2),
+                   True, True)
+    assert not {"nccl", "host_shared"} & set(one.sections)
+    assert two.sections[-2:] == ("nccl", "host_shared")
+    assert set(two.sections) <= set(calcli.ALL_SECTIONS)
+    no_ds = plan_for(detect(arch="x86_64", cpuinfo_text=X86_CPUINFO, gpu_name="NVIDIA H200", cores=32, gpus=2),
+                     True, False)
+    assert "host_shared" not in no_ds.sections  # it times DeepSpeed's CPUAdam in two processes

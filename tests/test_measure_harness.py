@@ -141,7 +141,7 @@ def test_model_counts_modules_and_tensors() -> None:
     # mlp container with c_fc and c_proj (2 each): 9 modules, 6 holding parameters, 12 tensors.
     block = Module(0, [Module(2, []), Module(0, [Module(2, []), Module(2, [])]), Module(2, []),
                        Module(0, [Module(2, []), Module(2, [])])])
-    assert model_counts(block) == {"hooked_modules": 9, "param_modules": 6, "param_tensors": 12}
+    assert model_counts(block) == {"hooked_modules": 9, "param_modules": 6, "param_tensors": 12, "z3_leaf_modules": 0}
 
 
 def test_family_sizes() -> None:
@@ -163,7 +163,7 @@ def test_new_columns_only_at_the_end() -> None:
     columns = list(step.CSV_COLUMNS)
     last_timer = columns.index(f"t_{step.TIMER_NAMES[-1]}_s")
     assert columns.index("lease") < columns.index("t_opt_step_s") < last_timer < columns.index("family")
-    assert columns[-1] == "t_grad_epilogue_calls" and len(columns) == len(set(columns))
+    assert columns[-1] == "z3_leaf_modules" and len(columns) == len(set(columns))
 
 
 def test_hook_step_values_sum_phases() -> None:
@@ -275,3 +275,165 @@ def test_campaign_job_list_parses_and_the_step_script_accepts_every_job(tmp_path
     versions = [j for j in jobs if "ds=0.18.8" in j]
     assert {run_all.parse_job(j)[0][3] for j in versions} == {"zero2", "zero3", "superoffload"}
     assert {run_all.parse_job(j)[0][0] for j in versions} == {"1.1b", "G12h2048a16f8192"}
+
+
+def test_validate_reads_gpt2_rows_and_skips_zero3gpu(tmp_path: Path) -> None:
+    from sosim.answers.validate_measured import read_runs
+
+    step = _script("ds_train_step")
+    (tmp_path / "runs").mkdir()
+    (tmp_path / "runs" / "g.ds_config.json").write_text('{"zero_optimization": {"stage": 3}}\n')
+    base = {"timing": "unsynced", "status": "ok", "layers": "12", "hidden": "2048", "heads": "16", "kv_heads": "16",
+            "head_dim": "128", "ffn": "8192", "vocab": "32000", "seq": "2048", "micro_batch": "4", "n_steps": "4",
+            "step_median_s": "1.0", "step_p10_s": "0.9", "step_p90_s": "1.1", "family": "gpt2",
+            "model": "G12h2048a16f8192", "ds_config_file": "runs/g.ds_config.json"}
+    rows = [base | {"run_id": "g-zero3", "config": "zero3"}, base | {"run_id": "g-gpu", "config": "zero3gpu"}]
+    step.append_rows(tmp_path / "deepspeed_steps.csv", rows)
+    runs, skipped = read_runs(tmp_path)
+    assert [r.run_id for r in runs] == ["g-zero3"] and [s.run_id for s in skipped] == ["g-gpu"]
+    model = runs[0].model
+    assert model["model_type"] == "gpt2" and model["n_inner"] == 8192 and model["tie_word_embeddings"] is False
+    assert "no sosim system" in skipped[0].reason
+
+
+def test_instep_report_compares_with_the_same_lease_lookup(tmp_path: Path) -> None:
+    from sosim.costs.calibration_table import CalibrationTable
+
+    report_mod = _script("instep_report")
+    lease = ROOT / "calibration" / "nvidia-h200-2026-12-01"
+    (tmp_path / "measurements.csv").write_text((lease / "measurements.csv").read_text())
+    header = "system,component,part,median_s,p10_s,p90_s,n_steps,layers,hidden,seq,micro_batch,params,subgroups,threads"
+    tail = ",6,8,2048,2048,2,500000000,5,16"
+    (tmp_path / "instep.csv").write_text("\n".join([
+        header, "zero3,refresh,all,0.3,0.3,0.3" + tail, "zero3,refresh,end,0.25,0.25,0.25" + tail,
+        "zero3,refresh_calls,all,5,5,5" + tail, "zero3,fwd,all,0.1,0.1,0.1" + tail]) + "\n")
+    steps = report_mod.read_instep(tmp_path / "instep.csv")
+    assert set(steps) == {("zero3", "refresh"), ("zero3", "fwd")} and steps[("zero3", "refresh")].calls == 5
+    table = CalibrationTable.from_csv(tmp_path / "measurements.csv")
+    iso, how = report_mod.isolated_s(table, "zero3", "refresh", steps[("zero3", "refresh")])
+    per_call = table.ds_refresh_time_s(1e8, 16, "zero3")
+    assert per_call is not None and iso == pytest.approx(5 * per_call) and "x 5" in how
+    assert report_mod.isolated_s(table, "zero3", "fwd", steps[("zero3", "fwd")]) == (None, "")
+    text = report_mod.report(tmp_path)
+    assert f"{0.3 / iso:.2f}" in text and "0.25" in text
+
+
+def test_instep_rows_are_readable_by_the_calibration_table(tmp_path: Path) -> None:
+    from sosim.calibrate.instep_bench import instep_rows
+    from sosim.calibrate.records import Context, Table
+    from sosim.costs.calibration_table import CalibrationTable
+
+    dims = {"elements": 5e8, "subgroups": 5, "threads": 16, "layers": 8, "hidden": 2048, "seq": 2048, "batch": 2}
+    samples = {"refresh": [0.3, 0.31, 0.29, 0.3, 0.32, 0.3], "wait_async": [0.0] * 6,
+               "sync_cpu_optimizer": [0.0, 0.0, 0.1, 0.0, 0.0, 0.0], "fixed": [0.05] * 6, "opt": [1.0] * 6}
+    counts = {"hooked_modules": 60, "z3_leaf_modules": 0}
+    rows = instep_rows("zero3", samples, counts, dims)
+    variants = {r[1] for r in rows}
+    assert "zero3_refresh@all" in variants and "zero3_refresh@end" in variants
+    assert not any(v.startswith("zero3_wait_async") for v in variants)  # never called: no row
+    assert "zero3_sync_cpu_optimizer@start" not in variants and "zero3_sync_cpu_optimizer@middle" in variants
+    assert "zero3_z3_leaf_modules@all" not in variants
+    assert ("ds_step_fixed", "zero3") in {(r[0], r[1]) for r in rows} and "zero3_step_wall" in variants
+    assert not any(r[0] == "ds_step_fixed" for r in instep_rows("zero2", samples, counts, dims))
+    table = Table(Context(device="d", host_cpu="c", torch_version="t", date="2026-12-01"))
+    for op, variant, dtype, times, shape in rows:
+        table.add(op, variant, dtype, list(times), **shape)
+    table.write_csv(tmp_path / "measurements.csv")
+    loaded = CalibrationTable.from_csv(tmp_path / "measurements.csv")  # one zero median would raise here
+    assert ("instep", "zero3_refresh@all") in loaded.columns_by_op
+
+
+def test_quick_layer_offload_keeps_what_the_simulator_reads() -> None:
+    from sosim.calibrate.offload_layer_bench import LAYER_OFFLOAD_PLAN, layer_offload_plan
+
+    quick = {(hidden, modes) for hidden, groups in layer_offload_plan(True) for modes in groups}
+    assert quick == {(2048, ("hf", "z2_offload")), (2048, ("z3_offload_param",))}
+    assert layer_offload_plan(False) == LAYER_OFFLOAD_PLAN
+
+
+def _instep_fixture(folder: Path) -> None:
+    """A measurements.csv with isolated refresh / CPU Adam rows and an instep.csv of the same lease."""
+    from sosim.calibrate.records import Context, Table
+
+    table = Table(Context(device="NVIDIA H200", host_cpu="x86", torch_version="t", date="2026-12-01"))
+    for elements, seconds in ((1e7, 0.006), (1e8, 0.05), (3e8, 0.15)):
+        table.add("ds_refresh", "zero3", "fp32", [seconds] * 5, elements=elements, threads=16, bytes=2 * elements)
+        table.add("ds_refresh", "superoffload", "fp32", [2 * seconds] * 5, elements=elements, threads=3)
+    for elements, seconds in ((1e8, 0.1), (1e9, 1.0)):
+        table.add("cpu_adam", "deepspeed", "fp32", [seconds] * 5, elements=elements, threads=16)
+        table.add("cpu_adam", "deepspeed", "fp32", [4 * seconds] * 5, elements=elements, threads=4)
+    table.write_csv(folder / "measurements.csv")
+    lines = ["system,component,part,median_s,p10_s,p90_s,n_steps,layers,hidden,seq,micro_batch,params,subgroups,"
+             "threads,deepspeed_version"]
+    tail = ",6,8,2048,2048,2,500000000,{g},16,0.19.8"
+    lines += ["zero3,refresh,all,0.30,0.29,0.31" + tail.format(g=5), "zero3,refresh_calls,all,5,5,5" + tail.format(g=5),
+              "superoffload,refresh,all,0.50,0.5,0.5" + tail.format(g=5).replace(",16,", ",3,"),
+              "superoffload,refresh_calls,all,5,5,5" + tail.format(g=5).replace(",16,", ",3,"),
+              "zero2,optimizer,all,0.75,0.7,0.8" + tail.format(g=1),
+              "zero2,optimizer_calls,all,1,1,1" + tail.format(g=1)]
+    (folder / "instep.csv").write_text("\n".join(lines) + "\n")
+
+
+def test_instep_factors_rescale_the_isolated_curves(tmp_path: Path) -> None:
+    from sosim.calibrate.instep_profile import write_instep_table
+    from sosim.calibrate.records import COLUMNS
+    from sosim.costs.calibration_table import CalibrationTable
+
+    _instep_fixture(tmp_path)
+    path, found = write_instep_table(tmp_path, COLUMNS)
+    assert path is not None
+    by = {(f.op, f.variant): f for f in found}
+    # zero3: 0.30 s / 5 calls of 1e8 elements = 0.06 s against 0.05 s isolated at 1e8, 16 threads.
+    assert by[("ds_refresh", "zero3")].factor == pytest.approx(1.2)
+    # superoffload: the row says 3 threads (the main process pinned); 0.10 s per call against 0.10 s isolated.
+    assert by[("ds_refresh", "superoffload")].threads == 3 and by[("ds_refresh", "superoffload")].factor == (
+        pytest.approx(1.0))
+    # zero2: 0.75 s for 5e8 elements; isolated per element at 5e8, 16 threads, is 1e-9 (flat between the sizes).
+    assert by[("cpu_adam", "deepspeed")].factor == pytest.approx(1.5)
+    merged = CalibrationTable.merged([CalibrationTable.from_csv(tmp_path / "measurements.csv"),
+                                      CalibrationTable.from_csv(path)])
+    assert merged.ds_refresh_time_s(1e8, 16, "zero3") == pytest.approx(0.06)
+    assert merged.ds_refresh_time_s(3e8, 16, "zero3") == pytest.approx(0.18)  # the curve's shape, rescaled
+    assert merged.cpu_adam_time_s(1e9, 4, "deepspeed") == pytest.approx(6.0)  # every thread count rescaled
+    assert not merged.session_log_sd  # a variant of its own: no fake lease-to-lease spread
+    alone = CalibrationTable.from_csv(tmp_path / "measurements.csv")
+    assert alone.ds_refresh_time_s(1e8, 16, "zero3") == pytest.approx(0.05)  # no in-step rows: isolated
+
+
+def test_profile_lists_the_instep_table_and_says_so(tmp_path: Path) -> None:
+    import json
+
+    import yaml
+
+    from sosim.calibrate.profile_writer import write_profile
+
+    profiles = tmp_path / "profiles"
+    cal = profiles / "box.calibration"
+    cal.mkdir(parents=True)
+    _instep_fixture(cal)
+    (cal / "calibration_meta.json").write_text(json.dumps({"date": "2026-12-01", "device": "NVIDIA H200"}))
+    written = write_profile("box", profiles, cal, ROOT / "hardware_profiles" / "h200-pcie-gen5-x86.yaml",
+                            "h200-pcie-gen5-x86", "pcie")
+    data = yaml.safe_load(written.path.read_text())
+    assert data["calibration"] == ["box.calibration/measurements.csv", "box.calibration/instep_table.csv"]
+    assert "ds_refresh/zero3 x1.20" in data["description"]
+    assert "In-step host figures" in written.path.read_text()
+    assert any("in-step figures used" in n for n in written.notes)
+
+
+def test_validate_skips_unreadable_models(tmp_path: Path) -> None:
+    from sosim.answers.validate_measured import read_runs
+
+    step = _script("ds_train_step")
+    (tmp_path / "runs").mkdir()
+    (tmp_path / "runs" / "c.ds_config.json").write_text('{"zero_optimization": {"stage": 3}}\n')
+    base = {"timing": "unsynced", "status": "ok", "layers": "8", "hidden": "2048", "heads": "16", "kv_heads": "4",
+            "head_dim": "128", "ffn": "5632", "vocab": "32000", "seq": "2048", "micro_batch": "4", "n_steps": "4",
+            "step_median_s": "1.0", "config": "zero3", "ds_config_file": "runs/c.ds_config.json",
+            "deepspeed_version": "0.19.8", "family": "llama"}
+    rows = [base | {"run_id": "odd", "heads": "3"},  # hidden 2048 is no multiple of 3 heads: the reader refuses it
+            base | {"run_id": "ok"}]
+    step.append_rows(tmp_path / "deepspeed_steps.csv", rows)
+    runs, skipped = read_runs(tmp_path)
+    assert [r.run_id for r in runs] == ["ok"]
+    assert [s.run_id for s in skipped] == ["odd"] and "model not readable by sosim" in skipped[0].reason

@@ -85,6 +85,10 @@ SYSTEM_NAMES: dict[str, str] = {
     "superoffload": "SuperOffload",
 }
 OFFLOADED = ("zero2", "zero3", "superoffload")
+# Configurations the step script measures that no sosim system replays: skipped with the reason, not an error.
+UNMODELLED_CONFIGS: dict[str, str] = {
+    "zero3gpu": "ZeRO-3 without offload (GPU AdamW): measured for its stage-3 hook timers, no sosim system replays it",
+}
 
 # Program sections of one training step, by the ops' typed phase.
 FORWARD, BACKWARD, STEP = 0, 1, 2
@@ -205,8 +209,24 @@ def profile_for(machine: str) -> str | None:
 
 
 def _hf_config(row: Mapping[str, str], where: str) -> dict[str, Any]:
-    """The measured model as a Hugging Face Llama config (scripts/ds_train_step.py builds sosim's torch Llama:
-    SwiGLU, RMSNorm, untied embeddings, no biases: sosim/calibrate/llama.py)."""
+    """The measured model as a Hugging Face config. Column ``family`` (added 2026-12-01; empty in older files:
+    llama): ``llama`` is sosim's torch Llama (SwiGLU, RMSNorm, untied embeddings, no biases:
+    sosim/calibrate/llama.py), ``gpt2`` the GPT-2 family of sosim/calibrate/families.py (biases, LayerNorm,
+    GELU, learned positions, untied head); an MoE row (family ``moe``) adds its Qwen3-MoE keys (:func:`_moe_config`)."""
+    family = _cell(row, "family") or "llama"
+    if family == "gpt2":
+        return {
+            "_name_or_path": f"measured-gpt2-{_cell(row, 'model') or 'model'}",
+            "model_type": "gpt2",
+            "activation_function": "gelu_new",
+            "tie_word_embeddings": False,
+            "n_embd": int(_num(row, "hidden", where)),
+            "n_layer": int(_num(row, "layers", where)),
+            "n_head": int(_num(row, "heads", where)),
+            "n_inner": int(_num(row, "ffn", where)),
+            "n_positions": max(int(_num(row, "seq", where)), 1024),
+            "vocab_size": int(_num(row, "vocab", where)),
+        }
     return {
         "_name_or_path": f"measured-llama-{_cell(row, 'model') or 'model'}",
         "model_type": "llama",
@@ -307,6 +327,9 @@ def read_runs(folder: Path) -> tuple[list[MeasuredRun], list[Skipped]]:
         if phased_row and _cell(phased_row, "step_fixed_median_s"):
             timers["fixed"] = _num(phased_row, "step_fixed_median_s", pwhere)
         config = _cell(row, "config")
+        if config in UNMODELLED_CONFIGS:
+            skipped.append(Skipped(run_id, folder.name, where, UNMODELLED_CONFIGS[config]))
+            continue
         if config not in SYSTEM_NAMES:
             raise ConfigError([f"{where}: config: unknown configuration {config!r} "
                                f"(known: {', '.join(SYSTEM_NAMES)})"])
@@ -316,13 +339,20 @@ def read_runs(folder: Path) -> tuple[list[MeasuredRun], list[Skipped]]:
             skipped.append(Skipped(run_id, folder.name, where, f"DeepSpeed config {ds_file or '(none)'} not found "
                                    f"in {folder}"))
             continue
+        model = _hf_config(row, where)
+        try:  # a shape the model reader refuses (MoE, head_dim x heads != hidden) is skipped, located, not fatal
+            model_from_hf(Located(model, f"{where} (model shape columns)"))
+        except ConfigError as error:
+            reason = "; ".join(sorted({p.rsplit(": ", 1)[-1] for p in error.problems}))
+            skipped.append(Skipped(run_id, folder.name, where, f"model not readable by sosim: {reason}"))
+            continue
         step = _stat(row, "step", where)
         runs.append(MeasuredRun(
             run_id=run_id, machine=folder.name, where=where, config=config,
             step=step if step is not None else Stat(_num(row, "step_median_s", where)),
             n_steps=int(_num(row, "n_steps", where, 0)),
             phased_total=_stat(phased_row, "step", pwhere) if phased_row else None,
-            phases=phases, timers=timers, ds_config=ds_path, model=_hf_config(row, where),
+            phases=phases, timers=timers, ds_config=ds_path, model=model,
             seq=int(_num(row, "seq", where)), micro_batch=int(_num(row, "micro_batch", where)),
             activation_checkpointing=_bool(row, "activation_checkpointing", where, True),
             gpus=int(_num(row, "gpus", where, 1)), clip=_num(row, "gradient_clipping", where, 0.0),

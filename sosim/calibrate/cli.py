@@ -192,7 +192,7 @@ def _calibrate_profile(args: argparse.Namespace) -> int:
     folder = profiles_folder(args.profiles)
     cal_dir = folder / f"{args.profile}.calibration"
     has_ds = importlib.util.find_spec("deepspeed") is not None
-    plat = detect(gpu_name=torch.cuda.get_device_name(0))
+    plat = detect(gpu_name=torch.cuda.get_device_name(0), gpus=int(torch.cuda.device_count()))
     plan = plan_for(plat, args.quick, has_ds)
     sections = [s.strip() for s in args.only.split(",") if s.strip()] if args.only else list(plan.sections)
     for note in plan.notes:
@@ -205,15 +205,21 @@ def _calibrate_profile(args: argparse.Namespace) -> int:
     if build is not None:
         code = build.wait()
         print(f"[calibrate] DeepSpeed CPUAdam build exit {code}", file=sys.stderr)
-    rest = [s for s in sections if s not in gpu_first]
-    if rest:
-        status = max(status, _run(torch, cal_dir, args.quick, rest, bool(gpu_first)))
     from .profile_writer import write_profile
 
+    template = shipped_profiles_folder() / f"{plan.template_profile}.yaml"
+    rest = [s for s in sections if s not in gpu_first]
+    appended = bool(gpu_first)
+    for name in rest:
+        # One section at a time, the profile written after each: a run stopped by a lease's time limit still
+        # leaves a usable profile of what it measured (the table it names gains the later sections' rows).
+        status = max(status, _run(torch, cal_dir, args.quick, [name], appended))
+        appended = True
+        if (cal_dir / "measurements.csv").is_file() and (cal_dir / "calibration_meta.json").is_file():
+            write_profile(args.profile, folder, cal_dir, template, plan.template_profile, plan.link_kind)
     if not (cal_dir / "measurements.csv").is_file() or not (cal_dir / "calibration_meta.json").is_file():
         print(f"sosim calibrate: nothing was measured into {cal_dir}; no profile written", file=sys.stderr)
         return 1
-    template = shipped_profiles_folder() / f"{plan.template_profile}.yaml"
     written = write_profile(args.profile, folder, cal_dir, template, plan.template_profile, plan.link_kind)
     for note in written.notes:
         print(f"[calibrate] profile note: {note}", file=sys.stderr)

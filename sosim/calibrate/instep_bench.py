@@ -5,7 +5,9 @@ can differ (page state, CPU Adam's memory traffic beside it, the order of work).
 steps of a small Llama (the ds_step_fixed model: 8 layers of hidden 2048, seq 2048, micro-batch 2) under each
 system, one spawned child per system (isolate.run_isolated), and times from inside, per step:
 
-- the phases (synchronised after forward, backward and step(): ``fwd``, ``bwd``, ``opt``, ``step_wall``);
+- the phases, without barriers between them (a real step's order and overlap): ``step_wall`` (synchronised
+  at the end), ``fwd`` / ``bwd`` / ``opt`` the host's time to return from each (the 2026-12-01 lease's section
+  still synchronised after every phase);
 - DeepSpeed's optimizer methods (ds_timers.MethodTimers: the refresh, the norm, the worker wait, the flush
   ``partition_grads``, ...), the backward ones and the step() ones kept apart (``bwd_<name>``, ``<name>``);
 - stage 3's module hooks, fetch and release (z3_hooks.HookTimers) per phase, with call counts.
@@ -22,8 +24,10 @@ from __future__ import annotations
 
 import csv
 import os
+import statistics
 import sys
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -152,7 +156,8 @@ def step_values(phases: dict[str, dict[str, tuple[float, int]]], walls: dict[str
     return out
 
 
-def instep_target(emit: Emit, system: str, steps: int) -> None:
+def instep_target(emit: Emit, system: str, steps: int, model_dims: tuple[int, int] | None = None,
+                  seq: int = INSTEP_SEQ) -> None:
     import torch
 
     from . import llama
@@ -163,12 +168,15 @@ def instep_target(emit: Emit, system: str, steps: int) -> None:
     setup_single_process_env()
     import deepspeed
 
-    deepspeed.init_distributed(dist_backend="nccl")
-    layers, hidden = INSTEP_MODEL
+    # DS_ACCELERATOR=cpu: a smoke test of this code on a machine without a GPU (gloo; its times mean nothing).
+    on_cpu = os.environ.get("DS_ACCELERATOR") == "cpu"
+    device = "cpu" if on_cpu else "cuda"
+    deepspeed.init_distributed(dist_backend="gloo" if on_cpu else "nccl")
+    layers, hidden = model_dims if model_dims is not None else INSTEP_MODEL
     heads = hidden // 128
     shape = llama.LlamaShape(layers, hidden, heads, llama.default_kv_heads(heads), llama.swiglu_ffn(hidden), 32000)
     torch.manual_seed(0)
-    with torch.device("cuda"):
+    with torch.device(device):
         model = llama.LlamaModel(shape, checkpoint_layers=True)
     model = model.to(torch.bfloat16)
     llama.init_weights_(model)
@@ -180,10 +188,14 @@ def instep_target(emit: Emit, system: str, steps: int) -> None:
     hooks = HookTimers(MethodTimers())
     hooks.attach(engine)
     subgroups = len(getattr(engine.optimizer, "fp16_groups", []) or getattr(engine.optimizer, "bit16_groups", []))
-    tokens = torch.randint(0, 32000, (INSTEP_BATCH, INSTEP_SEQ), device="cuda")
+    tokens = torch.randint(0, 32000, (INSTEP_BATCH, seq), device=device)
     labels = torch.roll(tokens, -1, dims=1)
     samples: dict[str, list[float]] = {}
-    sync = torch.cuda.synchronize
+
+    def sync() -> None:
+        if not on_cpu:
+            torch.cuda.synchronize()
+
     for index in range(2 + steps):
         sync()
         methods.take()
@@ -191,11 +203,12 @@ def instep_target(emit: Emit, system: str, steps: int) -> None:
         phases: dict[str, dict[str, tuple[float, int]]] = {}
         t0 = time.perf_counter()
         loss = engine(tokens, labels)
-        sync()
+        # No barrier between the phases: the host work is timed as a real step runs it (a refresh after a
+        # synchronised backward cost up to 1.25x the unsynced steps' on the 2026-12-01 lease); fwd / bwd are then
+        # the host's time to return from each phase, step_wall the whole step.
         t1 = time.perf_counter()
         phases["fwd_hooks"] = hooks.take()
         engine.backward(loss)
-        sync()
         t2 = time.perf_counter()
         phases["bwd_hooks"], phases["bwd_methods"] = hooks.take(), methods.take()
         engine.step()
@@ -208,21 +221,35 @@ def instep_target(emit: Emit, system: str, steps: int) -> None:
         for name, value in step_values(phases, walls, fixed_part_s).items():
             samples.setdefault(name, []).append(value)
     dims = {"elements": shape.params_count(), "subgroups": subgroups, "threads": len(os.sched_getaffinity(0)),
-            "layers": layers, "hidden": hidden, "seq": INSTEP_SEQ, "batch": INSTEP_BATCH}
+            "layers": layers, "hidden": hidden, "seq": seq, "batch": INSTEP_BATCH}
+    for row in instep_rows(system, samples, counts, dims):
+        emit(row)
+    engine.destroy()
+
+
+def instep_rows(system: str, samples: dict[str, list[float]], counts: Mapping[str, int],
+                dims: Mapping[str, float]) -> list[Any]:
+    """The section's rows from one system's per-step samples: instep/<system>_<name>@<part> (positive medians
+    only), the model's counts, and for zero3 / superoffload the ds_step_fixed rows."""
+    rows: list[Any] = []
     for name, values in samples.items():
-        if not any(v > 0 for v in values):
-            continue
         for part, chunk in split_parts(values).items():
-            emit(("instep", f"{system}_{name}@{part}", "bf16", chunk, dims))
+            # Why only positive medians: sosim's calibration table refuses a row whose median_s is 0 (a method
+            # this system never calls, a part of the run where it did not run), and one such row would make
+            # the whole measurements.csv, and the profile naming it, unreadable.
+            if chunk and statistics.median(chunk) > 0:
+                rows.append(("instep", f"{system}_{name}@{part}", "bf16", chunk, dims))
     for key, value in counts.items():
-        emit(("instep", f"{system}_{key}@all", "count", [float(value)], dims))
+        if value > 0:
+            rows.append(("instep", f"{system}_{key}@all", "count", [float(value)], dims))
     if system in ("zero3", "superoffload"):
         # The ds_step_fixed section's rows, from the same steps (its model, sub-group size and timers).
-        fixed_dims = {"elements": dims["elements"], "subgroups": subgroups, "threads": dims["threads"]}
-        emit(("ds_step_fixed", system, "bf16", samples["fixed"], fixed_dims))
+        fixed_dims = {"elements": dims["elements"], "subgroups": dims["subgroups"], "threads": dims["threads"]}
+        if samples.get("fixed") and statistics.median(samples["fixed"]) > 0:
+            rows.append(("ds_step_fixed", system, "bf16", samples["fixed"], fixed_dims))
         for name in ("step_wall", "opt_step", "wait_async", "pre_step", "partition_all", "overflow_check", "norm",
                      "unscale_clip", "optimizer", "refresh", "post_step"):
             key = "opt" if name == "step_wall" else name  # ds_step_fixed's step_wall is step() alone
-            if key in samples and any(v > 0 for v in samples[key]):
-                emit(("ds_step_fixed", f"{system}_{name}", "bf16", samples[key], fixed_dims))
-    engine.destroy()
+            if samples.get(key) and statistics.median(samples[key]) > 0:
+                rows.append(("ds_step_fixed", f"{system}_{name}", "bf16", samples[key], fixed_dims))
+    return rows

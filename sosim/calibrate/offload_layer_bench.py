@@ -41,6 +41,16 @@ LAYER_OFFLOAD_PLAN: tuple[tuple[int, tuple[tuple[str, ...], ...]], ...] = (
     (4096, (("hf", "z2_offload"), ("z3_offload_param",))),
 )
 Z2_FLUSHES: tuple[tuple[str, int, bool], ...] = (("1layer", 1, False), ("0.5b", 8, True))
+# --quick (added 2026-12-01, issue 23 item 2: a quick profile within minutes on a fresh lease): the two modes the
+# simulator reads (sosim/costs/offload_mechanisms.py: ZeRO-2's flush around the hf stack, ZeRO-Infinity's fetch)
+# at the runs' hidden 2048 only; the overlap_comm off and ZeRO-3 SGD diagnostics and hidden 4096 run without it.
+LAYER_OFFLOAD_QUICK_PLAN: tuple[tuple[int, tuple[tuple[str, ...], ...]], ...] = (
+    (2048, (("hf", "z2_offload"), ("z3_offload_param",))),
+)
+
+
+def layer_offload_plan(quick: bool) -> tuple[tuple[int, tuple[tuple[str, ...], ...]], ...]:
+    return LAYER_OFFLOAD_QUICK_PLAN if quick else LAYER_OFFLOAD_PLAN
 
 
 def bench_layer_offload(torch: Any, table: Table, quick: bool, log: TextIO = sys.stderr) -> None:
@@ -51,7 +61,7 @@ def bench_layer_offload(torch: Any, table: Table, quick: bool, log: TextIO = sys
     _print_rows(rows, log)
     if problem:
         problems.append(f"z2_flush: {problem}")
-    for hidden, groups in LAYER_OFFLOAD_PLAN:
+    for hidden, groups in layer_offload_plan(quick):
         for modes in groups:
             rows, problem = run_isolated(
                 layer_target,

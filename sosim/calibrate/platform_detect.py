@@ -35,6 +35,9 @@ DEEPSPEED_SECTIONS: tuple[str, ...] = ("ds_refresh", "layer_z3", "ds_step_fixed"
 # Grace only: copies that C2C makes cheap and a PCIe host cannot do at all (system-allocated memory read by the
 # GPU through the coherent link; see c2c_bench.py).
 GRACE_SECTIONS: tuple[str, ...] = ("c2c_access",)
+# Sections that need two GPUs of one host (issue 27): NCCL between them, and both ranks' host work at once (CPU Adam
+# and copies of two processes sharing the cores and DRAM), which a 2-GPU step's prediction rests on.
+MULTI_GPU_SECTIONS: tuple[str, ...] = ("nccl", "host_shared")
 
 
 @dataclass(frozen=True)
@@ -46,6 +49,7 @@ class Platform:
     cpu_part: str = ""  # /proc/cpuinfo "CPU part" (Arm), lower case
     gpu_name: str = ""
     cores: int = 1
+    gpus: int = 1  # torch.cuda.device_count(): the 2-GPU sections run only where there are two
 
     @property
     def is_aarch64(self) -> bool:
@@ -85,7 +89,8 @@ def _cpuinfo_field(text: str, key: str) -> str:
 
 
 def detect(
-    arch: str | None = None, cpuinfo_text: str | None = None, gpu_name: str = "", cores: int | None = None
+    arch: str | None = None, cpuinfo_text: str | None = None, gpu_name: str = "", cores: int | None = None,
+    gpus: int = 1,
 ) -> Platform:
     """This machine's platform; each argument replaces the corresponding probe (tests fake them all)."""
     if cpuinfo_text is None:
@@ -97,6 +102,7 @@ def detect(
         cpu_part=_cpuinfo_field(cpuinfo_text, "cpu part"),
         gpu_name=gpu_name,
         cores=cores if cores is not None else len(os.sched_getaffinity(0)),
+        gpus=gpus,
     )
 
 
@@ -130,6 +136,10 @@ def plan_for(plat: Platform, quick: bool, deepspeed: bool) -> CalibrationPlan:
         sections.insert(at + 1, "instep")
         if quick:
             sections.remove("ds_step_fixed")
+        if plat.gpus >= 2:
+            sections += list(MULTI_GPU_SECTIONS)
+            notes.append(f"{plat.gpus} GPUs: NCCL between two of them and two ranks' host work at once "
+                         "(nccl, host_shared)")
     else:
         notes.append("DeepSpeed not importable: no ds_refresh/layer_z3/ds_step_fixed/so_worker/so_grads/"
                      "layer_offload rows; the profile's stage-3 costs stay analytic")

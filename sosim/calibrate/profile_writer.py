@@ -285,8 +285,28 @@ def write_profile(name: str, profiles_dir: Path, cal_dir: Path, template_path: P
     rel = Path(table).resolve().relative_to(profiles_dir.resolve()).as_posix()
     profile, notes = build_profile(name, template, template_name, meta, rows, rel, link_kind,
                                    cpuadam_build_flags(cal_dir / "cpuadam_build.json"))
+    from .instep_profile import write_instep_table
+    from .records import COLUMNS
+
+    # In-step figures where the instep section measured them (issue 23 item 1): a second table of the isolated
+    # curves rescaled to the in-step cost, listed after the first; the table's lookups take them where they exist.
+    try:
+        instep_path, found = write_instep_table(cal_dir, COLUMNS)
+    except (OSError, ValueError, KeyError) as error:  # a malformed instep.csv must not cost the profile
+        instep_path, found = None, []
+        notes.append(f"in-step figures not used: {type(error).__name__}: {error}")
+    used = ""
+    if instep_path is not None:
+        profile["calibration"] = [rel, instep_path.resolve().relative_to(profiles_dir.resolve()).as_posix()]
+        used = "".join(f"\n#   {f.op}/{f.variant}: {f.how}" for f in found)
+        profile["description"] += "; host costs: in-step figures where measured (" + ", ".join(
+            f"{f.op}/{f.variant} x{f.factor:.2f}" for f in found) + "), isolated sections elsewhere"
+        notes.append("in-step figures used for " + ", ".join(f"{f.op}/{f.variant}" for f in found))
+    else:
+        notes.append("no in-step figures (no instep section): host costs from the isolated sections")
     path = profiles_dir / f"{name}.yaml"
     header = (f"# Written by `sosim calibrate --profile {name}` on {meta.get('date', '')}: every number says where it "
-              f"came from\n# (measured here, datasheet, or the nearest shipped kind {template_name}).\n")
+              f"came from\n# (measured here, datasheet, or the nearest shipped kind {template_name}).\n"
+              + (f"# In-step host figures (sosim/calibrate/instep_profile.py):{used}\n" if used else ""))
     path.write_text(header + yaml.safe_dump(profile, sort_keys=False, width=120, allow_unicode=True))
     return WrittenProfile(name=name, path=path, table=table, notes=tuple(notes))

@@ -100,6 +100,7 @@ class HookTimers:
         self.timers = timers
         self.wrapped: list[str] = []
         self.hook_handles = 0
+        self.registered_modules = 0  # modules DeepSpeed hooked: a ZeRO-3 leaf module's children are not
         self.attached = False
 
     def attach(self, engine: Any) -> bool:
@@ -110,6 +111,10 @@ class HookTimers:
         coordinator = offload.get_param_coordinator() if hasattr(offload, "get_param_coordinator") else None
         if coordinator is not None:
             self.wrapped += _wrap_methods(self.timers, coordinator, COORDINATOR_METHODS)
+        # Two forward hooks per registered module (_register_deepspeed_module). Why count them: DeepSpeed 0.18.8 /
+        # 0.19.8 flag some classes as ZeRO-3 leaf modules by default (runtime/zero/leaf_module_config.py:
+        # Mixtral's, Qwen2-MoE's and Qwen3-MoE's SparseMoeBlock), fetched whole, their children not hooked.
+        self.registered_modules = len(getattr(offload, "forward_hooks", [])) // 2
         self.hook_handles = _wrap_handles(self.timers, getattr(offload, "forward_hooks", []), FORWARD_HOOKS)
         self.hook_handles += _wrap_handles(self.timers, getattr(offload, "backward_hooks", []), BACKWARD_HOOKS)
         self.attached = True
@@ -125,4 +130,6 @@ def model_counts(module: Any) -> dict[str, int]:
     modules = list(module.modules())
     holding = [m for m in modules if any(True for _ in m.parameters(recurse=False))]
     tensors = sum(1 for _ in module.parameters())
-    return {"hooked_modules": len(modules), "param_modules": len(holding), "param_tensors": tensors}
+    leaves = sum(1 for m in modules if getattr(m, "_z3_leaf", False))  # DeepSpeed's flag (utils/z3_leaf_module.py)
+    return {"hooked_modules": len(modules), "param_modules": len(holding), "param_tensors": tensors,
+            "z3_leaf_modules": leaves}

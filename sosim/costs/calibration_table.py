@@ -380,8 +380,9 @@ class CalibrationTable:
         _check_non_negative(elements=elements, threads=threads)
         if elements == 0:
             return 0.0
-        cols = self.columns_by_op.get(("cpu_adam", impl))
-        return None if cols is None else self._per_element_time_s(("cpu_adam", impl), cols, elements, threads)
+        key = self._in_step_or(("cpu_adam", impl))
+        cols = self.columns_by_op.get(key)
+        return None if cols is None else self._per_element_time_s(key, cols, elements, threads)
 
     def cpu_adam_variant_time_s(self, elements: float, threads: float, variant: str) -> float | None:
         """One Adam step of a named implementation variant: ``cpu_adam`` rows of that variant (torch's AdamW
@@ -432,8 +433,16 @@ class CalibrationTable:
         _check_non_negative(elements=elements, threads=threads)
         if elements == 0:
             return 0.0
-        cols = self.columns_by_op.get(("ds_refresh", variant))
-        return None if cols is None else self._per_element_time_s(("ds_refresh", variant), cols, elements, threads)
+        key = self._in_step_or(("ds_refresh", variant))
+        cols = self.columns_by_op.get(key)
+        return None if cols is None else self._per_element_time_s(key, cols, elements, threads)
+
+    def _in_step_or(self, key: tuple[str, str]) -> tuple[str, str]:
+        """``(op, variant + '@instep')`` when the table holds it, else ``key``. The in-step variant is the isolated
+        curve rescaled to what the same call cost inside this machine's real steps (sosim/calibrate/
+        instep_profile.py, written by `sosim calibrate --profile` beside the isolated rows)."""
+        in_step = (key[0], f"{key[1]}@instep")
+        return in_step if in_step in self.columns_by_op else key
 
     def stage3_hook_time_s(
         self, hidden: int, heads: int, kv_heads: int, ffn: int, tokens: int, backward: bool
