@@ -13,26 +13,26 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import errno
 import importlib
 import os
+import signal
 import sys
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
+from sosim.answers.stop_signals import install_stop_handlers, release_held_signals, stopped
 from sosim.formats.output import (
     check_finite_result,
-    check_output_path,
     format_value,
     plot_suffixes,
     print_json,
     provenance_fields,
-    write_output,
 )
 from sosim.inputs.errors import ConfigError, SosimError
 
 EXIT_USAGE = 2
-EXIT_INTERRUPTED = 130
 EXIT_INTERNAL = 70  # EX_SOFTWARE: a bug in sosim, not the input
 DEBUG_ENV = "SOSIM_DEBUG"  # set to 1 to see the traceback of an internal error
 
@@ -156,12 +156,18 @@ def _metrics_table(metrics: dict[str, Any]) -> str:
 def cmd_run(args: argparse.Namespace) -> int:
     from sosim import simulate
     from sosim.answers.bands import band_for_run, band_json
-    from sosim.formats import dsconfig
+    from sosim.formats import dsconfig, safe_write
 
-    trace = check_output_path(args.trace, "--trace") if args.trace is not None else None
-    plot = check_output_path(args.plot, "--plot", plot_suffixes()) if args.plot is not None else None
+    # Outputs are checked before any work, and never replace a file sosim did not write (without --force)
+    # nor an input of this run (sosim/formats/safe_write.py).
+    force, inputs = getattr(args, "force", False), _run_inputs(args)
+    trace = (safe_write.prepare_output(args.trace, "--trace", "trace", safe_write.TRACE, force=force, inputs=inputs)
+             if args.trace is not None else None)
+    plot = (safe_write.prepare_output(args.plot, "--plot", "figure", safe_write.FIGURE, force=force, inputs=inputs,
+                                      suffixes=plot_suffixes()) if args.plot is not None else None)
     from sosim.formats import frameworks_cli
 
+    frameworks_cli.check_emits(args)  # --emit-torchtitan / --emit-megatron-args, before any work
     fw_mapping = None
     if frameworks_cli.requested(args):  # --torchtitan job.toml / --megatron-args (+ --hardware, --model)
         sc, fw_mapping = frameworks_cli.scenario_for_run(args)
@@ -182,13 +188,13 @@ def cmd_run(args: argparse.Namespace) -> int:
         from sosim.formats.trace import write_trace
 
         # The band's markers only when there is a band (keeps write_trace's two-argument form otherwise).
-        write_output(trace, "--trace", lambda p: write_trace(result, p, band=band.metrics()) if band
-                     else write_trace(result, p))
+        safe_write.write_atomic(trace, "--trace", "trace", lambda p: write_trace(result, p, band=band.metrics())
+                                if band else write_trace(result, p), safe_write.TRACE, force=force, inputs=inputs)
     if plot is not None:
         from sosim.formats.plot import plot_result
 
-        write_output(plot, "--plot", lambda p: plot_result(result, p, band=band.metrics()) if band
-                     else plot_result(result, p))
+        safe_write.write_atomic(plot, "--plot", "figure", lambda p: plot_result(result, p, band=band.metrics())
+                                if band else plot_result(result, p), safe_write.FIGURE, force=force, inputs=inputs)
     if args.format == "json":
         gpu_usable, cpu_usable = usable_memory_gib(sc)
         print_json({"scenario": sc.name, "system": sc.schedule.system, **provenance_fields(sc, args.engine),
@@ -199,6 +205,14 @@ def cmd_run(args: argparse.Namespace) -> int:
         print(run_table(sc, result.metrics, result.provenance))
         print(f"\nerror band: {band.line()}" if band is not None else f"\nerror band: none ({no_band})")
     return 0
+
+
+def _run_inputs(args: argparse.Namespace) -> list[str]:
+    """The files ``sosim run`` reads (an output must not replace one of them)."""
+    from sosim.run.loader import input_files
+
+    return input_files([getattr(args, "scenario", None), getattr(args, "ds_config", None),
+                        getattr(args, "model", None)])
 
 
 def cmd_examples(args: argparse.Namespace) -> int:
@@ -346,6 +360,9 @@ def _add_common_options(p: argparse.ArgumentParser, default: Any) -> None:
     p.add_argument("--profiles", metavar="DIR", action="append", default=default,
                    help="folder of hardware profiles searched by name before $SOSIM_PROFILES and the shipped "
                         "ones; repeatable")
+    p.add_argument("--force", action="store_true", default=argparse.SUPPRESS if default is argparse.SUPPRESS
+                   else False, help="let an output replace an existing file that sosim did not write (never a "
+                                    "link, FIFO, device or an input of the command)")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -377,9 +394,14 @@ def _profile_folders(dirs: Sequence[str]) -> Iterator[None]:
     if not dirs:
         yield
         return
+    from sosim.inputs.safe_read import is_dir, path_problem, shown_path
+
     for d in dirs:
-        if not Path(d).is_dir():
-            raise SosimError(f"--profiles {d}: not a folder")
+        problem = path_problem(d)
+        if problem is not None:
+            raise SosimError(f"--profiles {shown_path(d)}: {problem}")
+        if not is_dir(d):
+            raise SosimError(f"--profiles {shown_path(d)}: not a folder")
     old = os.environ.get(PROFILES_ENV)
     os.environ[PROFILES_ENV] = os.pathsep.join([*(str(Path(d).resolve()) for d in dirs), *([old] if old else [])])
     try:
@@ -391,11 +413,20 @@ def _profile_folders(dirs: Sequence[str]) -> Iterator[None]:
             os.environ[PROFILES_ENV] = old
 
 
+# Problems printed for one error: a file of 100,000 unknown keys printed 100,000 lines; the first ones say what
+# is wrong and the count says how much.
+MAX_SHOWN_PROBLEMS = 50
+
+
 def report_error(exc: SosimError) -> None:
-    """Problems in files are printed as they are (``file:line: key: message``); others after ``sosim:``."""
+    """Problems in files are printed as they are (``file:line: key: message``); others after ``sosim:``. At most
+    MAX_SHOWN_PROBLEMS lines, then how many more there are."""
     lines = exc.problems if isinstance(exc, ConfigError) else str(exc).splitlines()
-    for line in lines:
+    for line in lines[:MAX_SHOWN_PROBLEMS]:
         print(line if isinstance(exc, ConfigError) else f"sosim: {line}", file=sys.stderr)
+    if len(lines) > MAX_SHOWN_PROBLEMS:
+        print(f"sosim: ... and {len(lines) - MAX_SHOWN_PROBLEMS:,} more problem(s) (the first {MAX_SHOWN_PROBLEMS} are "
+              "shown)", file=sys.stderr)
 
 
 def _robust_streams() -> None:
@@ -408,34 +439,60 @@ def _robust_streams() -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    previous = install_stop_handlers()  # first: a signal while the parser imports the commands (pandas...) too
+    try:
+        release_held_signals()
+        return _main(argv)
+    except KeyboardInterrupt as exc:  # a signal while the parser was being built, or outside a command
+        return stopped(exc)
+    finally:
+        for signum, handler in previous.items():
+            if handler is not None:
+                signal.signal(signum, handler)
+
+
+def _main(argv: Sequence[str] | None) -> int:
     args_list = list(sys.argv[1:] if argv is None else argv)
     _robust_streams()
-    if args_list[:1] == ["calibrate"]:
-        # argparse's REMAINDER drops '--options' inside a sub-parser: hand the rest over untouched.
-        return cmd_calibrate(argparse.Namespace(rest=args_list[1:]))
-    parser = build_parser()
-    args = parser.parse_args(args_list)
     try:
+        if args_list[:1] == ["calibrate"]:
+            # argparse's REMAINDER drops '--options' inside a sub-parser: hand the rest over untouched.
+            return cmd_calibrate(argparse.Namespace(rest=args_list[1:]))
+        parser = build_parser()
+        args = parser.parse_args(args_list)
         with _profile_folders(args.profiles):
             return int(args.func(args))
     except SosimError as exc:
         report_error(exc)
         return EXIT_USAGE
-    except KeyboardInterrupt:
-        print("sosim: interrupted", file=sys.stderr)
-        return EXIT_INTERRUPTED
+    except KeyboardInterrupt as exc:
+        return stopped(exc)
     except BrokenPipeError:
         # The reader went away (sosim ... | head): not an error. Point stdout at devnull so the interpreter's
         # final flush does not complain either.
         with contextlib.suppress(OSError):
             os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
+    except OSError as exc:
+        if exc.errno != errno.ENAMETOOLONG:
+            return _internal(exc)
+        # A name the file system refuses, met by a check that does not use sosim/inputs/safe_read.py: the
+        # input's fault, not sosim's.
+        from sosim.inputs.safe_read import shown_path
+
+        print(f"sosim: {shown_path(exc.filename or '')}: the name is longer than the file system allows",
+              file=sys.stderr)
+        return EXIT_USAGE
     except Exception as exc:  # a bug, not the input: one line, the traceback only on request
-        if os.environ.get(DEBUG_ENV):
-            raise
-        print(f"sosim: internal error: {type(exc).__name__}: {exc} (a bug in sosim; rerun with {DEBUG_ENV}=1 "
-              "for the traceback and please report it)", file=sys.stderr)
-        return EXIT_INTERNAL
+        return _internal(exc)
+
+
+def _internal(exc: Exception) -> int:
+    if os.environ.get(DEBUG_ENV):
+        raise exc
+    print(f"sosim: internal error: {type(exc).__name__}: {exc} (a bug in sosim; rerun with {DEBUG_ENV}=1 "
+          "for the traceback and please report it)", file=sys.stderr)
+    return EXIT_INTERNAL
 
 
 if __name__ == "__main__":

@@ -15,7 +15,11 @@ bounds, unwritable outputs, hostile numbers); each example must also end within 
 
 The fast run (``python -m pytest tests/test_fuzz.py``) tries a few dozen inputs of each kind; the full run
 (``--slow``, ``FUZZ_EXAMPLES`` per kind, 2,500 by default: 10,000 files and overrides plus 2,500 command lines)
-is run by hand.
+is run by hand. Issue 26's classes (YAML tags, FIFOs and devices on every route, list-form tables, damaged
+``--resume`` files, huge and tiny physical constants, outputs over existing files) have their own generator in
+tests/test_fuzz_hostile.py; this one mixes them in too (tags in the text, FIFOs, links and the user's files as
+command-line paths) and checks that a feasible result is plausible (a step under a day, usable memory above
+zero) and that no input file changes. FUZZ_TALLY=FILE appends one JSON line per example (docs/limits.md).
 """
 
 from __future__ import annotations
@@ -195,7 +199,11 @@ text_damage = st.one_of(
                                b"\nbomb: &b0 [x, x, x, x, x, x, x, x, x, x]\n"
                                + b"".join(b"b%d: &b%d [%s]\n" % (i, i, b", ".join([b"*b%d" % (i - 1)] * 10))
                                           for i in range(1, 9)),
-                               b"\nr: &r {x: *r}\n", b"\n" + b"[" * 200 + b"\n"])),
+                               b"\nr: &r {x: *r}\n", b"\n" + b"[" * 200 + b"\n",
+                               # YAML tags (issue 26): outside the safe core, or values their tag cannot hold
+                               b" !!bool maybe", b" !!int abc", b" !!timestamp x", b" !!int '0x'", b" !!float ''",
+                               b" !!python/object:os.system", b" !!set", b" !foo", b" 2024-13-45",
+                               b" !!int '" + b"9" * 5000 + b"'"])),
 )
 
 
@@ -236,13 +244,29 @@ def check_problems(err: str, files: list[Path], non_finite_ok: bool = True) -> N
         assert m is not None and m["file"] in names, f"not located: {line!r}\n(files {names})"
 
 
+# A feasible step longer than a day is absurd for the tiny fuzz scenario (issue 26: 1e300 s steps "fit").
+MAX_FEASIBLE_STEP_S = 86_400.0
+
+
+def tally(kind: str, code: int, outcome: str = "ok") -> None:
+    """One JSON line per example in $FUZZ_TALLY (the counts in docs/limits.md come from these)."""
+    path = os.environ.get("FUZZ_TALLY")
+    if path:
+        with open(path, "a") as fh:
+            fh.write(json.dumps({"class": kind, "exit": code, "outcome": outcome}) + "\n")
+
+
 def check_result(out: str) -> None:
-    """One strict JSON object whose numbers are all finite (NaN/inf would have been printed as null)."""
+    """One strict JSON object whose numbers are all finite (NaN/inf would have been printed as null); a
+    feasible one has a plausible step and memory left to use."""
     data = json.loads(out)
     for key in ("step_time_s", "tokens_per_s", "mfu", "model_tflops", "gpu_mem_peak_gib", "cpu_mem_peak_gib"):
         value = data[key]
         assert isinstance(value, (int, float)) and math.isfinite(value), (key, value)
     assert isinstance(data["feasible"], bool)
+    if data["feasible"]:
+        assert 0 < data["step_time_s"] < MAX_FEASIBLE_STEP_S, ("absurd feasible step", data["step_time_s"])
+        assert data["gpu_mem_usable_gib"] > 0 and data["cpu_mem_usable_gib"] > 0, "feasible with no memory"
 
 
 def run_cli(args: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
@@ -273,6 +297,7 @@ def _scenario_case(edits: list[tuple[str, Any, Any]], damage: tuple[str, int, by
         scen, prof = _write_inputs(Path(tmp), _dump(_apply(SCENARIO, SCENARIO_KEYS, edits), damage))
         code, out, err = run_cli(["run", str(scen), "--format", "json"], capsys)
         event(f"exit {code}")
+        tally("scenario files", code, "ok" if code in (0, 2) else "internal")
         assert code in (0, 2), err
         if code == 0:
             check_result(out)
@@ -287,6 +312,7 @@ def _profile_case(edits: list[tuple[str, Any, Any]], damage: tuple[str, int, byt
         scen, prof = _write_inputs(Path(tmp), yaml.safe_dump(SCENARIO).encode(), profile)
         code, out, err = run_cli(["run", str(scen), "--format", "json"], capsys)
         event(f"exit {code}")
+        tally("profile files", code, "ok" if code in (0, 2) else "internal")
         assert code in (0, 2), err
         if code == 0:
             check_result(out)
@@ -298,7 +324,10 @@ override_value = st.one_of(
     plausible.map(str),
     st.sampled_from([".inf", "-.inf", ".nan", "nan", "inf", "1e999", "&a [*a]", "{x: &a {y: *a}}", "[", "{",
                      "null", "~", "[1, 2]", "{a: 1}", "0", "-1", "1e-300", "1e300", "100000", "1000000", "1e9",
-                     "'quoted'", "a: b", "!!python/object:os.system", "\udce9", "é"]),
+                     "'quoted'", "a: b", "!!python/object:os.system", "\udce9", "é",
+                     # issue 26: tags, dates that are not dates, list-form tables of special files
+                     "!!bool maybe", "!!int abc", "!!int ''", "!!timestamp x", "!!float abc", "2024-13-45",
+                     "[/dev/zero]", "[/dev/null, x.csv]", "[]", "[5]", "a\x00b.csv", "x" * 300]),
     st.integers(min_value=-(10**20), max_value=10**20).map(str),
     st.floats(allow_nan=True, allow_infinity=True).map(repr),
     st.text(max_size=10),
@@ -317,6 +346,7 @@ def _override_case(overrides: list[tuple[str, str]], with_equals: list[bool],
             args += ["--set", f"{key}={value}" if eq else key]
         code, out, err = run_cli(args, capsys)
         event("argparse usage error" if code == -2 else f"exit {code}")
+        tally("--set overrides", code, "ok" if code in (0, 2, -2) else "internal")
         assert code in (0, 2, -2), err
         if code == 0:
             check_result(out)
@@ -364,10 +394,12 @@ def _sweep_case(data: dict[str, Any], damage: tuple[str, int, bytes]) -> None:
             spec = load_sweep(path)
         except ConfigError as exc:
             event("refused at load")
+            tally("sweep files", 2)
             check_problems("\n".join(exc.problems), [path, scen, prof, Path(tmp) / "nosuch.yaml"],
                            non_finite_ok=False)
             return
         frame = sweep(spec)  # in this process: no pool per example
+        tally("sweep files", 0)
         errors = int(frame[ERROR_COLUMN].notna().sum()) if ERROR_COLUMN in frame else 0
         event("ran: every point ok" if errors == 0 else "ran: some points are error rows")
         # A point is an error row exactly when loading the base file with its overrides fails: the sweep adds
@@ -453,10 +485,13 @@ word_text = st.one_of(st.sampled_from(WORDS), st.text(max_size=8))
 # OUT/ is a fresh folder, IN/ holds the inputs (_cli_inputs).
 out_path = st.sampled_from(["OUT/x.json", "OUT/x.csv", "OUT/x.parquet", "OUT/sub/deeper/x.json", "OUT/x.png",
                             "OUT/x.svg", "OUT/x.txt", "OUT", "", "/proc/sosim-fuzz.json", "/sys/sosim-fuzz.csv",
-                            "/dev/null", "IN/scenario.yaml/x.json", "OUT/\udce9.json"])
+                            "/dev/null", "IN/scenario.yaml/x.json", "OUT/\udce9.json",
+                            # issue 26: never over a FIFO, a link, the user's file or an input
+                            "IN/fifo.json", "IN/fifo.csv", "IN/link.json", "IN/notes.json", "IN/notes.csv",
+                            "IN/ds.json", "IN/scenario.yaml", "IN/zero.csv", "x" * 300 + ".json"])
 in_path = st.sampled_from(["IN/scenario.yaml", "IN/profile.yaml", "IN/refs.yaml", "IN/ds.json", "IN/model.json",
                            "IN/measured", "IN/empty", "IN/nosuch", "IN", "", "/proc/self/status", "/dev/zero",
-                           "IN/garbage.yaml"])
+                           "IN/garbage.yaml", "IN/fifo.json", "IN/fifo.yaml", "IN/zero.csv", "x" * 300])
 flag = None  # an option without a value
 override_text = st.one_of(overrides.map(lambda o: f"{o[0][0]}={o[0][1]}"), st.text(max_size=12))
 
@@ -535,6 +570,23 @@ def _cli_inputs(folder: Path) -> None:
     (folder / "empty").mkdir(exist_ok=True)
     (folder / "measured").mkdir(exist_ok=True)
     (folder / "measured" / "deepspeed_steps.csv").write_text("run,step_s\nx,notanumber\n")
+    for fifo in ("fifo.json", "fifo.yaml", "fifo.csv"):  # a reader or writer that opens one blocks for ever
+        os.mkfifo(folder / fifo)
+    (folder / "notes.json").write_text("the user's notes\n")
+    (folder / "notes.csv").write_text("a,b\n1,2\n")
+    os.symlink(folder / "notes.json", folder / "link.json")
+    os.symlink("/dev/zero", folder / "zero.csv")
+
+
+def _in_snapshot(folder: Path) -> dict[str, tuple[int, bytes | str]]:
+    """Kind and bytes (a link: its target) of everything in IN/: the command lines must leave it as it was."""
+    out: dict[str, tuple[int, bytes | str]] = {}
+    for p in sorted(folder.rglob("*")):
+        st_ = os.lstat(p)
+        body: bytes | str = (os.readlink(p) if Path(p).is_symlink()
+                             else p.read_bytes() if p.is_file() and not p.is_symlink() else b"")
+        out[str(p)] = (st_.st_mode & 0o170000, body)
+    return out
 
 
 class _Unbounded(BaseException):
@@ -570,14 +622,23 @@ def _cli_case(args: list[str], capsys: pytest.CaptureFixture[str]) -> None:
                 else a for a in args]
         cwd = os.getcwd()
         os.chdir(root)  # tune's default --out is ./ds_config.tuned.json
+        before = _in_snapshot(root / "IN")
         previous = signal.signal(signal.SIGALRM, _alarm)
         signal.setitimer(signal.ITIMER_REAL, CLI_SECONDS)
         try:
             code, _, err = run_cli(args, capsys)
+        except _Unbounded:
+            tally(f"command lines: {args[0]}", -1, "hang")
+            raise
         finally:
             signal.setitimer(signal.ITIMER_REAL, 0)
             signal.signal(signal.SIGALRM, previous)
             os.chdir(cwd)
+        lost = [p for p, v in _in_snapshot(root / "IN").items() if before.get(p) != v]
+        lost += [p for p in before if not os.path.lexists(p)]
+    bad = code not in (0, 1, 2, -2) or "Traceback" in err or "internal error" in err
+    tally(f"command lines: {args[0]}", code, "lost" if lost else "internal" if bad else "ok")
+    assert not lost, ("an input changed", args, lost, err[-1000:])
     event(f"{args[0]}: " + ("argparse usage error" if code == -2 else f"exit {code}"))
     assert code in (0, 1, 2, -2), (code, args, err[-2000:])
     assert "Traceback" not in err and "internal error" not in err, (args, err[-2000:])

@@ -129,7 +129,9 @@ def test_missing_base_names_the_base_line(tmp_path: Path) -> None:
 
 
 def test_rows_hold_metrics_and_swept_values_bad_point_is_an_error_row_infeasible_a_row(tmp_path: Path) -> None:
-    spec = load_sweep(_small(tmp_path, "  training.micro_batch: [0, 2]\n  hardware.gpu.hbm_gib: [2, 80]\n"))
+    # 3 GiB: above gh200's 2 GiB reserve (a reserve at or past the capacity is an input error, issue 26), and
+    # still too small for the model: an infeasible row.
+    spec = load_sweep(_small(tmp_path, "  training.micro_batch: [0, 2]\n  hardware.gpu.hbm_gib: [3, 80]\n"))
     frame = sweep(spec)
     assert list(frame.columns[:3]) == ["point_id", "training.micro_batch", "hardware.gpu.hbm_gib"]
     assert len(frame) == 4
@@ -138,7 +140,7 @@ def test_rows_hold_metrics_and_swept_values_bad_point_is_an_error_row_infeasible
     assert bad["tokens_per_s"].isna().all()
     good = frame[frame["training.micro_batch"] == 2].set_index("hardware.gpu.hbm_gib")
     assert good["error"].isna().all()
-    assert not good.loc[2, "feasible"] and "GPU memory" in good.loc[2, "reason"]
+    assert not good.loc[3, "feasible"] and "GPU memory" in good.loc[3, "reason"]
     assert good.loc[80, "feasible"]
     direct = simulate(load_scenario(BASE, ["model.layers=2", "training.micro_batch=2", "hardware.gpu.hbm_gib=80"]))
     for key in ("step_time_s", "tokens_per_s", "gpu_mem_peak_gib", "exposed_cpu_optimizer_s"):

@@ -362,7 +362,10 @@ def test_cli_json_is_one_object_and_out_is_announced_when_replaced(tmp_path: Pat
     scenario.write_text(json.dumps(_tiny(micro_batch=4)))
     out = tmp_path / "ds.json"
     out.write_text("{}")
-    rc = main(["tune", str(scenario), "--format", "json", "--out", str(out), "--jobs", "1", "--top", "3"])
+    # A file sosim did not write is replaced only with --force (issue 26); it is left as it was without.
+    assert main(["tune", str(scenario), "--out", str(out), "--jobs", "1"]) == 2
+    assert "--force" in capsys.readouterr().err and out.read_text() == "{}"
+    rc = main(["tune", str(scenario), "--format", "json", "--out", str(out), "--jobs", "1", "--top", "3", "--force"])
     assert rc == 0
     payload = json.loads(capsys.readouterr().out)
     assert payload["ds_config_written"]["overwrote"] is True

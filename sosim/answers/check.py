@@ -30,7 +30,9 @@ from importlib.resources import files
 from pathlib import Path
 from typing import Any
 
-from sosim.formats.output import check_finite_result, check_output_path, json_safe, print_json, write_output
+from sosim.answers.check_rows import entry_problems
+from sosim.formats import safe_write
+from sosim.formats.output import check_finite_result, json_safe, print_json
 from sosim.inputs.errors import ConfigError, SosimError
 
 BASELINE_FORMAT = "sosim-check/1"
@@ -58,11 +60,10 @@ INPUT_LABELS: dict[str, str] = {
 
 # ------------------------------------------------------------------------------------------- fingerprints
 def sha256_file(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as fh:
-        for block in iter(lambda: fh.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
+    """Through the one bounded reader (a file swapped for a FIFO after it loaded is refused, not read)."""
+    from sosim.inputs.safe_read import MAX_TABLE_BYTES, read_bytes
+
+    return hashlib.sha256(read_bytes(path, "file", MAX_TABLE_BYTES)).hexdigest()
 
 
 def code_sha256() -> str:
@@ -163,7 +164,8 @@ def _stored_source(given: str, baseline: Path) -> tuple[str, bool]:
         return str(Path(given).resolve()), False
 
 
-def write_baseline(path: Path, sources: Sequence[str], overrides: Sequence[str], progress: bool) -> list[Entry]:
+def write_baseline(path: Path, sources: Sequence[str], overrides: Sequence[str], progress: bool,
+                   force: bool = False) -> list[Entry]:
     dupes = sorted({s for s in sources if sources.count(s) > 1})
     if dupes:
         raise SosimError(f"check --write: scenario(s) given twice: {', '.join(dupes)}")
@@ -180,14 +182,17 @@ def write_baseline(path: Path, sources: Sequence[str], overrides: Sequence[str],
            "scenarios": [{"id": e.id, "source": e.source, "example": e.example, "overrides": e.overrides,
                           "metrics": e.metrics, "inputs": e.inputs} for e in entries]}
     text = json.dumps(json_safe(doc), indent=2, allow_nan=False) + "\n"
-    tmp = path.with_name(f".{path.name}.tmp")
-    write_output(tmp, "--write", lambda p: p.write_text(text))
-    os.replace(tmp, path)  # a reader never sees half a baseline
+    # Atomic (a reader never sees half a baseline), and never over a file that is not a baseline, nor over a
+    # scenario it records (sosim/formats/safe_write.py).
+    safe_write.write_atomic(path, "--write", "sosim check baseline", lambda p: p.write_text(text),
+                            safe_write.CHECK_BASELINE, force=force, inputs=_inputs(sources))
     return entries
 
 
-_ENTRY_KEYS: dict[str, type | tuple[type, ...]] = {
-    "id": str, "source": str, "example": bool, "overrides": list, "metrics": dict, "inputs": dict}
+def _inputs(sources: Sequence[str]) -> list[str]:
+    from sosim.run.loader import input_files
+
+    return input_files(sources)
 
 
 def read_baseline(path: Path) -> list[Entry]:
@@ -204,57 +209,11 @@ def read_baseline(path: Path) -> list[Entry]:
         raise ConfigError([f"{loc.where(('scenarios',))}: scenarios: must be a non-empty list"])
     problems: list[str] = []
     for i, row in enumerate(rows):
-        problems += _entry_problems(row, i, loc)
+        problems += entry_problems(row, i, loc, METRICS)
     if problems:
         raise ConfigError(problems)
     return [Entry(r["id"], r["source"], r["example"], [str(o) for o in r["overrides"]], r["metrics"], r["inputs"])
             for r in rows]
-
-
-def _entry_problems(row: Any, i: int, loc: Any) -> list[str]:
-    where = loc.where(("scenarios", i))
-    if not isinstance(row, dict):
-        return [f"{where}: scenarios[{i}]: must be a mapping"]
-    problems = [f"{loc.where(('scenarios', i, key))}: scenarios[{i}].{key}: "
-                + ("missing" if key not in row else f"must be {typ.__name__ if isinstance(typ, type) else typ}")
-                for key, typ in _ENTRY_KEYS.items() if not isinstance(row.get(key), typ)]
-    metrics = row.get("metrics")
-    if isinstance(metrics, dict):
-        for key in METRICS:
-            value = metrics.get(key)
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-                problems.append(f"{loc.where(('scenarios', i, 'metrics', key))}: scenarios[{i}].metrics.{key}: "
-                                f"must be a finite number, got {value!r}")
-        if not isinstance(metrics.get("feasible"), bool):
-            problems.append(f"{where}: scenarios[{i}].metrics.feasible: must be true or false")
-    if isinstance(row.get("overrides"), list) and not all(isinstance(o, str) for o in row["overrides"]):
-        problems.append(f"{loc.where(('scenarios', i, 'overrides'))}: scenarios[{i}].overrides: must be a list of "
-                        "strings (KEY.PATH=VALUE)")
-    if isinstance(row.get("inputs"), dict):
-        problems += _inputs_problems(row["inputs"], i, loc)
-    return problems
-
-
-_TEXT_INPUTS = ("scenario_file", "scenario_sha256", "profile", "profile_sha256", "system", "implementation",
-                "sosim_version", "sosim_code_sha256")
-
-
-def _inputs_problems(inputs: dict[str, Any], i: int, loc: Any) -> list[str]:
-    """The recorded inputs are compared with the current ones: each must have the type --write gives it."""
-    def at(key: str) -> str:
-        return f"{loc.where(('scenarios', i, 'inputs', key))}: scenarios[{i}].inputs.{key}"
-
-    problems = [f"{at(k)}: must be a string" for k in _TEXT_INPUTS if not isinstance(inputs.get(k), str)]
-    if not isinstance(inputs.get("profile_file"), (str, type(None))):
-        problems.append(f"{at('profile_file')}: must be a path or null")
-    overrides = inputs.get("overrides")
-    if not (isinstance(overrides, list) and all(isinstance(o, str) for o in overrides)):
-        problems.append(f"{at('overrides')}: must be a list of strings")
-    tables = inputs.get("calibration")
-    if not (isinstance(tables, list) and all(isinstance(t, dict) and isinstance(t.get("file"), str)
-                                             and isinstance(t.get("sha256"), str) for t in tables)):
-        problems.append(f"{at('calibration')}: must be a list of {{\"file\": path, \"sha256\": digest}}")
-    return problems
 
 
 # ------------------------------------------------------------------------------------------- comparing
@@ -448,8 +407,12 @@ def _cmd(args: argparse.Namespace) -> int:
         sources = [s for s in (args.baseline, *args.scenarios) if s is not None]
         if not sources:
             raise SosimError("check --write BASELINE: name the scenario files (or shipped examples) to record")
-        path = check_output_path(args.write, "--write")
-        entries = write_baseline(path, sources, args.overrides, progress)
+        from sosim.run.loader import input_files
+
+        force = getattr(args, "force", False)
+        path = safe_write.prepare_output(args.write, "--write", "sosim check baseline", safe_write.CHECK_BASELINE,
+                                         force=force, inputs=input_files(sources))
+        entries = write_baseline(path, sources, args.overrides, progress, force)
         print(f"wrote {path}: {len(entries)} scenario(s), sosim {sosim_version()}")
         for e in entries:
             print(f"  {e.id}: {e.metrics['tokens_per_s']:,.0f} tokens/s, profile {e.inputs['profile']}"
@@ -459,13 +422,16 @@ def _cmd(args: argparse.Namespace) -> int:
         raise SosimError("check: give one BASELINE to check (sosim check BASELINE), or record one with "
                          "sosim check --write BASELINE SCENARIO...")
     tol = parse_tolerances(args.tolerance)
-    junit = check_output_path(args.junit, "--junit") if args.junit is not None else None
+    force = getattr(args, "force", False)
+    junit = (safe_write.prepare_output(args.junit, "--junit", "JUnit report", safe_write.JUNIT, force=force,
+                                       inputs=[args.baseline]) if args.junit is not None else None)
     baseline = Path(args.baseline)
     entries = read_baseline(baseline)
     outcomes = check_entries(entries, baseline, tol, args.overrides, args.only_worse, progress)
     if junit is not None:
         text = junit_xml(outcomes, baseline)
-        write_output(junit, "--junit", lambda p: p.write_text(text))
+        safe_write.write_atomic(junit, "--junit", "JUnit report", lambda p: p.write_text(text), safe_write.JUNIT,
+                                force=force, inputs=[args.baseline])
     if args.format == "json":
         print_json(_json_report(outcomes, baseline, tol))
     else:

@@ -10,13 +10,12 @@ from pathlib import Path
 
 import pandas as pd
 
+from sosim.formats import safe_write
 from sosim.formats.output import (
-    check_output_path,
     format_value,
     plot_suffixes,
     print_json,
     provenance_fields,
-    write_output,
 )
 from sosim.run.result import BREAKDOWN_KEYS, Result
 
@@ -68,8 +67,11 @@ def format_table(frame: pd.DataFrame) -> str:
 
 def cmd_compare(args: argparse.Namespace) -> int:
     from sosim import load_scenario, simulate
+    from sosim.run.loader import input_files
 
-    plot = check_output_path(args.plot, "--plot", plot_suffixes()) if args.plot is not None else None
+    force, inputs = getattr(args, "force", False), input_files(args.scenarios)
+    plot = (safe_write.prepare_output(args.plot, "--plot", "figure", safe_write.FIGURE, force=force, inputs=inputs,
+                                      suffixes=plot_suffixes()) if args.plot is not None else None)
     # Load everything first so that a typo in the last file is reported before any simulation runs.
     scenarios = [load_scenario(path, args.overrides) for path in args.scenarios]
     results = [simulate(sc) for sc in scenarios]
@@ -77,7 +79,8 @@ def cmd_compare(args: argparse.Namespace) -> int:
     if plot is not None:
         from sosim.formats.plot import plot_compare
 
-        write_output(plot, "--plot", lambda p: plot_compare(results, p, list(frame.index)))
+        safe_write.write_atomic(plot, "--plot", "figure", lambda p: plot_compare(results, p, list(frame.index)),
+                                safe_write.FIGURE, force=force, inputs=inputs)
     if args.format == "json":
         rows = [{"label": label, **row} for label, row in frame.to_dict(orient="index").items()]
         print_json({"baseline": frame.index[0], "scenarios": rows})

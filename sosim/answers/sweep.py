@@ -39,9 +39,11 @@ from typing import Any
 
 import pandas as pd
 
+from sosim.answers.sweep_resume import check_out_target, check_parts, read_done_csv
 from sosim.formats.output import check_output_path, non_finite_metrics, print_json, provenance_fields
 from sosim.inputs.config import Scenario
 from sosim.inputs.errors import KEY_PATH_KINDS, ConfigError, Problem, SosimError
+from sosim.inputs.safe_read import is_file, path_problem, shown_path
 from sosim.run.loader import KeyPath, Located, dotted, read_yaml, resolve_scenario_path
 
 Point = dict[str, Any]  # dotted key path -> value
@@ -336,9 +338,12 @@ def load_sweep(path: str | Path) -> SweepSpec:
     if problems:
         raise ConfigError(problems)
     data: dict[str, Any] = loc.data
+    problem = path_problem(str(data["base"]))  # a name no file can have: not resolved, not stat'ed
+    if problem is not None:
+        raise ConfigError([f"{_where(loc, ('base',))}: base: {problem}"])
     base_path = (sweep_path.parent / data["base"]).resolve()
-    if not base_path.is_file():
-        raise ConfigError([f"{_where(loc, ('base',))}: base: no such scenario file: {base_path}"])
+    if not is_file(base_path):
+        raise ConfigError([f"{_where(loc, ('base',))}: base: no such scenario file: {shown_path(base_path)}"])
     base, _ = _base_data(base_path)
     grid_points = expand_grid(data["grid"]) if data.get("grid") else [{}]
     listed = [dict(p) for p in data["points"]] if data.get("points") else [{}]
@@ -545,6 +550,7 @@ def check_out_path(out: str | Path) -> Path:
     path = Path(out)
     if path.suffix not in (".csv", ".parquet"):
         raise SosimError(f"--out {path}: use a .csv or .parquet name")
+    check_out_target(path, parquet=path.suffix == ".parquet")  # never a link, FIFO or device (sweep_resume.py)
     check_output_path(str(path), "--out", folder_ok=path.suffix == ".parquet")
     if path.suffix == ".parquet":
         if importlib.util.find_spec("pyarrow") is None:
@@ -599,27 +605,20 @@ class _Output:
                 raise SosimError(f"--out {self.path}: expected the folder of part files of an earlier sweep")
             if not self._parts():
                 return set()
+            check_parts(self.path)
             try:
                 ids = pd.read_parquet(self.path, columns=[ID_COLUMN])[ID_COLUMN]
             except Exception as exc:  # pyarrow raises its own types for foreign or damaged files
                 raise SosimError(f"--out {self.path}: cannot read its part files ({type(exc).__name__}: {exc}); "
                                  "use another --out") from None
             return set(ids.astype(str))
-        # A crash in the middle of an append leaves a partial last line: cut it, its point reruns.
-        with self.path.open("rb+") as fh:
-            data = fh.read()
-            if data and not data.endswith(b"\n"):
-                fh.truncate(data.rfind(b"\n") + 1)
-        try:
-            header = pd.read_csv(self.path, nrows=0).columns.tolist()
-        except pd.errors.EmptyDataError:
-            return set()
-        except (ValueError, UnicodeDecodeError, pd.errors.ParserError) as exc:
-            raise SosimError(f"--out {self.path}: not a CSV file of an earlier sweep ({exc}); use another --out") \
-                from None
-        if header != list(self.dtypes):
-            raise SosimError(f"--out {self.path}: its columns differ from this sweep's; use another --out")
-        return set(pd.read_csv(self.path, usecols=[ID_COLUMN], dtype=str)[ID_COLUMN])
+        # The whole file is read and validated before anything is written (sosim/answers/sweep_resume.py);
+        # then a partial last line, which a crash in the middle of an append leaves, is cut: its point reruns.
+        done, cut = read_done_csv(self.path, list(self.dtypes))
+        if cut is not None:
+            with self.path.open("rb+") as fh:
+                fh.truncate(cut)
+        return done
 
     def __call__(self, rows: list[Row]) -> None:
         try:
@@ -835,6 +834,8 @@ def _written(out: str | None) -> bool:
     path = Path(out)
     if path.is_dir():
         return any(path.glob("part-*.parquet"))
+    if path.is_symlink() or not path.is_file():  # a FIFO would block this read (sweep_resume.py refuses it)
+        return False
     try:
         with path.open("rb") as fh:
             return fh.read(1 << 16).count(b"\n") > 1  # a header line and at least one row

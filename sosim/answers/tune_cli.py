@@ -110,8 +110,8 @@ def add_tune_parser(subparsers: Any) -> None:
     o = p.add_argument_group("output")
     o.add_argument("--top", type=_positive_int, default=5, metavar="K", help="configurations shown (default 5)")
     o.add_argument("--out", metavar="DS.json", default=DEFAULT_OUT,
-                   help=f"where the winner's DeepSpeed config goes (default ./{DEFAULT_OUT}; an existing file is "
-                        "replaced and the output says so)")
+                   help=f"where the winner's DeepSpeed config goes (default ./{DEFAULT_OUT}; a config sosim wrote "
+                        "is replaced and the output says so; any other file needs --force)")
     o.add_argument("--no-write", action="store_true", help="do not write a DeepSpeed config")
     o.add_argument("--format", choices=["table", "json"], default="table")
     o.add_argument("--progress", action=argparse_bool(), default=None,
@@ -171,13 +171,16 @@ def run_tune(args: Any) -> int:
     from sosim.answers.tune_report import format_text, to_json
     from sosim.formats.output import print_json
 
-    if not args.no_write:
-        try:
-            from sosim.formats.output import check_output_path
+    force = getattr(args, "force", False)
+    from sosim.run.loader import input_files
 
-            check_output_path(args.out, "--out", ["json"])  # refuse an unwritable path before the search
-        except ImportError:  # pragma: no cover - a build without the helper
-            pass
+    inputs = input_files([args.scenario, args.ds_config, args.model])
+    if not args.no_write:
+        from sosim.formats import safe_write
+
+        # Before the search: an unwritable path, or a file sosim must not replace (sosim/formats/safe_write.py).
+        safe_write.prepare_output(args.out, "--out", "DeepSpeed config", safe_write.DS_CONFIG, force=force,
+                                  inputs=inputs, suffixes=["json"])
     sc, base_ds = _base_from_args(args)
     systems = tuple(s.strip() for s in args.systems.split(",") if s.strip()) if args.systems else None
     jobs = args.jobs if args.jobs is not None else max(1, min(8, os.cpu_count() or 1))
@@ -198,7 +201,7 @@ def run_tune(args: Any) -> int:
             return code
     elapsed = time.perf_counter() - start
     written = ({"path": None, "skipped": "--no-write"} if args.no_write
-               else write_winner(result, args.out, base_ds, args.model))
+               else write_winner(result, args.out, base_ds, args.model, force=force, inputs=inputs))
     if args.format == "json":
         print_json({"scenario": sc.name, "hardware": sc.hardware.name, **to_json(result, args.top, written, elapsed)})
     else:

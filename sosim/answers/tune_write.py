@@ -150,7 +150,8 @@ def run_back_command(path: str, winner: Scenario, changes: list[OutsideChange], 
 
 
 def write_ds_config(result: TuneResult, out: str | Path, base_ds: Mapping[str, Any] | None = None,
-                    model_path: str | None = None) -> dict[str, Any]:
+                    model_path: str | None = None, *, force: bool = False,
+                    inputs: Sequence[str] = ()) -> dict[str, Any]:
     """Write the winner as a DeepSpeed config (the user's own config's other keys kept); say if a file was
     replaced, and what the run needs besides the config. Returns: path, overwrote, not_expressible,
     outside_config (a list of {key, value, flag, reason}) and run_back (the command that predicts it)."""
@@ -166,10 +167,11 @@ def write_ds_config(result: TuneResult, out: str | Path, base_ds: Mapping[str, A
         raise ConfigError([f"--out {out}: the winner's DeepSpeed config does not read back: {exc}"]) from None
     path = Path(out)
     overwrote = path.exists()
-    try:
-        dsconfig.write_ds_config(emitted, path)
-    except OSError as exc:
-        raise ConfigError([f"--out {out}: cannot write: {exc.strerror or exc}"]) from None
+    from sosim.formats import safe_write
+
+    # Atomic, and never over a file sosim did not write (without --force) nor an input (safe_write.py).
+    safe_write.write_atomic(path, "--out", "DeepSpeed config", lambda p: dsconfig.write_ds_config(emitted, p),
+                            safe_write.DS_CONFIG, force=force, inputs=inputs)
     return {"path": str(path), "overwrote": overwrote, "not_expressible": list(emitted.not_expressible),
             "outside_config": [ch.as_dict() for ch in changes],
             "run_back": run_back_command(str(path), best.scenario, changes, model_path)}

@@ -10,7 +10,7 @@ differs is listed with the ``--set`` that states it, so that the printed command
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -63,21 +63,24 @@ def outside_changes(path: Path, winner: Scenario, not_expressible: list[str]) ->
 
 
 def write_winner(result: TuneResult, out: str | Path, base_ds: Mapping[str, Any] | None = None,
-                 model_path: str | None = None) -> dict[str, Any]:
-    """The winner in its own framework's format (a DeepSpeed config for DeepSpeed's systems)."""
+                 model_path: str | None = None, *, force: bool = False, inputs: Sequence[str] = ()) -> dict[str, Any]:
+    """The winner in its own framework's format (a DeepSpeed config for DeepSpeed's systems); never over a file
+    sosim did not write without ``force``, nor over one of ``inputs`` (sosim/formats/safe_write.py)."""
     best = result.best
     if best is None or best.scenario is None or best.scenario.schedule.system not in FORMATS:
-        return {**write_ds_config(result, out, base_ds, model_path), "format": "DeepSpeed config"}
+        return {**write_ds_config(result, out, base_ds, model_path, force=force, inputs=inputs),
+                "format": "DeepSpeed config"}
     from sosim.formats.frameworks_cli import write_framework_config
 
     sc = best.scenario
     what, _, flag = FORMATS[sc.schedule.system]
     path = framework_path(out, sc.schedule.system)
     overwrote = path.exists()
-    try:
-        cannot = write_framework_config(sc, path)
-    except OSError as exc:
-        raise ConfigError([f"--out {path}: cannot write: {exc.strerror or exc}"]) from None
+    from sosim.formats import safe_write
+
+    cannot: list[str] = []
+    safe_write.write_atomic(path, "--out", what, lambda p: cannot.extend(write_framework_config(sc, p)),
+                            safe_write.FRAMEWORK_CONFIG, force=force, inputs=inputs)
     try:
         changes = outside_changes(path, sc, cannot)
     except SosimError as exc:

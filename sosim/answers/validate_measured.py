@@ -59,6 +59,7 @@ from sosim.inputs.config import Scenario
 from sosim.inputs.ds_versions import NEWEST
 from sosim.inputs.errors import ConfigError
 from sosim.inputs.resources import data_root, shipped_calibration_dir
+from sosim.inputs.safe_read import read_text
 from sosim.run.loader import Located, available_profiles, load_scenario
 from sosim.run.result import Result
 
@@ -280,8 +281,8 @@ def _session(ds_config: Path | None) -> str:
         return ""
     record = ds_config.with_name(ds_config.name.replace(".ds_config.json", ".json"))
     try:
-        data = json.loads(record.read_text())
-    except (OSError, ValueError):
+        data = json.loads(read_text(record, "run record"))
+    except (ConfigError, ValueError):
         return ""
     args = data.get("args") if isinstance(data, dict) else None
     return str(args.get("out", "")) if isinstance(args, dict) else ""
@@ -290,10 +291,7 @@ def _session(ds_config: Path | None) -> str:
 def read_runs(folder: Path) -> tuple[list[MeasuredRun], list[Skipped]]:
     """Every run of one ``deepspeed_steps.csv`` (a run = its unsynced row + its phased row)."""
     path = folder / STEPS_FILE
-    try:
-        text = path.read_text()
-    except OSError as exc:
-        raise ConfigError([f"{path}: cannot read: {exc.strerror or exc}"]) from None
+    text = read_text(path, "measured steps table")  # the one bounded reader (regular files only, UTF-8)
     with contextlib.suppress(ValueError):  # file:line in messages relative to the repository when inside it
         path = path.resolve().relative_to(ROOT)
     lines = text.splitlines()

@@ -30,16 +30,14 @@ from collections.abc import Iterator
 from concurrent.futures import ProcessPoolExecutor
 from typing import Any
 
+from sosim.inputs.errors import Terminated
+
 PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 # How long stopped workers get to exit on SIGTERM before SIGKILL. They run pure-Python simulations with no
 # state to save, so a short grace is enough; it only bounds how long an interrupted command takes to return.
 STOP_GRACE_S = 3.0
 EXIT_TERMINATED = 143  # 128 + SIGTERM, the shell's convention for a process ended by SIGTERM
 EXIT_INTERRUPTED = 130  # 128 + SIGINT
-
-
-class Terminated(KeyboardInterrupt):
-    """SIGTERM, raised as an exception so that a command stops (and stops its workers) as Ctrl-C does."""
 
 
 def _parent_death_signal() -> None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import io
 import math
 from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -22,6 +23,8 @@ import pandas as pd
 
 # One schema for writer and reader: the harness's records module is torch-free and imports nothing else.
 from sosim.calibrate.records import COLUMNS
+from sosim.inputs.errors import ConfigError
+from sosim.inputs.safe_read import MAX_TABLE_BYTES, read_bytes
 
 Array = np.ndarray
 _T = TypeVar("_T")
@@ -56,6 +59,11 @@ NUMERIC_COLUMNS: tuple[str, ...] = tuple(c for c in COLUMNS if c not in TEXT_COL
 )
 TIMING_COLUMNS: frozenset[str] = frozenset(("median_s", "p10_s", "p90_s"))
 
+# A measured time past a day is not a measurement of one piece of a step (the longest shipped median is ~2 s;
+# issue 26: a row of median_s 1e300 gave a "feasible" 1e300 s step). Sizes and counts: as bounds.MAX_INT (2^53).
+MAX_MEASURED_S = 86_400.0
+MAX_TABLE_NUMBER = float(2**53)
+
 # Sizes closer than this relative gap count as the same measured point (CSV round-trips of 1e8 etc.).
 _SAME_POINT_RTOL = 1e-9
 
@@ -66,11 +74,13 @@ PUBLISHED_MARKER = "# published"
 def declares_published(table_path: Path) -> bool:
     """Whether the table's folder declares its rows published (``SOURCES.md`` starting with ``# published``)."""
     sources = Path(table_path).parent / "SOURCES.md"
-    try:
-        with sources.open(encoding="utf-8") as fh:
-            return fh.readline().strip().lower().startswith(PUBLISHED_MARKER)
-    except OSError:
+    if not sources.exists():
         return False
+    try:  # the one bounded reader: a FIFO or a device named SOURCES.md is not read (sosim/inputs/safe_read.py)
+        text = read_bytes(sources, "SOURCES.md", 1 << 20).decode("utf-8", "replace")
+    except ConfigError:
+        return False
+    return text.partition("\n")[0].strip().lower().startswith(PUBLISHED_MARKER)
 
 
 class CalibrationError(ValueError):
@@ -168,13 +178,13 @@ class CalibrationTable:
     @classmethod
     def from_csv(cls, path: str | Path) -> CalibrationTable:
         path = Path(path)
-        try:
-            raw_bytes = path.read_bytes()
-        except FileNotFoundError:
-            raise CalibrationError(f"{path}: calibration file not found") from None
-        except OSError as error:
-            raise CalibrationError(f"{path}: cannot read calibration file: {error.strerror}") from None
-        frame = _read_frame(path)
+        if not path.exists():
+            raise CalibrationError(f"{path}: calibration file not found")
+        try:  # the one bounded reader (regular files only: a FIFO or /dev/zero is refused, not read)
+            raw_bytes = read_bytes(path, "calibration file", MAX_TABLE_BYTES)
+        except ConfigError as error:
+            raise CalibrationError("; ".join(error.problems)) from None
+        frame = _read_frame(path, raw_bytes)
         return cls(path=path, sha256=hashlib.sha256(raw_bytes).hexdigest(), columns_by_op=_group(frame),
                    published_paths=frozenset({path}) if declares_published(path) else frozenset())
 
@@ -617,9 +627,9 @@ class CalibrationTable:
 # ---- reading -------------------------------------------------------------------------------------------
 
 
-def _read_frame(path: Path) -> pd.DataFrame:
+def _read_frame(path: Path, raw_bytes: bytes) -> pd.DataFrame:
     try:
-        frame = pd.read_csv(path, dtype=str, keep_default_na=False)
+        frame = pd.read_csv(io.BytesIO(raw_bytes), dtype=str, keep_default_na=False)
     except pd.errors.EmptyDataError:
         raise CalibrationError(f"{path}: calibration file is empty") from None
     except pd.errors.ParserError as error:
@@ -658,6 +668,12 @@ def _parse_numeric(path: Path, cells: pd.Series, name: str) -> pd.Series:
         if value < 0 or (name == "median_s" and value == 0):
             rule = "must be positive" if name == "median_s" else "must not be negative"
             raise CalibrationError(f"{path}: line {line}: column {name}: {text} {rule}")
+        if name in TIMING_COLUMNS and value > MAX_MEASURED_S:
+            raise CalibrationError(f"{path}: line {line}: column {name}: {text} s is more than {MAX_MEASURED_S:g} s: "
+                                   "no measured piece of a training step takes a day (docs/limits.md)")
+        if value > MAX_TABLE_NUMBER:
+            raise CalibrationError(f"{path}: line {line}: column {name}: {text} is beyond {MAX_TABLE_NUMBER:g} (2^53): "
+                                   "no size or count sosim takes comes near it")
         values[position] = value
     return pd.Series(values, index=cells.index)
 

@@ -47,6 +47,7 @@ from sosim.hardware import model as tm
 from sosim.hardware.machine import AIO_BLOCK_BYTES, AIO_QUEUE_DEPTH, AIO_THREADS
 from sosim.inputs.config import AdamImpl, HardwareProfile
 from sosim.inputs.errors import ConfigError
+from sosim.inputs.safe_read import shown_path
 from sosim.inputs.units import GB
 
 # Parameter tensors of the model whose step() the ds_step_fixed section timed: the runs' Llama "0.5b" (8
@@ -89,6 +90,9 @@ def _merged(tables: tuple[CalibrationTable, ...]) -> CalibrationTable:
 def load_table(path: str) -> CalibrationTable:
     try:
         st = os.stat(path)
+    except ValueError:  # a NUL byte in the name: no file can have it
+        raise ConfigError([f"{shown_path(path)}: calibration table cannot be read: the path contains a NUL "
+                           "character"]) from None
     except OSError as exc:
         raise ConfigError([f"{path}: calibration table cannot be read: {exc.strerror or exc}"]) from None
     try:

@@ -74,8 +74,29 @@ def write_framework_config(sc: Scenario, path: Path) -> list[str]:
     return cannot
 
 
+_EMITS = {"emit_torchtitan": "torchtitan job", "emit_megatron_args": "Megatron-LM arguments"}
+
+
+def _inputs_read(args: argparse.Namespace) -> list[str]:
+    from sosim.run.loader import input_files
+
+    return input_files([getattr(args, n, None) for n in ("scenario", "torchtitan", "megatron_args", "model")])
+
+
+def check_emits(args: argparse.Namespace) -> None:
+    """``--emit-torchtitan`` / ``--emit-megatron-args`` refused before any work when sosim must not write there
+    (sosim/formats/safe_write.py)."""
+    from sosim.formats import safe_write
+
+    for flag, what in _EMITS.items():
+        out = getattr(args, flag, None)
+        if out is not None:
+            safe_write.prepare_output(out, f"--{flag.replace('_', '-')}", what, safe_write.FRAMEWORK_CONFIG,
+                                      force=getattr(args, "force", False), inputs=_inputs_read(args))
+
+
 def finish_run(args: argparse.Namespace, sc: Scenario, mapping: FrameworkMapping | None) -> dict[str, Any]:
-    from sosim.formats.output import write_output
+    from sosim.formats import safe_write
 
     extra: dict[str, Any] = {}
     as_json = getattr(args, "format", "table") == "json"
@@ -97,7 +118,9 @@ def finish_run(args: argparse.Namespace, sc: Scenario, mapping: FrameworkMapping
         def write(p: Path, into: list[str] = cannot) -> None:
             into.extend(write_framework_config(sc, p))
 
-        write_output(Path(out), f"--{flag.replace('_', '-')}", write)
+        safe_write.write_atomic(Path(out), f"--{flag.replace('_', '-')}", _EMITS[flag], write,
+                                safe_write.FRAMEWORK_CONFIG, force=getattr(args, "force", False),
+                                inputs=_inputs_read(args))
         if as_json:
             extra[flag] = {"path": str(out), "not_expressible": cannot}
         else:

@@ -104,10 +104,34 @@ def _reject_constant(name: str) -> Any:
     raise ValueError(f"{name} is not valid JSON")
 
 
+class _LongNumber(ValueError):
+    """A number written with more characters than any value sosim takes (MAX_NUMBER_CHARS)."""
+
+
+# As sosim/run/loader.py MAX_NUMBER_CHARS (the longest exact double has 57 characters): a 4,300-digit
+# integer in a DeepSpeed config overflowed float() deep in the mapping (exit 70).
+MAX_NUMBER_CHARS = 100
+_LONG_NUMBER = re.compile(rf"-?\d[\d.eE+-]{{{MAX_NUMBER_CHARS},}}")
+
+
+def _number(convert: type[int] | type[float]) -> Any:
+    def parse(text: str) -> Any:
+        if len(text) > MAX_NUMBER_CHARS:
+            raise _LongNumber(text)
+        return convert(text)
+
+    return parse
+
+
 def parse_json(text: str, origin: str) -> Located:
     """Parse strict JSON keeping the line of every key; syntax errors and duplicates name their line."""
     try:
-        data = json.loads(text, parse_constant=_reject_constant)
+        data = json.loads(text, parse_constant=_reject_constant, parse_int=_number(int), parse_float=_number(float))
+    except _LongNumber as exc:
+        found = _LONG_NUMBER.search(text)
+        line = text.count("\n", 0, found.start()) + 1 if found else 1
+        raise ConfigError([f"{origin}:{line}: a number of {len(str(exc)):,} characters; no value sosim takes "
+                           f"needs more than {MAX_NUMBER_CHARS} (docs/limits.md)"]) from None
     except json.JSONDecodeError as exc:
         hint = " (sosim reads strict JSON: no comments or trailing commas)" if "Expecting" in exc.msg else ""
         raise ConfigError([f"{origin}:{exc.lineno}: JSON syntax error: {exc.msg} (column {exc.colno}){hint}"]) from None

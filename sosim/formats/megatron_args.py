@@ -196,10 +196,10 @@ def load_megatron(ref: str, hardware: str, gpus: int | None, model: dict[str, An
     """``ref``: a file of arguments, or the arguments themselves (a string holding ``--``)."""
     path = Path(ref)
     if not ref.lstrip().startswith("--"):
-        try:
-            return read_megatron(path.read_text(encoding="utf-8"), ref, hardware, gpus, model)
-        except OSError as exc:
-            raise ConfigError([f"{ref}: cannot read: {exc.strerror or exc}"]) from None
+        from sosim.inputs.safe_read import read_text
+
+        # The one bounded reader: regular files only (a FIFO is refused, not read), UTF-8.
+        return read_megatron(read_text(path, "Megatron-LM arguments file"), ref, hardware, gpus, model)
     return read_megatron(ref, "--megatron-args", hardware, gpus, model)
 
 

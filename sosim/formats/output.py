@@ -10,11 +10,10 @@ from __future__ import annotations
 import json
 import math
 import os
-from collections.abc import Callable, Mapping, Sequence
+import sys
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
-
-import pandas as pd
 
 from sosim.inputs.errors import SosimError
 
@@ -27,7 +26,10 @@ def json_safe(value: Any) -> Any:
         return [json_safe(v) for v in value]
     if hasattr(value, "item") and not isinstance(value, (str, bytes)):
         value = value.item()
-    if value is pd.NA or value is None:
+    # pandas only if it is loaded (no pandas value exists otherwise): the CLI imports this module before
+    # its signal handlers are in place, and pandas takes most of a second to import (sosim/cli.py).
+    pd = sys.modules.get("pandas")
+    if value is None or (pd is not None and value is pd.NA):
         return None
     if isinstance(value, float) and not math.isfinite(value):
         return None
@@ -99,13 +101,6 @@ def plot_suffixes() -> list[str]:
     from matplotlib.backend_bases import FigureCanvasBase
 
     return list(FigureCanvasBase.get_supported_filetypes())
-
-
-def write_output(path: Path, option: str, write: Callable[[Path], object]) -> None:
-    try:
-        write(path)
-    except OSError as exc:
-        raise SosimError(f"{option} {path}: cannot write: {exc.strerror or exc}") from None
 
 
 def non_finite_metrics(metrics: dict[str, Any]) -> list[str]:

@@ -71,10 +71,9 @@ class _Toml:
 
     def __init__(self, path: str) -> None:
         self.path = path
-        try:
-            text = Path(path).read_text(encoding="utf-8")
-        except OSError as exc:
-            raise ConfigError([f"{path}: cannot read: {exc.strerror or exc}"]) from None
+        from sosim.inputs.safe_read import read_text
+
+        text = read_text(path, "torchtitan job")  # the one bounded reader: regular files only, UTF-8
         try:
             self.data = tomllib.loads(text)
         except tomllib.TOMLDecodeError as exc:

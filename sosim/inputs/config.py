@@ -26,7 +26,25 @@ from pydantic import (
     model_validator,
 )
 
-from sosim.inputs.bounds import MAX_GBPS, MAX_GPUS, MIN_GBPS, FieldProblem, field_problem
+from sosim.inputs.bounds import (
+    MAX_ADAM_S_PER_GPARAM,
+    MAX_GBPS,
+    MAX_GPUS,
+    MIN_ADAM_S_PER_GPARAM,
+    MIN_FRACTION,
+    MIN_GBPS,
+    CapacityGiB,
+    CostRatio,
+    Count,
+    Efficiency,
+    FieldProblem,
+    Microseconds,
+    PageKiB,
+    ReserveGiB,
+    Tflops,
+    curve_problem,
+    field_problem,
+)
 from sosim.inputs.ds_versions import NEWEST, DeepSpeedVersion
 
 PosFloat = Annotated[float, Field(gt=0)]
@@ -78,6 +96,13 @@ def _check_curve(name: str, curve: Curve, y_max: float | None = None) -> None:
             raise ValueError(f"{name} values must be at most {y_max}, got {y}")
 
 
+def _check_range(field: str, problem: str | None) -> None:
+    """A curve outside its physical range (sosim/inputs/bounds.py curve_problem) is a validation error located
+    at the curve's key (its line, or the --set that gave it)."""
+    if problem is not None:
+        raise FieldProblem(field, problem)
+
+
 class _Sourced(_Strict):
     """A hardware section whose every number names its source."""
 
@@ -111,25 +136,25 @@ class _Sourced(_Strict):
 
 class GpuSpec(_Sourced):
     name: str
-    peak_bf16_tflops: PosFloat  # dense, no sparsity
-    hbm_gib: PosFloat
+    peak_bf16_tflops: Tflops  # dense, no sparsity
+    hbm_gib: CapacityGiB
     hbm_GBps: BandwidthGBps
     # Fraction of hbm_GBps that memory-bound kernels (norms, activations, optimizer, casts) reach.
-    hbm_efficiency: Fraction
+    hbm_efficiency: Efficiency
     # Memory the framework cannot use for the model: CUDA context, NCCL/cuBLAS workspaces, fragmentation.
-    reserved_gib: NonNegFloat
+    reserved_gib: ReserveGiB
     # Achieved fraction of peak for a bf16 GEMM as a function of its size in GFLOP (log-interpolated).
     gemm_efficiency: Curve
     # Achieved fraction of peak for flash attention forward; backward costs attention_bwd_factor x forward.
-    attention_efficiency: Fraction
-    attention_bwd_factor: PosFloat
+    attention_efficiency: Efficiency
+    attention_bwd_factor: CostRatio
     # Fixed per-layer cost of kernel launches and framework hooks in the forward pass (backward: 2x).
-    layer_overhead_us: NonNegFloat
+    layer_overhead_us: Microseconds
     # HBM traffic of the memory-bound kernels relative to a fused count (norms, rotary, activation,
     # residuals): eager PyTorch moves several times the minimum.
-    elementwise_traffic_factor: PosFloat = 1.0
+    elementwise_traffic_factor: CostRatio = 1.0
     # A layer's forward never takes less than this (host-side kernel launch rate); backward: 2x.
-    layer_min_fwd_us: NonNegFloat = 0.0
+    layer_min_fwd_us: Microseconds = 0.0
     # Whether the tensor cores run bf16 (Ampere and later); without it (Volta: V100) peak_bf16_tflops holds the
     # fp16 rate and only fp16 training is accepted.
     bf16: bool = True
@@ -137,28 +162,29 @@ class GpuSpec(_Sourced):
     @model_validator(mode="after")
     def _curves(self) -> GpuSpec:
         _check_curve("gemm_efficiency", self.gemm_efficiency, y_max=1.0)
+        _check_range("gemm_efficiency", curve_problem(self.gemm_efficiency, y_range=(MIN_FRACTION, 1.0)))
         return self
 
 
 class CpuSpec(_Sourced):
     name: str
-    cores: PosInt
-    mem_gib: PosFloat
+    cores: Count
+    mem_gib: CapacityGiB
     mem_GBps: BandwidthGBps
     # Whole-step Adam latency by implementation: (billions of params, seconds) using adam_ref_cores cores.
     adam_s_by_gparams: dict[AdamImpl, Curve]
-    adam_ref_cores: PosInt
+    adam_ref_cores: Count
     # Cores past which Adam is memory-bandwidth bound and stops speeding up.
-    adam_saturation_cores: PosInt
+    adam_saturation_cores: Count
     # fp32<->bf16 conversion throughput on all cores, in GB/s of fp32 data.
     cast_GBps: BandwidthGBps
     # Host memory the training process cannot use (OS, page cache, framework).
-    reserved_gib: NonNegFloat
+    reserved_gib: ReserveGiB
     # The host thread's speed at DeepSpeed's Python paths (ZeRO-3 hooks, step() bookkeeping, worker queue)
     # relative to the x86 VM those costs were measured on (sosim.costs.grace_host); 1.0: that VM's core.
-    host_thread_speed: PosFloat = 1.0
+    host_thread_speed: CostRatio = 1.0
     # Base page size of the host kernel: first-touch of a fresh buffer faults once per page (sosim.costs.grace_host).
-    page_kib: PosFloat = 4.0
+    page_kib: PageKiB = 4.0
 
     @model_validator(mode="after")
     def _curves(self) -> CpuSpec:
@@ -166,6 +192,8 @@ class CpuSpec(_Sourced):
             raise ValueError("adam_s_by_gparams needs at least one implementation")
         for impl, curve in self.adam_s_by_gparams.items():
             _check_curve(f"adam_s_by_gparams.{impl}", curve)
+            _check_range(f"adam_s_by_gparams.{impl}", curve_problem(
+                curve, y_per_x=(MIN_ADAM_S_PER_GPARAM, MAX_ADAM_S_PER_GPARAM)))
         return self
 
 
@@ -176,8 +204,8 @@ class LinkSpec(_Sourced):
     # Total of both directions when both are busy; below h2d+d2h means the directions slow each other.
     bidir_GBps: BandwidthGBps
     # Pageable (unpinned) copies reach this fraction of the pinned bandwidth.
-    pageable_factor: Fraction
-    latency_us: NonNegFloat
+    pageable_factor: Efficiency
+    latency_us: Microseconds
 
 
 class InterconnectSpec(_Sourced):
@@ -185,8 +213,8 @@ class InterconnectSpec(_Sourced):
 
     gpu_gpu_GBps: BandwidthGBps
     node_node_GBps: BandwidthGBps
-    gpus_per_node: PosInt
-    latency_us: NonNegFloat
+    gpus_per_node: GpuCount
+    latency_us: Microseconds
 
 
 # --- The node and the cluster (docs/model.md "Machine model") ------------------------------------------------
@@ -202,6 +230,7 @@ NonNegInt = Annotated[int, Field(ge=0)]
 def _check_busbw(name: str, curves: dict[CollectiveName, Curve]) -> None:
     for kind, curve in curves.items():
         _check_curve(f"{name}.{kind}", curve)
+        _check_range(f"{name}.{kind}", curve_problem(curve, y_range=(MIN_GBPS, MAX_GBPS)))
 
 
 class UplinkSpec(_Sourced):
@@ -225,7 +254,7 @@ class SocketLinkSpec(_Sourced):
     socket other than its own (CPU Adam on a neighbour Grace, a GPU attached to the other socket)."""
 
     GBps: BandwidthGBps  # per direction
-    latency_us: NonNegFloat = 0.0
+    latency_us: Microseconds = 0.0
 
 
 class FabricSpec(_Sourced):
@@ -234,7 +263,7 @@ class FabricSpec(_Sourced):
     kind: Literal["nvlink", "nvswitch", "pcie", "none"]
     # Per GPU and direction into the fabric (NVLink: the links to one peer for a point-to-point mesh).
     GBps: BandwidthGBps
-    latency_us: NonNegFloat
+    latency_us: Microseconds
     # Measured NCCL bus bandwidth (nccl-tests' busbw) of the node's GPUs by message size: (MiB, GB/s) per
     # collective. Measured beats analytic: collectives inside the node read these when present.
     nccl_busbw_GBps_by_mib: dict[CollectiveName, Curve] = Field(default_factory=dict)
@@ -248,7 +277,7 @@ class FabricSpec(_Sourced):
 class NicSpec(_Sourced):
     """The node's network interfaces."""
 
-    count: PosInt
+    count: Count
     GBps: BandwidthGBps  # per NIC and direction
     # NIC index of each GPU (len = node.gpus); None: GPUs spread evenly, GPU i on NIC i * count // gpus.
     gpu_nic: list[NonNegInt] | None = None
@@ -257,10 +286,10 @@ class NicSpec(_Sourced):
 class NetworkSpec(_Sourced):
     """Between nodes: latency and, when measured, NCCL bus bandwidth over several nodes by message size."""
 
-    latency_us: NonNegFloat
+    latency_us: Microseconds
     nccl_busbw_GBps_by_mib: dict[CollectiveName, Curve] = Field(default_factory=dict)
     # Nodes in that measurement (its busbw is turned into an efficiency of the analytic model at that size).
-    nccl_nodes: Annotated[int, Field(ge=2)] = 2
+    nccl_nodes: Annotated[int, Field(ge=2, le=MAX_GPUS)] = 2
 
     @model_validator(mode="after")
     def _curves(self) -> NetworkSpec:
@@ -271,19 +300,19 @@ class NetworkSpec(_Sourced):
 class NvmeSpec(_Sourced):
     """The node's NVMe tier (one RAID-0 volume shared by the node's ranks, as ZeRO-Infinity uses it)."""
 
-    drives: PosInt
+    drives: Count
     # Aggregate of the volume for large (~1 GB) direct-I/O transfers to/from pinned CPU buffers.
     read_GBps: BandwidthGBps
     write_GBps: BandwidthGBps
-    capacity_gib: PosFloat
-    latency_us: NonNegFloat
+    capacity_gib: CapacityGiB
+    latency_us: Microseconds
     # GPUDirect Storage: NVMe <-> HBM without the host bounce buffer.
     gds: bool = False
 
 
 class NodeSpec(_Sourced):
-    gpus: PosInt
-    cpu_sockets: PosInt = 1  # each socket is one ``cpu`` section: its cores, memory and bandwidth
+    gpus: GpuCount
+    cpu_sockets: Count = 1  # each socket is one ``cpu`` section: its cores, memory and bandwidth
     # Socket (NUMA node) each GPU's host link attaches to; None: spread evenly, GPU i on i * sockets // gpus.
     gpu_socket: list[NonNegInt] | None = None
     # STREAM bandwidth of one socket's memory: the pool CPU Adam, casts and every DMA to/from that socket
@@ -377,6 +406,18 @@ class HardwareProfile(_Strict):
         if self.interconnect is not None:
             return True
         return self.node is not None and (self.node.fabric is not None or self.node.nics is not None)
+
+    @model_validator(mode="after")
+    def _reserve_below_capacity(self) -> HardwareProfile:
+        # A reserve at or past the capacity leaves no usable memory (reserved_gib=1000 on a 96 GiB GPU gave a
+        # usable -910.6 GiB): not a machine.
+        for section, reserve, capacity in (("gpu", self.gpu.reserved_gib, self.gpu.hbm_gib),
+                                           ("cpu", self.cpu.reserved_gib, self.cpu.mem_gib)):
+            if reserve >= capacity:
+                what = "hbm_gib" if section == "gpu" else "mem_gib"
+                raise FieldProblem(f"{section}.reserved_gib", f"{reserve:g} GiB reserved is not below the "
+                                   f"{capacity:g} GiB of {section}.{what}: nothing would be left to train with")
+        return self
 
 
 class ModelSpec(_Strict):

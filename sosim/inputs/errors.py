@@ -62,3 +62,9 @@ class ConfigError(SosimError):
 
 class InfeasibleError(SosimError):
     """A configuration that cannot run at all (for example a search that finds no model that fits)."""
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, raised as an exception so that a command stops (and stops its workers) as Ctrl-C does: the CLI
+    installs the handler first thing (sosim/cli.py), sweep and tune keep it while their workers run
+    (sosim/answers/workers.py). Exit status 143 (128 + 15)."""

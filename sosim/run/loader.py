@@ -20,6 +20,7 @@ import functools
 import math
 import os
 import re
+import stat
 from collections.abc import Collection, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -29,10 +30,16 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ValidationError
 
-from sosim.inputs.bounds import MAX_GBPS, MAX_GPUS, MIN_GBPS, FieldProblem
+from sosim.inputs.bounds import BOUND_REASONS, MAX_GBPS, MAX_GPUS, MIN_GBPS, FieldProblem
 from sosim.inputs.config import KNOBS_CONTEXT, HardwareProfile, Scenario
 from sosim.inputs.errors import ConfigError, Problem, ProblemKind
 from sosim.inputs.resources import find_example, shipped_profiles_dir
+from sosim.inputs.safe_read import MAX_TABLE_BYTES, path_problem, shown_path
+from sosim.inputs.safe_read import exists as _exists
+from sosim.inputs.safe_read import is_dir as _is_dir
+from sosim.inputs.safe_read import is_file as _is_file
+from sosim.inputs.safe_read import read_text as _read_text
+from sosim.inputs.yaml_tags import scalar_problem, tag_problem
 from sosim.schedules.registry import SYSTEM_NAMES, validate_knobs
 
 # What scenario validation needs from above config.py: the systems' knobs models (sosim/schedules/registry.py).
@@ -59,8 +66,6 @@ MAX_LAYER_PASSES = 100_000
 MAX_NUMBER_CHARS = 100
 MAX_SHOWN_OVERRIDE = 120  # characters of a --set shown in a message
 _NUMBER_LIKE = re.compile(r"[-+]?\.?[0-9][0-9a-fA-FxXoObB_:.eE+-]*")
-# Calibration tables are tens of KB (calibration/*/measurements.csv); a larger file is not one.
-MAX_TABLE_BYTES = 64 * 1024 * 1024
 
 # User profile folders (os.pathsep-separated) searched before the shipped ones. SOSIM_PROFILE_PATH is the
 # older name, still read.
@@ -230,6 +235,9 @@ def _check_events(text: str, origin: str, prefix: KeyPath = ()) -> None:
                 done(n)
             elif isinstance(ev, yaml.ScalarEvent):
                 expanded += 1
+                bad_tag = scalar_problem(ev)  # a tag outside the safe core, or a value its tag cannot hold
+                if bad_tag is not None:
+                    raise ConfigError([f"{_at(origin, line)}: {dotted(path)}: {bad_tag}"])
                 if not ev.style and len(ev.value) > MAX_NUMBER_CHARS and _NUMBER_LIKE.fullmatch(ev.value):
                     # Python refuses to build integers past 4,300 digits (an error inside PyYAML otherwise).
                     raise ConfigError([f"{_at(origin, line)}: {dotted(path)}: a number of {len(ev.value):,} "
@@ -254,6 +262,9 @@ def _check_events(text: str, origin: str, prefix: KeyPath = ()) -> None:
                 done(1)
             else:  # a mapping or sequence starts
                 expanded += 1
+                bad_tag = tag_problem(getattr(ev, "tag", None))
+                if bad_tag is not None:
+                    raise ConfigError([f"{_at(origin, line)}: {dotted(path)}: {bad_tag}"])
                 if is_key and parent is not None:
                     parent.key = None
                 if len(stack) >= MAX_YAML_DEPTH:
@@ -324,32 +335,14 @@ def parse_yaml(text: str, origin: str) -> Located:
     return Located(data=data if data is not None else {}, origin=origin, lines=lines)
 
 
-def decode_text(raw: bytes, origin: str) -> str:
-    """UTF-8 (with or without a byte-order mark), or a message naming the line of the first bad byte."""
-    try:
-        return raw.decode("utf-8-sig")
-    except UnicodeDecodeError as exc:
-        line = raw.count(b"\n", 0, exc.start) + 1
-        raise ConfigError([f"{origin}:{line}: not UTF-8 text: byte 0x{raw[exc.start]:02x}; save the file as UTF-8 "
-                           "(iconv -f latin1 -t utf-8 converts a Latin-1 file)"]) from None
-
-
 def read_text(path: str | Path, what: str = "file") -> str:
-    """A text file of at most MAX_YAML_BYTES, decoded as UTF-8; problems become a ConfigError."""
-    p = Path(path)
-    try:
-        with p.open("rb") as fh:
-            raw = fh.read(MAX_YAML_BYTES + 1)
-    except OSError as exc:
-        raise ConfigError([f"{p}: cannot read {what}: {exc.strerror or exc}"]) from None
-    if len(raw) > MAX_YAML_BYTES:
-        raise ConfigError([f"{p}: larger than {MAX_YAML_BYTES // 2**20} MiB: not a {what} sosim reads "
-                           "(scenario, profile, sweep, config)"])
-    return decode_text(raw, str(p))
+    """A regular text file of at most MAX_YAML_BYTES, decoded as UTF-8; problems become a ConfigError
+    (the one reader every input goes through: sosim/inputs/safe_read.py)."""
+    return _read_text(path, what, MAX_YAML_BYTES)
 
 
 def read_yaml(path: str | Path) -> Located:
-    return parse_yaml(read_text(path), str(Path(path)))
+    return parse_yaml(read_text(path), shown_path(path))
 
 
 # ------------------------------------------------------------------------------------------- profiles
@@ -382,7 +375,7 @@ def profile_files(user_dirs: Sequence[str | Path] = ()) -> dict[str, list[Profil
     found: dict[str, list[ProfileFile]] = {}
     seen: set[Path] = set()
     for folder, origin in profile_dirs(user_dirs):
-        if not folder.is_dir():
+        if not _is_dir(folder):  # also a name the file system refuses ($SOSIM_PROFILES of 5,000 characters)
             continue
         for f in sorted(folder.glob("*.yaml")):
             real = f.resolve()
@@ -416,7 +409,7 @@ def resolve_profile_path(ref: str, relative_to: Path | None, user_dirs: Sequence
         candidates.append(relative_to / ref)
     candidates.append(Path(ref))
     for c in candidates:
-        if c.suffix in (".yaml", ".yml") and c.is_file():
+        if c.suffix in (".yaml", ".yml") and _is_file(c):
             return c
     files = profile_files(user_dirs).get(ref)
     if not files:
@@ -475,6 +468,9 @@ def parse_override(text: str) -> tuple[KeyPath, Any]:
     if not key.strip() or any(not p.strip() for p in parts):
         raise ConfigError([Problem(f"--set {shown}", "", f"empty key in '{shown_override(key)}'", "empty_key",
                                    (text,))])
+    if len(parts) > MAX_YAML_DEPTH:  # a 5,000-part key recursed past Python's limit while it was set
+        raise ConfigError([f"--set {shown}: a key of {len(parts):,} parts; no key sosim takes is nested more "
+                           f"than {MAX_YAML_DEPTH} levels"])
     path: KeyPath = tuple(int(p) if p.isascii() and p.isdigit() else p.strip() for p in parts)
     try:
         value = _compose(raw, f"--set {shown}", path)[1] if raw.strip() else ""
@@ -532,8 +528,9 @@ def _format_validation(exc: ValidationError, loc: Located, prefix: KeyPath = (),
             kind = "unknown_key"
         elif msg.startswith("Value error, "):
             msg = msg[len("Value error, ") :]
-        if err["type"] in ("less_than_equal", "greater_than_equal") and path and str(path[-1]) in _BOUNDED:
-            msg += f" ({_BOUNDED[str(path[-1])]}; docs/limits.md)"
+        bounded = next((str(p) for p in reversed(path) if str(p) in _BOUNDED), None)  # a curve's point: its field
+        if err["type"] in ("less_than_equal", "greater_than_equal", "less_than", "greater_than") and bounded:
+            msg += f" ({_BOUNDED[bounded]}; docs/limits.md)"
         where, note, overrides = loc.blame(path, msg)
         problems.append(Problem(where, dotted(path), f"{msg}{note}", kind, overrides))
     return problems
@@ -545,7 +542,8 @@ _BOUNDED = {**dict.fromkeys(("gpus", "data_parallel", "sequence_parallel", "gpus
             **dict.fromkeys(("h2d_GBps", "d2h_GBps", "bidir_GBps", "hbm_GBps", "mem_GBps", "cast_GBps",
                              "gpu_gpu_GBps", "node_node_GBps", "GBps", "read_GBps", "write_GBps", "dram_GBps"),
                             f"a bandwidth between {MIN_GBPS:g} and {MAX_GBPS:g} GB/s: slower than any real link, or "
-                            "faster than any memory")}
+                            "faster than any memory"),
+            **BOUND_REASONS}
 
 
 def _non_finite(value: Any, path: KeyPath) -> Iterator[tuple[KeyPath, float]]:
@@ -634,13 +632,13 @@ def load_profile(ref: str | Path, relative_to: Path | None = None, *, profile_di
 
 def _resolve_calibration(cal: str, profile_path: Path) -> Path:
     """A table named relative to its profile file; a copy of a shipped profile elsewhere keeps its table."""
-    if Path(cal).is_absolute():
+    if Path(cal).is_absolute() or path_problem(cal) is not None:  # a bad name: _check_calibration says why
         return Path(cal)
     beside = (profile_path.parent / cal).resolve()
-    if beside.exists():
+    if _exists(beside):
         return beside
     shipped = (shipped_profiles_dir() / cal).resolve()
-    return shipped if shipped.exists() else beside
+    return shipped if _exists(shipped) else beside
 
 
 def _load_profile_located(ref: str, relative_to: Path | None, where: str = "",
@@ -678,15 +676,47 @@ def _load_profile_located(ref: str, relative_to: Path | None, where: str = "",
     return located
 
 
+def _override_tables(value: Any, text: str) -> Any:
+    """``--set hardware.calibration=...``: each table named resolved and checked (a list form too)."""
+    def one(item: str) -> str:
+        if path_problem(item) is None:
+            item = str(Path(item).resolve())
+        _check_calibration(Path(item), f"--set {text}")
+        return item
+
+    if isinstance(value, str):
+        return one(value)
+    if isinstance(value, list):
+        if not value:
+            raise ConfigError([f"--set {text}: calibration: an empty list; leave the key out for an uncalibrated "
+                               "profile"])
+        bad = [item for item in value if not isinstance(item, str)]
+        if bad:
+            bad = bad[0]
+            raise ConfigError([f"--set {text}: calibration: each entry must be a path to a measurements.csv, got "
+                               f"{bad!r}"])
+        return [one(item) for item in value]
+    return value  # another type: validation names it
+
+
 def _check_calibration(table: Path, where: str) -> None:
     """A profile naming a missing or malformed table is a load error that names both files."""
     from sosim.costs.table import load_table  # pandas-backed reader; only profiles with a table need it
 
-    # A device or a folder (/dev/zero, /tmp) would be read without end or fail obscurely: a regular file only,
-    # of a plausible size (tables are tens of KB).
-    if table.exists() and not table.is_file():
-        raise ConfigError([f"{where}: calibration: {table}: not a regular file"])
-    if table.is_file() and table.stat().st_size > MAX_TABLE_BYTES:
+    # A device, a FIFO or a folder (/dev/zero, /tmp) would be read without end, block or fail obscurely: a
+    # regular file only, of a plausible size (tables are tens of KB), with a name the file system can hold.
+    from sosim.inputs.safe_read import file_kind
+
+    problem = path_problem(table)
+    if problem is not None:
+        raise ConfigError([f"{where}: calibration: {shown_path(table)}: {problem}"])
+    try:
+        st = table.stat()
+    except OSError:
+        st = None  # missing: load_table says so, naming the file
+    if st is not None and not stat.S_ISREG(st.st_mode):
+        raise ConfigError([f"{where}: calibration: {shown_path(table)}: not a regular file ({file_kind(st.st_mode)})"])
+    if st is not None and st.st_size > MAX_TABLE_BYTES:
         raise ConfigError([f"{where}: calibration: {table}: larger than {MAX_TABLE_BYTES // 2**20} MiB: not a "
                            "calibration table"])
 
@@ -761,11 +791,29 @@ def scenario_from_data(data: Mapping[str, Any]) -> Scenario:
 
 def resolve_scenario_path(source: str | Path) -> Path:
     """A scenario file, or a shipped example by name (``sosim examples`` lists them)."""
+    problem = path_problem(source)
+    if problem is not None:  # "" is not the working folder, a 300-character name is not a missing file
+        raise ConfigError([f"{shown_path(source)}: cannot read scenario: {problem}"])
     p = Path(source)
-    if p.exists():
+    if _exists(p):
         return p
     example = find_example(str(source))
     return example if example is not None else p
+
+
+def input_files(sources: Iterable[str | Path | None]) -> list[str]:
+    """The files a command reads for these scenario arguments (a shipped example's name: its file), for an
+    output that must not replace one of them (sosim/formats/safe_write.py)."""
+    found: list[str] = []
+    for source in sources:
+        if not source:
+            continue
+        found.append(str(source))
+        try:
+            found.append(str(resolve_scenario_path(source)))
+        except ConfigError:
+            continue
+    return found
 
 
 def load_scenario(
@@ -790,7 +838,7 @@ def load_scenario(
         try:
             located = read_yaml(path)
         except ConfigError as exc:
-            if not Path(source).exists():  # nor a shipped example: say where to find those
+            if not _exists(source):  # nor a shipped example: say where to find those
                 raise ConfigError([f"{exc.problems[0]} (nor a shipped example: sosim examples lists them)",
                                    *exc.problems[1:]]) from None
             raise
@@ -822,10 +870,10 @@ def load_scenario(
     for (key_path, value), text in parsed:
         if key_path == ("hardware",):
             continue
-        if key_path == ("hardware", "calibration") and isinstance(value, str):
-            # A table named on the command line is relative to the working folder.
-            value = str(Path(value).resolve())
-            _check_calibration(Path(value), f"--set {text}")
+        if key_path[:2] == ("hardware", "calibration"):
+            # Tables named on the command line (one, a list, or one entry of a list) are relative to the
+            # working folder, and checked as a profile's are, at the --set that names them.
+            value = _override_tables(value, text)
         _set_path(data, key_path, value, text)
         located.overridden[key_path] = text
     # inf/NaN written as numbers (.inf, .nan, 1e999 in flow YAML) are named as such, not as a failed bound.

@@ -71,14 +71,21 @@ def scenario_from_args(args: argparse.Namespace) -> dict[str, Any]:
     return mapping_from_args(args).scenario
 
 
+def _inputs_read(args: argparse.Namespace) -> list[str]:
+    from sosim.run.loader import input_files
+
+    return input_files([getattr(args, n, None) for n in ("scenario", "ds_config", "model")])
+
+
 def scenario_for_run(args: argparse.Namespace) -> tuple[Scenario, DsMapping | None]:
     """What ``sosim run`` simulates: the scenario file, or the DeepSpeed config + model; --set applies last."""
-    from sosim.formats.output import check_output_path
+    from sosim.formats import safe_write
     from sosim.run.loader import load_scenario
 
     emit = getattr(args, "emit_ds_config", None)
-    if emit is not None:
-        check_output_path(emit, "--emit-ds-config", ["json"])  # before any work
+    if emit is not None:  # before any work; never over the --ds-config being read (sosim/formats/safe_write.py)
+        safe_write.prepare_output(emit, "--emit-ds-config", "DeepSpeed config", safe_write.DS_CONFIG,
+                                  force=getattr(args, "force", False), inputs=_inputs_read(args), suffixes=["json"])
     ds = getattr(args, "ds_config", None)
     scenario_file = getattr(args, "scenario", None)
     if ds is None:
@@ -114,9 +121,10 @@ def finish_run(args: argparse.Namespace, sc: Scenario, mapping: DsMapping | None
     if out:
         base = read_json(mapping.ds_origin).data if mapping is not None else None
         result = ds_config_from_scenario(sc, base)
-        from sosim.formats.output import write_output
+        from sosim.formats import safe_write
 
-        write_output(Path(out), "--emit-ds-config", lambda p: write_ds_config(result, p))
+        safe_write.write_atomic(Path(out), "--emit-ds-config", "DeepSpeed config", lambda p: write_ds_config(result, p),
+                                safe_write.DS_CONFIG, force=getattr(args, "force", False), inputs=_inputs_read(args))
         if as_json:
             extra["ds_config_emitted"] = result.report(str(out))
         else:
