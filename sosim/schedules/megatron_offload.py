@@ -45,10 +45,11 @@ from sosim.inputs.config import ScheduleKnobs, UnitInterval
 from sosim.inputs.units import BF16_BYTES, FP32_BYTES
 from sosim.schedules import activation_offload, cpu, layout
 from sosim.schedules.driver import ActivationsOnGpu, Ctx, DoneCallback, Recipe, plan_for
-from sosim.schedules.fsdp2_offload import Launcher, fsdp_layout
+from sosim.schedules.fsdp2_offload import Launcher, fsdp_layout, launcher_threads
 from sosim.schedules.layout import Group, Unit
 from sosim.schedules.steps import gpu_adam
 from sosim.schedules.tuning import OMP_THREADS, Knob, fmt_float, fmt_onoff
+from sosim.schedules.weights import Replicated
 
 if TYPE_CHECKING:
     from sosim.costs.model import Costs
@@ -71,8 +72,7 @@ class MegatronOffloadKnobs(ScheduleKnobs):
     launcher: Launcher = "torchrun"
 
     def rank_threads_default(self, per_node: int, launched: int) -> int:
-        """torchrun's (and Ray's) OMP_NUM_THREADS=1 for more than one process per node."""
-        return 1 if self.launcher == "torchrun" and per_node > 1 else launched
+        return launcher_threads(self.launcher, per_node, launched)
 
     @model_validator(mode="after")
     def _precision_aware(self) -> MegatronOffloadKnobs:
@@ -82,10 +82,7 @@ class MegatronOffloadKnobs(ScheduleKnobs):
         return self
 
     def check_scenario(self, sc: Scenario) -> str | None:
-        if self.activation_offload and sc.training.activation_checkpointing:
-            return ("schedule.activation_offload: activations are offloaded instead of recomputed; set "
-                    "training.activation_checkpointing: false")
-        return None
+        return activation_offload.recompute_conflict(self.activation_offload, sc)
 
 
 def _knobs(sc: Scenario) -> MegatronOffloadKnobs:
@@ -261,27 +258,11 @@ def mcore(sc: Scenario, costs: Costs, s: MegatronOffloadKnobs, machine: Machine)
     return Recipe(
         layout=hybrid_layout(sc, costs, s.offload_fraction),
         cpu=cpu.one_process(machine.threads_per_rank, "torch"),
-        weights=_Resident(),
+        weights=Replicated(),  # bf16 weights resident in HBM on every rank
         grads=BucketGrads(),
         step=HybridStep(s.overlap_d2h_h2d, s.pin_cpu_grads, s.cpu_adam_impl),
         activations=activation_offload.ActivationsOffloaded() if s.activation_offload else ActivationsOnGpu(),
     )
-
-
-@dataclass(frozen=True)
-class _Resident:
-    """bf16 weights resident in HBM on every rank (the distributed optimizer's all-gather after the step is
-    the step block's)."""
-
-    def before_use(self, ctx: Ctx, u: Unit, phase: Phase) -> list[int]:
-        del ctx, u, phase
-        return []
-
-    def adds_nothing(self, ctx: Ctx) -> bool:
-        del ctx
-        return True
-
-
 
 
 def build_plan(sc: Scenario, costs: Costs, machine: Machine) -> Plan:
