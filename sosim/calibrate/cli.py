@@ -75,6 +75,11 @@ def build_parser() -> argparse.ArgumentParser:
         help="keep the rows already in DIR/measurements.csv and add to them (a second invocation with --only)",
     )
     parser.add_argument(
+        "--force",
+        action="store_true",
+        help="replace an existing DIR/measurements.csv (without it, or --append, a measured table is never lost)",
+    )
+    parser.add_argument(
         "--profile",
         metavar="NAME",
         default=None,
@@ -137,6 +142,8 @@ def main(argv: list[str] | None = None, run_check: CheckRunner | None = None) ->
         )
         return 2
     problem = _unwritable(args.out) if args.out is not None else ""
+    if not problem and args.out is not None:
+        problem = _would_replace(args.out / "measurements.csv", args.append or args.force)
     if problem:  # before torch is imported and anything is measured
         print(f"sosim calibrate: --out {args.out}: {problem}", file=sys.stderr)
         return 2
@@ -283,6 +290,14 @@ def _unwritable(out: Path) -> str:
     except OSError as exc:
         return f"cannot write in {parent}: {exc.strerror or exc}"
     return ""
+
+
+def _would_replace(table: Path, allowed: bool) -> str:
+    """'' unless writing would replace a measured table the user did not ask to replace (issue 26: no user file is
+    ever destroyed): an earlier calibration's measurements.csv is hours of a lent GPU machine."""
+    if allowed or not (table.exists() or table.is_symlink()):
+        return ""
+    return f"{table} exists: --append adds to it, --force replaces it"
 
 
 def _import_torch_with_cuda() -> Any | None:
