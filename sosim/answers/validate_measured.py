@@ -146,7 +146,7 @@ class MeasuredRun:
     model_label: str
     session: str = ""  # the step script's output folder of the device session that measured it ("" unknown)
     # The DeepSpeed release the run imported (its deepspeed_version column; "" in old rows: the release of every
-    # earlier campaign, 0.19.8). The prediction runs that release's code (sosim/schedules/ds_version.py).
+    # earlier campaign, 0.19.8). The prediction runs that release's code (sosim/schedules/blocks/ds_version.py).
     deepspeed_version: str = NEWEST
 
     @property

@@ -55,7 +55,7 @@ UnitInterval = Annotated[float, Field(ge=0, le=1)]
 # A piecewise-linear curve: (x, y) points with strictly increasing x.
 Curve = list[tuple[float, float]]
 
-# cpu_adam_sve: DeepSpeedCPUAdam's SVE kernel (DeepSpeed PR 8365; sosim/schedules/ds_version.py).
+# cpu_adam_sve: DeepSpeedCPUAdam's SVE kernel (DeepSpeed PR 8365; sosim/schedules/blocks/ds_version.py).
 AdamImpl = Literal["torch", "cpu_adam", "cpu_adam_sve", "grace_adam"]
 # Sanity bounds of the inputs, and the check that numbers are numbers: sosim/inputs/bounds.py (docs/limits.md).
 BandwidthGBps = Annotated[float, Field(ge=MIN_GBPS, le=MAX_GBPS)]
@@ -588,7 +588,7 @@ class ScheduleKnobs(_Strict):
 
     system: str
     # Which DeepSpeed release runs the system (sosim/inputs/ds_versions.py lists the modelled ones; what each
-    # does differently: sosim/schedules/ds_version.py). Ignored by the paper's schedules (implementation: ideal).
+    # does differently: sosim/schedules/blocks/ds_version.py). Ignored by the paper's schedules (implementation: ideal).
     deepspeed_version: DeepSpeedVersion = NEWEST
 
 

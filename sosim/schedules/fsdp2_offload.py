@@ -28,7 +28,7 @@ torchrun (``launcher: torchrun``), ``OMP_NUM_THREADS=1`` for every process when 
 node (torch/distributed/run.py sets it unless the environment does): FSDP2's CPU Adam on one thread per rank,
 the starvation users meet; one process per node keeps torch's default (the rank's cores).
 
-``activation_offload``: activations offloaded instead of recomputed (:mod:`sosim.schedules.activation_offload`).
+``activation_offload``: activations offloaded instead of recomputed (:mod:`sosim.schedules.blocks.activation_offload`).
 Not modelled: FSDP2's Python hooks on the host thread (tens of microseconds per unit), explicit prefetch
 counts beyond one, HSDP.
 """
@@ -44,10 +44,10 @@ from sosim.hardware import model as tm
 from sosim.hardware.memory import MemoryUsage
 from sosim.inputs.config import ScheduleKnobs
 from sosim.inputs.units import BF16_BYTES, FP32_BYTES
-from sosim.schedules import activation_offload, cpu, layout
-from sosim.schedules.driver import ActivationsOnGpu, Ctx, DoneCallback, Recipe, plan_for
-from sosim.schedules.layout import Flush, Group, Unit
-from sosim.schedules.tuning import OMP_THREADS, Knob, fmt_onoff
+from sosim.schedules.blocks import activation_offload, cpu, layout
+from sosim.schedules.blocks.driver import ActivationsOnGpu, Ctx, DoneCallback, Recipe, plan_for
+from sosim.schedules.blocks.layout import Flush, Group, Unit
+from sosim.schedules.blocks.tuning import OMP_THREADS, Knob, fmt_onoff
 
 if TYPE_CHECKING:
     from sosim.costs.model import Costs
@@ -280,7 +280,7 @@ def build_plan(sc: Scenario, costs: Costs, machine: Machine) -> Plan:
     return plan_for(sc, costs, torch2(sc, costs, _knobs(sc), machine))
 
 
-# What ``sosim tune`` moves (sosim/schedules/tuning.py): the Adam implementation (torchtitan's one key for it),
+# What ``sosim tune`` moves (sosim/schedules/blocks/tuning.py): the Adam implementation (torchtitan's one key for it),
 # pinning, resharding (memory: all layers' bf16 weights stay when off), activation offload (structural: it
 # replaces checkpointing, and moves activations to host memory).
 TUNE_SPACE: tuple[Knob, ...] = (

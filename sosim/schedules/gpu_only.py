@@ -15,10 +15,10 @@ from sosim.hardware.machine import Machine
 from sosim.hardware.memory import MemoryUsage
 from sosim.inputs.config import PosFloat, ScheduleKnobs
 from sosim.inputs.units import BF16_BYTES
-from sosim.schedules import cpu, layout
-from sosim.schedules.driver import Ctx, DoneCallback, Recipe, plan_for
-from sosim.schedules.layout import Group, Unit
-from sosim.schedules.weights import Replicated
+from sosim.schedules.blocks import cpu, layout
+from sosim.schedules.blocks.driver import Ctx, DoneCallback, Recipe, plan_for
+from sosim.schedules.blocks.layout import Group, Unit
+from sosim.schedules.blocks.weights import Replicated
 
 if TYPE_CHECKING:
     from sosim.costs.model import Costs

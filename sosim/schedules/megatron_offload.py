@@ -25,7 +25,8 @@ What Megatron-Core does (``megatron/core/optimizer/cpu_offloading/hybrid_optimiz
   copies back.
 
 ``offload_fraction`` 0 keeps the whole optimizer on the GPU (Megatron's distributed optimizer alone).
-``activation_offload``: Megatron's ``--fine-grained-activation-offloading`` (:mod:`sosim.schedules.activation_offload`).
+``activation_offload``: Megatron's ``--fine-grained-activation-offloading``
+(:mod:`sosim.schedules.blocks.activation_offload`).
 Not modelled: Megatron's per-call Python overhead of one optimizer per parameter (tens of microseconds each),
 tensor/pipeline parallelism, Transformer Engine's fused layers (the layer costs are the eager layers').
 """
@@ -43,12 +44,12 @@ from sosim.hardware import model as tm
 from sosim.hardware.memory import MemoryUsage
 from sosim.inputs.config import ScheduleKnobs, UnitInterval
 from sosim.inputs.units import BF16_BYTES, FP32_BYTES
-from sosim.schedules import activation_offload, cpu, layout
-from sosim.schedules.driver import ActivationsOnGpu, Ctx, DoneCallback, Recipe, plan_for
+from sosim.schedules.blocks import activation_offload, cpu, layout
+from sosim.schedules.blocks.driver import ActivationsOnGpu, Ctx, DoneCallback, Recipe, plan_for
+from sosim.schedules.blocks.layout import Group, Unit
+from sosim.schedules.blocks.steps import gpu_adam
+from sosim.schedules.blocks.tuning import OMP_THREADS, Knob, fmt_float, fmt_onoff
 from sosim.schedules.fsdp2_offload import Launcher, fsdp_layout
-from sosim.schedules.layout import Group, Unit
-from sosim.schedules.steps import gpu_adam
-from sosim.schedules.tuning import OMP_THREADS, Knob, fmt_float, fmt_onoff
 
 if TYPE_CHECKING:
     from sosim.costs.model import Costs

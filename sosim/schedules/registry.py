@@ -46,8 +46,8 @@ if TYPE_CHECKING:
     from sosim.hardware.machine import Machine
     from sosim.hardware.memory import MemoryUsage
     from sosim.inputs.config import Scenario, ScheduleKnobs
+    from sosim.schedules.blocks.tuning import Knob
     from sosim.schedules.system_api import DeepSpeedForm
-    from sosim.schedules.tuning import Knob
 
 
 class System(NamedTuple):

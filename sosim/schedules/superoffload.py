@@ -32,11 +32,12 @@ from sosim.hardware.memory import MemoryUsage, check_fit
 from sosim.inputs.config import AdamImpl, Fraction, OffloadKnobs, PosFloat, UnitInterval
 from sosim.inputs.errors import SosimError
 from sosim.inputs.units import BF16_BYTES, FP32_BYTES
-from sosim.schedules import cpu, ds_version, layout, stage3, superoffload_release
-from sosim.schedules.driver import ActivationsOnGpu, Recipe, plan_for
-from sosim.schedules.gradients import HostGradients, Stage3Gradients
-from sosim.schedules.steps import AfterBackward, BlockingCopy, CastAndCopy, HostCopyOnly, Speculative, Stage3Step
-from sosim.schedules.weights import CheckpointsOnHost, HostStreamed, Partitioned
+from sosim.schedules import superoffload_release
+from sosim.schedules.blocks import cpu, ds_version, layout, stage3
+from sosim.schedules.blocks.driver import ActivationsOnGpu, Recipe, plan_for
+from sosim.schedules.blocks.gradients import HostGradients, Stage3Gradients
+from sosim.schedules.blocks.steps import AfterBackward, BlockingCopy, CastAndCopy, HostCopyOnly, Speculative, Stage3Step
+from sosim.schedules.blocks.weights import CheckpointsOnHost, HostStreamed, Partitioned
 
 if TYPE_CHECKING:
     from sosim.costs.model import Costs

@@ -44,10 +44,10 @@ from sosim.hardware.machine import Machine, zero_group
 from sosim.hardware.memory import MemoryUsage
 from sosim.inputs.config import PosFloat, ScheduleKnobs
 from sosim.inputs.units import BF16_BYTES, FP32_BYTES
-from sosim.schedules import cpu, stage3
-from sosim.schedules.driver import Ctx, DoneCallback, Recipe, plan_for
-from sosim.schedules.layout import Flush, Group, Unit
-from sosim.schedules.steps import gpu_adam
+from sosim.schedules.blocks import cpu, stage3
+from sosim.schedules.blocks.driver import Ctx, DoneCallback, Recipe, plan_for
+from sosim.schedules.blocks.layout import Flush, Group, Unit
+from sosim.schedules.blocks.steps import gpu_adam
 
 if TYPE_CHECKING:
     from sosim.costs.analytic import QuantKernel

@@ -20,11 +20,11 @@ from sosim.engine.plan import Plan
 from sosim.hardware.machine import Machine, zero_group
 from sosim.hardware.memory import MemoryUsage
 from sosim.inputs.config import AdamImpl, Fraction, OffloadKnobs, PosFloat
-from sosim.schedules import cpu, ds_version, layout, stage3
-from sosim.schedules.driver import Recipe, plan_for
-from sosim.schedules.gradients import HostGradients, Stage3Gradients
-from sosim.schedules.steps import AfterBackward, BlockingCopy, CastAndCopy, Stage3Step
-from sosim.schedules.weights import Partitioned
+from sosim.schedules.blocks import cpu, ds_version, layout, stage3
+from sosim.schedules.blocks.driver import Recipe, plan_for
+from sosim.schedules.blocks.gradients import HostGradients, Stage3Gradients
+from sosim.schedules.blocks.steps import AfterBackward, BlockingCopy, CastAndCopy, Stage3Step
+from sosim.schedules.blocks.weights import Partitioned
 
 if TYPE_CHECKING:
     from sosim.costs.model import Costs

@@ -18,10 +18,10 @@ from sosim.costs.offload_mechanisms import fetched_tensors_per_layer, zinf_fetch
 from sosim.engine.plan import Plan
 from sosim.hardware.memory import MemoryUsage
 from sosim.inputs.units import BF16_BYTES
-from sosim.schedules import stage3
-from sosim.schedules.driver import Recipe, plan_for
-from sosim.schedules.steps import AfterBackward, HostCopyOnly, Stage3Step
-from sosim.schedules.weights import CpuParamsFetched, HostStreamed
+from sosim.schedules.blocks import stage3
+from sosim.schedules.blocks.driver import Recipe, plan_for
+from sosim.schedules.blocks.steps import AfterBackward, HostCopyOnly, Stage3Step
+from sosim.schedules.blocks.weights import CpuParamsFetched, HostStreamed
 from sosim.schedules.zero3_offload import Stage3OffloadKnobs
 from sosim.schedules.zero3_offload import deepspeed as zero3_deepspeed
 from sosim.schedules.zero3_offload import ideal as zero3_ideal

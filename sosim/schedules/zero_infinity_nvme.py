@@ -37,12 +37,12 @@ from sosim.engine.plan import H2D, NET, NVME_READ, NVME_WRITE, Category, Phase, 
 from sosim.hardware import model as tm
 from sosim.hardware.machine import Machine, nvme_throughput_Bps, zero_group
 from sosim.inputs.units import BF16_BYTES, FP32_BYTES
-from sosim.schedules import cpu, stage3
-from sosim.schedules.driver import Ctx, DoneCallback, Recipe, plan_for
-from sosim.schedules.gradients import Stage3Gradients
-from sosim.schedules.layout import Group, Unit
-from sosim.schedules.steps import BlockingCopy, cpu_adam, cpu_pass
-from sosim.schedules.weights import HostStreamed, Partitioned
+from sosim.schedules.blocks import cpu, stage3
+from sosim.schedules.blocks.driver import Ctx, DoneCallback, Recipe, plan_for
+from sosim.schedules.blocks.gradients import Stage3Gradients
+from sosim.schedules.blocks.layout import Group, Unit
+from sosim.schedules.blocks.steps import BlockingCopy, cpu_adam, cpu_pass
+from sosim.schedules.blocks.weights import HostStreamed, Partitioned
 from sosim.schedules.zero3_offload import STAGE3_DEFAULTS, Stage3OffloadKnobs
 
 if TYPE_CHECKING:

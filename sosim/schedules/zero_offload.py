@@ -29,11 +29,11 @@ from sosim.hardware.machine import Machine
 from sosim.hardware.memory import MemoryUsage
 from sosim.inputs.config import AdamImpl, Fraction, OffloadKnobs, PosFloat
 from sosim.inputs.units import BF16_BYTES, FP32_BYTES, MB
-from sosim.schedules import cpu, ds_version, layout
-from sosim.schedules.driver import NoHooks, Recipe, plan_for
-from sosim.schedules.gradients import HostGradients, Stage2Gradients
-from sosim.schedules.steps import AfterBackward, CastAndCopy, CopyBf16, Stage2Step
-from sosim.schedules.weights import HostSyncsInBackward, Replicated
+from sosim.schedules.blocks import cpu, ds_version, layout
+from sosim.schedules.blocks.driver import NoHooks, Recipe, plan_for
+from sosim.schedules.blocks.gradients import HostGradients, Stage2Gradients
+from sosim.schedules.blocks.steps import AfterBackward, CastAndCopy, CopyBf16, Stage2Step
+from sosim.schedules.blocks.weights import HostSyncsInBackward, Replicated
 
 if TYPE_CHECKING:
     from sosim.costs.model import Costs
