@@ -901,7 +901,7 @@ def load_derived(base: Scenario, sections: Mapping[str, Any], checked: Collectio
     data, validated exactly as :func:`load_scenario` validates ``{**base's data, **sections}`` (same checks,
     same messages, origin ``<dict>``), but the sections left as they are (the hardware profile above all, the
     largest) are reused as validated rather than copied, re-validated and re-scanned: a search derives
-    thousands of candidates from one base (sosim/answers/tune.py).
+    thousands of candidates from one base (sosim/answers/tune/api.py).
 
     Only valid for a ``base`` that :func:`load_scenario` produced (its sections are finite and validated).
     ``checked`` names sections given as instances that an earlier load validated (so finite): they are not
