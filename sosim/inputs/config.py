@@ -589,7 +589,10 @@ class ScheduleKnobs(_Strict):
     system: str
     # Which DeepSpeed release runs the system (sosim/inputs/ds_versions.py lists the modelled ones; what each
     # does differently: sosim/schedules/blocks/ds_version.py). Ignored by the paper's schedules (implementation: ideal).
-    deepspeed_version: DeepSpeedVersion = NEWEST
+    deepspeed_version: DeepSpeedVersion = Field(NEWEST, description=
+        "The DeepSpeed release that runs the system (sosim/inputs/ds_versions.py lists the modelled ones; what each "
+        "does differently: sosim/schedules/blocks/ds_version.py). Ignored by the paper's schedules (implementation: "
+        "ideal) and by the systems that are not DeepSpeed")
 
 
 class OffloadKnobs(ScheduleKnobs):
@@ -600,9 +603,13 @@ class OffloadKnobs(ScheduleKnobs):
     implementation, whether the knobs are built from YAML, through ``Scenario`` or directly (one source).
     """
 
-    implementation: Implementation = "deepspeed"
-    cpu_adam: AdamImpl = "cpu_adam"
-    pin_memory: bool = True
+    implementation: Implementation = Field("deepspeed", description=
+        "deepspeed: what DeepSpeed runs; ideal: the paper's schedule. The knobs' defaults follow it")
+    cpu_adam: AdamImpl = Field("cpu_adam", description=
+        "The CPU Adam kernel; it must have a curve in the profile. A DeepSpeed preset runs cpu_adam as its release "
+        "builds it: on a profile with a cpu_adam_sve curve (Grace) 0.19.8 runs the SVE kernel (PR 8365)")
+    pin_memory: bool = Field(True, description=
+        "Pinned host buffers (DeepSpeed offload_optimizer.pin_memory); false: pageable_factor of the bandwidth")
     DEFAULTS: ClassVar[Mapping[str, BaseModel]] = {}
 
     @model_validator(mode="before")

@@ -38,6 +38,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Literal
 
+from pydantic import Field
+
 from sosim.costs.torch_adam import TorchAdamImpl, torch_adam_s, torch_adam_source
 from sosim.engine.plan import D2H, GPU, GPU_CAST, H2D, NET, Category, Phase, Plan
 from sosim.hardware import model as tm
@@ -63,14 +65,26 @@ class Fsdp2OffloadKnobs(ScheduleKnobs):
     system: Literal["fsdp2_offload"]
     # torch.optim.AdamW's implementation: torchtitan [optimizer] implementation (default "fused"); plain torch
     # on CPU tensors defaults to the for-loop.
-    adam_impl: TorchAdamImpl = "fused"
-    pin_memory: bool = True  # CPUOffloadPolicy(pin_memory=True), torch's default
-    reshard_after_forward: bool = True  # fully_shard's default for the layers (the root is never resharded)
-    launcher: Launcher = "torchrun"
-    activation_offload: bool = False
+    adam_impl: TorchAdamImpl = Field("fused", description=
+        "torch.optim.AdamW's implementation on the CPU shards (torchtitan [optimizer] implementation, default fused; "
+        "plain torch on CPU tensors defaults to the for-loop)")
+    # CPUOffloadPolicy(pin_memory=True), torch's default
+    pin_memory: bool = Field(True, description="CPUOffloadPolicy(pin_memory=...): pinned host shards, torch's default")
+    # fully_shard's default for the layers (the root is never resharded)
+    reshard_after_forward: bool = Field(True, description=
+        "Layers freed after forward and copied in again for backward (fully_shard's default; the root never is)")
+    launcher: Launcher = Field("torchrun", description=
+        "torchrun sets OMP_NUM_THREADS=1 with more than one process per node (CPU Adam on one thread per rank) unless "
+        "cluster.cpu_threads_per_rank says otherwise; other: the launch's cores")
+    activation_offload: bool = Field(False, description=
+        "Activations to host memory after forward and back before backward instead of recomputation (needs "
+        "training.activation_checkpointing: false) (torch save_on_cpu or side streams: activation_offload_streams)")
     # How: False = torch.autograd.graph.save_on_cpu(pin_memory=True) (PyTorch's own, serial with compute);
     # True = copies on side streams with a one-layer reload prefetch (torchao/torchtune OffloadActivations).
-    activation_offload_streams: bool = False
+    activation_offload_streams: bool = Field(False, description=
+        "How activations are offloaded: false = torch.autograd.graph.save_on_cpu(pin_memory=True) (blocking copies, "
+        "serial with compute, the head's logits too); true = side-stream copies with a one-layer reload prefetch "
+        "(torchao/torchtune OffloadActivations)")
 
     def rank_threads_default(self, per_node: int, launched: int) -> int:
         """Threads of each rank when the run does not state them: torchrun's OMP_NUM_THREADS=1 for more than

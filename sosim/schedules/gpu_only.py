@@ -9,6 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Literal
 
+from pydantic import Field
+
 from sosim.engine.plan import NET, Category, Phase, Plan
 from sosim.hardware import model as tm
 from sosim.hardware.machine import Machine
@@ -33,7 +35,9 @@ class GpuOnlyKnobs(ScheduleKnobs):
 
     system: Literal["gpu_only"]
     # Bytes of model state per parameter: bf16 params+grads (4) + fp32 master, m, v (12) = 16.
-    state_bytes_per_param: PosFloat = 16.0
+    state_bytes_per_param: PosFloat = Field(16.0, description=
+        "Bytes of model state per parameter in HBM: bf16 params + grads (4) + fp32 master, m, v (12) = 16; the ZeRO "
+        "stage's model state per GPU for DeepSpeed configs of stage 0-2")
 
 
 @dataclass

@@ -65,14 +65,22 @@ class Zero3Knobs(ScheduleKnobs):
     """ZeRO-3 with everything in HBM; ZeRO++'s three switches (DeepSpeed's defaults: off, 1, off)."""
 
     system: Literal["zero3"]
-    implementation: Literal["deepspeed"] = "deepspeed"
+    implementation: Literal["deepspeed"] = Field("deepspeed", description=
+        "deepspeed only: ZeRO-3 without offload has no paper schedule")
     # Gradient reduce bucket in MB of bf16 gradients (DeepSpeed reduce_bucket_size x 2 B).
-    bucket_mb: PosFloat = 1000.0
-    zero_quantized_weights: bool = False
-    zero_hpz_partition_size: int = Field(1, ge=1)
-    zero_quantized_gradients: bool = False
+    bucket_mb: PosFloat = Field(1000.0, description=
+        "The reduce-scatter bucket, MB of bf16 gradients (DeepSpeed reduce_bucket_size x 2 B)")
+    zero_quantized_weights: bool = Field(False, description=
+        "ZeRO++ qwZ: int8 weight all-gathers (one fp32 scale per 2,048 elements)")
+    zero_hpz_partition_size: int = Field(1, ge=1, description=
+        "ZeRO++ hpZ: a secondary bf16 weight partition over this many ranks of a node (2 B/param / h of HBM); the "
+        "backward all-gather stays inside them")
+    zero_quantized_gradients: bool = Field(False, description=
+        "ZeRO++ qgZ: int4 gradient all-to-alls in two hops; DeepSpeed uses it only across nodes")
     # How the quantization kernels are timed (see the module docstring).
-    quantize_kernels: Literal["fused", "torch"] = "fused"
+    quantize_kernels: Literal["fused", "torch"] = Field("fused", description=
+        "How ZeRO++'s quantization kernels are timed: fused (memory-bound estimate) or torch (the measured torch "
+        "implementation, an upper bound)")
     DEFAULTS: ClassVar[dict[str, BaseModel]] = {}
 
 

@@ -35,7 +35,8 @@ if TYPE_CHECKING:
 class ZeroInfinityKnobs(Stage3OffloadKnobs):
     system: Literal["zero_infinity"]
     # Layers of parameters fetched ahead of use (DeepSpeed prefetch_bucket_size, expressed in layers).
-    prefetch_layers: int = Field(1, ge=0)
+    prefetch_layers: int = Field(1, ge=0, description=
+        "Layers of parameters fetched ahead of use (DeepSpeed stage3_prefetch_bucket_size, in layers)")
 
 
 def _knobs(sc: Scenario) -> ZeroInfinityKnobs:
