@@ -6,6 +6,10 @@ happens in the cost model through :mod:`sosim.inputs.units`.
 
 Every numeric field of a hardware section must name where it came from in that section's ``sources``
 mapping (spec sheet, paper, calibration file): a profile without provenance is rejected.
+
+Why this module is over 500 lines: it is the whole validated input schema: Scenario's discriminated unions and
+forward references resolve in one namespace, and the provenance rule (_Sourced) applies to every hardware section;
+each model is short.
 """
 
 from __future__ import annotations

@@ -11,6 +11,11 @@ and the plan the scenario asks for must be small enough to simulate in about ten
 
 It sits in sosim.run, above the systems and the costs, because loading resolves a scenario completely (issue 17):
 it asks the system registry for the knobs and reads the profile's calibration tables.
+
+Why this module is over 500 lines: every stage of loading (the hardened YAML pass, profiles, --set overrides,
+validation, the calibration baseline) reports through the same located-error machinery (Located, the key path ->
+line side table), which would otherwise cross module boundaries on every call; the profile search (profile_dirs to
+profile_notes) is the part that could move out next.
 """
 
 from __future__ import annotations
