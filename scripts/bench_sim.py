@@ -66,6 +66,8 @@ CALCULON_QUOTED_PER_S = 530.0
 # 10,000-simulation tune in wall seconds on 2 cores; trace + plot of an 80-layer scenario in seconds.
 TARGET_PER_CPU_S = {"zero_offload_deepspeed": 1000.0, "zero_offload_paper": 1000.0, "superoffload_paper": 1000.0,
                     "superoffload_deepspeed": 1000.0}
+# Issue 25 item 5: every case at least this many times Calculon's configurations per CPU-second (paired).
+TARGET_VS_CALCULON = 2.0
 TARGET_SWEEP_WALL_S = 10.0
 TARGET_TUNE_WALL_S = 10.0
 TARGET_TRACE_PLOT_S = 2.0
@@ -105,7 +107,8 @@ def simpy_simulate(sc: Scenario) -> object:
     return simulate(sc, engine="simpy")
 
 
-def bench_case(name: str, seconds: float, repeats: int, layers: int) -> dict[str, Any]:
+def bench_case(name: str, seconds: float, repeats: int, layers: int,
+               calculon: Callable[[], None] | None = None) -> dict[str, Any]:
     stem, extra = CASES[name]
     path = ROOT / "scenarios" / f"{stem}.yaml"
     overrides = [f"model.layers={layers}", "training.iterations=3", *extra]
@@ -115,7 +118,7 @@ def bench_case(name: str, seconds: float, repeats: int, layers: int) -> dict[str
     machine = Machine.from_scenario(sc)
     node, contention, _ranks = node_plan(machine, plan)
     path_taken = way_taken(node, contention)
-    return {
+    out = {
         "case": name, "scenario": stem, "overrides": overrides, "system": sc.schedule.system,
         "implementation": str(getattr(sc.schedule, "implementation", "n/a")), "ops": len(plan.ops),
         "timeline_from": path_taken, "default_engine": result.provenance["engine"],
@@ -123,6 +126,10 @@ def bench_case(name: str, seconds: float, repeats: int, layers: int) -> dict[str
         "load_and_simulate_vs_simulate": _paired(lambda: simulate(load_scenario(path, overrides)),
                                                  lambda: simulate(sc), seconds, repeats),
     }
+    if calculon is not None:
+        # Issue 25 item 5: simulate() against Calculon's standard example, measured alternately in this process.
+        out["simulate_vs_calculon"] = _paired(lambda: simulate(sc), calculon, seconds, repeats)
+    return out
 
 
 def bench_trace_plot(repeats: int) -> dict[str, Any]:
@@ -203,10 +210,11 @@ def bench_tune(budget: int, workers: int, layers: int) -> dict[str, Any]:
             "parent_cpu_s": round(time.process_time() - self_before, 2), "worker_cpu_s": round(worker_cpu, 2)}
 
 
-def bench_calculon(directory: str | None, seconds: float, repeats: int) -> dict[str, Any]:
+def calculon_config(directory: str | None) -> Callable[[], None] | None:
+    """One Calculon configuration (``Llm.compile`` + ``Llm.run``, as its ``llm-optimal-execution`` search runs
+    each), GPT-3 175B on its H100 system with its example execution; None without a checkout."""
     if not directory or not (Path(directory) / "calculon" / "llm").is_dir():
-        return {"configs_per_cpu_s": CALCULON_QUOTED_PER_S, "measured": False,
-                "note": "quoted from issue 11 (no Calculon checkout given: --calculon DIR)"}
+        return None
     import logging
 
     sys.path.insert(0, directory)
@@ -225,6 +233,13 @@ def bench_calculon(directory: str | None, seconds: float, repeats: int) -> dict[
         model.compile(system, Llm.Execution.from_json(exe_json))
         model.run(system)
 
+    return one
+
+
+def bench_calculon(one: Callable[[], None] | None, seconds: float, repeats: int) -> dict[str, Any]:
+    if one is None:
+        return {"configs_per_cpu_s": CALCULON_QUOTED_PER_S, "measured": False,
+                "note": "quoted from issue 11 (no Calculon checkout given: --calculon DIR)"}
     cpu = [_rate(one, seconds, time.process_time) for _ in range(repeats)]
     return {"configs_per_cpu_s": [round(min(cpu), 1), round(max(cpu), 1)], "measured": True,
             "what": "gpt3-175B, examples/3072_t4_p64_d12_mbs4_full.json, systems/h100_80g_nvl8.json"}
@@ -253,6 +268,7 @@ def main() -> None:
         Path(args.write).write_text(render_page(json.loads(Path(args.render).read_text())))
         print(f"wrote {args.write} from {args.render}", file=sys.stderr)
         return
+    calculon = calculon_config(args.calculon)
     out: dict[str, Any] = {
         "machine": f"{platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}",
         "cpu": _cpu_model(),
@@ -260,8 +276,8 @@ def main() -> None:
         "sosim": sosim.__version__,
         "settings": {"seconds": args.seconds, "repeats": args.repeats, "layers": args.layers},
         "load_average_before": [round(x, 2) for x in os.getloadavg()],
-        "calculon": bench_calculon(args.calculon, args.seconds, args.repeats),
-        "cases": [bench_case(c, args.seconds, args.repeats, args.layers) for c in args.cases],
+        "calculon": bench_calculon(calculon, args.seconds, args.repeats),
+        "cases": [bench_case(c, args.seconds, args.repeats, args.layers, calculon) for c in args.cases],
     }
     if not args.no_sweep:
         out["sweep"] = bench_sweep(args.sweep_points, args.workers, args.layers)
@@ -339,7 +355,21 @@ def render_page(out: dict[str, Any]) -> str:
         lines.append(f"| {c['case']} (`{c['scenario']}`) | {c['ops']:,} | {c['timeline_from']} | "
                      f"{_span(p['per_cpu_s'])} | {_span(p['ref_per_cpu_s'])} | {_span(p['ratio'], '{:.2f}')}x | "
                      f"{'>= ' + format(target, ',.0f') if target else ''} | {_verdict(ok)} |")
-    lines += ["", "A target is met when the slowest of the pairs reaches it.", "",
+    lines += ["", "A target is met when the slowest of the pairs reaches it."]
+    if any("simulate_vs_calculon" in c for c in out["cases"]):
+        lines += ["", "`simulate()` paired with Calculon's standard example (one configuration, "
+                  "`calculon_config`; the two measured alternately in this process; issue 25's target: "
+                  f">= {TARGET_VS_CALCULON:g}x in every case):", "",
+                  "| case | `simulate()` per CPU-s | Calculon per CPU-s | ratio (pairs) | target | |",
+                  "|---|---|---|---|---|---|"]
+        for c in out["cases"]:
+            p = c.get("simulate_vs_calculon")
+            if p is None:
+                continue
+            lines.append(f"| {c['case']} | {_span(p['per_cpu_s'])} | {_span(p['ref_per_cpu_s'])} | "
+                         f"{_span(p['ratio'], '{:.2f}')}x | >= {TARGET_VS_CALCULON:g}x | "
+                         f"{_verdict(p['ratio'][0] >= TARGET_VS_CALCULON)} |")
+    lines += ["",
               "Loading the scenario from YAML as well (`load_scenario` + `simulate`), paired with `simulate()` alone:",
               "", "| case | load + simulate per CPU-s | ratio to simulate() alone (pairs) |", "|---|---|---|"]
     for c in out["cases"]:

@@ -12,6 +12,8 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
+from sosim.inputs.version import VERSION
+
 if TYPE_CHECKING:
     from sosim.answers.sweep import sweep
     from sosim.inputs.config import Scenario
@@ -38,4 +40,4 @@ def __getattr__(name: str) -> Any:
 
 
 __all__ = ["ConfigError", "Result", "Scenario", "SosimError", "load_profile", "load_scenario", "simulate", "sweep"]
-__version__ = "0.1.0"
+__version__ = VERSION

@@ -9,6 +9,11 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 MAX_LINES = 500
 REASON = "Why this module is over 500 lines:"
+# Over the limit without the paragraph yet, each with why it is not written here; nothing may join, and an entry
+# that is no longer over the limit (or now says why) must go.
+PENDING: dict[str, str] = {
+    "sosim/engine/fluid.py": "the speed branch edits sosim/engine/ (issue 25 item 5); its paragraph comes with it",
+}
 
 
 def _modules() -> list[Path]:
@@ -31,8 +36,11 @@ def _long_without_reason(paths: list[Path], root: Path = ROOT) -> list[str]:
 
 def test_every_long_module_says_why_at_its_top() -> None:
     found = _long_without_reason(_modules())
-    assert not found, (f"modules over {MAX_LINES} lines without '{REASON} ...' (a sentence or more) in their "
-                       f"docstring: split them, or say why: {found}")
+    new = [f for f in found if f.split(" (")[0] not in PENDING]
+    assert not new, (f"modules over {MAX_LINES} lines without '{REASON} ...' (a sentence or more) in their "
+                     f"docstring: split them, or say why: {new}")
+    gone = set(PENDING) - {f.split(" (")[0] for f in found}
+    assert not gone, f"no longer pending, remove from PENDING: {sorted(gone)}"
 
 
 def test_the_rule_catches_a_long_module(tmp_path: Path) -> None:

@@ -187,3 +187,15 @@ def test_installed_wheel_validates_what_the_checkout_does(tmp_path: Path) -> Non
         with steps.open() as f:
             shipped_runs += len({row["run_id"] for row in csv.DictReader(f)})
     assert counts["measured"] + counts["measured_skipped"] == shipped_runs
+
+
+def test_the_version_is_said_once_and_matches_pyproject() -> None:
+    """sosim.__version__ (and check baselines' `sosim` field) come from sosim/inputs/version.py; the wheel's metadata
+    from pyproject.toml: the two must agree."""
+    import tomllib
+
+    import sosim
+    from sosim.inputs.version import VERSION
+
+    project = tomllib.loads((Path(__file__).resolve().parent.parent / "pyproject.toml").read_text())["project"]
+    assert sosim.__version__ == VERSION == project["version"]

@@ -34,6 +34,7 @@ from sosim.answers.check_rows import entry_problems
 from sosim.formats import safe_write
 from sosim.formats.output import check_finite_result, json_safe, print_json
 from sosim.inputs.errors import ConfigError, SosimError
+from sosim.inputs.version import VERSION
 
 BASELINE_FORMAT = "sosim-check/1"
 DEFAULT_TOLERANCE_REL = 0.01  # 1%: far above the simulator's run-to-run noise (it is deterministic: none)
@@ -130,9 +131,7 @@ def predict(source: str, overrides: Sequence[str], version: str, code: str) -> P
 
 
 def sosim_version() -> str:
-    from sosim import __version__
-
-    return str(__version__)
+    return VERSION
 
 
 # ------------------------------------------------------------------------------------------- baseline

@@ -66,8 +66,8 @@ def format_table(frame: pd.DataFrame) -> str:
 
 
 def cmd_compare(args: argparse.Namespace) -> int:
-    from sosim import load_scenario, simulate
-    from sosim.run.loader import input_files
+    from sosim.run.loader import input_files, load_scenario
+    from sosim.run.simulate import simulate
 
     force, inputs = getattr(args, "force", False), input_files(args.scenarios)
     plot = (safe_write.prepare_output(args.plot, "--plot", "figure", safe_write.FIGURE, force=force, inputs=inputs,

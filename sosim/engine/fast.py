@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import heapq
 import itertools
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -87,43 +87,45 @@ def _repeated_times(plan: Plan) -> tuple[list[float], list[float]]:
     ops of copy ``k - lag`` it carries out, or what it passes on): a list schedule takes the largest of its
     dependencies' ends, in any order the same float, so only that largest end is carried per slot and copy,
     not the sorted dependencies themselves (:attr:`Plan.copy_deps`, which the event loop needs for SimPy's
-    order of waiting). The same floats as over the made ops."""
+    order of waiting). A copy's ends sit in one list with its slots' values after them (index ``m + j`` for
+    the ``j``-th slot followed; ``-inf`` where a slot holds nothing, which no start is below), so that every
+    dependency is one list read and the hot loop has no branch for slots. The same floats as over the made
+    ops: a maximum is exact, and every end is the same ``start + duration``."""
     t = plan.template
     assert t is not None
     m = len(t.ops)
     # Resource slots by object identity first, as list_times does (hashing a Resource runs Python code).
     by_id: dict[int, int] = {}
     slot_of: dict[Resource, int] = {}
-    rows: list[tuple[int, int, float, tuple[int, ...], tuple[list[int], list[int]] | None]] = []
+    rows: list[tuple[int, int, float, tuple[int, ...]]] = []
+    slotted: list[int] = []  # the rows of ops that wait for a carry slot (deps sorted: slots, negative, first)
     for op in t.ops:
         k = by_id.get(id(op.resource))
         if k is None:
             k = by_id[id(op.resource)] = slot_of.setdefault(op.resource, len(slot_of))
         deps = op.deps
-        carried = ([d for d in deps if d < 0], [d for d in deps if d >= 0]) if deps and deps[0] < 0 else None
-        rows.append((op.id, k, op.duration_s, deps, carried))
-    carry = _slots_followed(t, {s for row in rows if row[4] is not None for s in row[4][0]})
+        if deps and deps[0] < 0:
+            slotted.append(len(rows))
+        rows.append((op.id, k, op.duration_s, deps))
+    carry = _slots_followed(t, {d for j in slotted for d in rows[j][3] if d < 0})
+    at = {slot: m + j for j, (slot, _lag, _own, _passes) in enumerate(carry)}
+    for j in slotted:
+        i, k, du, deps = rows[j]
+        rows[j] = (i, k, du, tuple([at[d] if d < 0 else d for d in deps]))
+    # Per followed slot: its lag, and where its own ops' ends and the slots it passes on sit in a copy's list.
+    follow = [(lag, [*own, *[at[p] for p in passes]]) for _slot, lag, own, passes in carry]
     start: list[float] = []
     end: list[float] = []
     free = [0.0] * len(slot_of)
-    # Per copy: slot -> the latest end of what it carries out of that copy (None: nothing).
-    filled: list[dict[int, float | None]] = []
+    # Per copy: the latest end of what each followed slot carries out of it (-inf: nothing).
+    filled: list[list[float]] = []
     for k in range(plan.copies):
-        held = {s: filled[k - lag][s] if k >= lag else None for s, lag, _own, _passes in carry}
-        s_k = [0.0] * m
         e_k = [0.0] * m
-        for i, r, du, deps, carried in rows:
+        e_k += [filled[k - lag][j] if k >= lag else _NOTHING for j, (lag, _refs) in enumerate(follow)]
+        s_k = [0.0] * m
+        for i, r, du, deps in rows:
             time = free[r]
-            inside: Sequence[int]
-            if carried is not None:
-                slots, inside = carried
-                for slot in slots:
-                    h = held[slot]
-                    if h is not None and h > time:
-                        time = h
-            else:
-                inside = deps
-            for d in inside:
+            for d in deps:
                 e = e_k[d]
                 if e > time:
                     time = e
@@ -131,17 +133,23 @@ def _repeated_times(plan: Plan) -> tuple[list[float], list[float]]:
             time += du
             e_k[i] = time
             free[r] = time
-        out: dict[int, float | None] = {}
-        for slot, _lag, own, passes in carry:
-            latest = None
-            for x in [e_k[r] for r in own] + [held[p] for p in passes]:
-                if x is not None and (latest is None or x > latest):
-                    latest = x
-            out[slot] = latest
+        out = []
+        for _lag, refs in follow:
+            latest = _NOTHING
+            for x in refs:
+                e = e_k[x]
+                if e > latest:
+                    latest = e
+            out.append(latest)
         filled.append(out)
         start += s_k
+        del e_k[m:]
         end += e_k
     return start, end
+
+
+# What an empty carry slot holds in :func:`_repeated_times`: below every start, so never the latest.
+_NOTHING = -float("inf")
 
 
 def _slots_followed(t: Template, needed: set[int]) -> list[tuple[int, int, list[int], list[int]]]:
@@ -162,8 +170,10 @@ def run_plan_detailed(plan: Plan, contention: Contention | None = None) -> Engin
     # Most contended plans never oversubscribe anything in fact (copies in both directions that do not overlap):
     # the list schedule is then the fluid model's timeline bit for bit (sosim.engine.fluid.never_throttled).
     start, end = list_times(plan)
-    if _full_speed(plan, active, start, end):
-        return EngineRun(np.array(start), np.array(end), {})
+    # As arrays once: the check reads them, and they are the run when it passes.
+    start_s, end_s = np.array(start), np.array(end)
+    if _full_speed(plan, active, start, end, start_s=start_s, end_s=end_s):
+        return EngineRun(start_s, end_s, {})
     start, end, by_index = _event_loop_run(plan, active)
     return EngineRun(np.array(start), np.array(end), stretch_by_name(by_index, active))
 
@@ -183,20 +193,27 @@ _ARRAY_CHECK_FROM = 200
 
 
 def _full_speed(plan: Plan, active: Contention, start: list[float], end: list[float],
-                array_from: int = _ARRAY_CHECK_FROM) -> bool:
+                array_from: int = _ARRAY_CHECK_FROM, *, start_s: np.ndarray | None = None,
+                end_s: np.ndarray | None = None) -> bool:
     """Whether the fluid model would leave every contended op of the list schedule ``start``/``end`` at full
-    speed (:func:`sosim.engine.fluid.never_throttled_fast` on many, else :func:`sosim.engine.fluid.never_throttled`)."""
+    speed (:func:`sosim.engine.fluid.never_throttled_fast` on many, else :func:`sosim.engine.fluid.never_throttled`).
+    ``start_s``/``end_s``: the same as arrays, when the caller has them."""
     tops, copies, tuses = _template_view(plan, active)
     m = len(tops)
-    queues = ops_by_resource(tops)
     if len(tuses) * copies < array_from:
         jobs = [(base + i, start[base + i], end[base + i], u)
                 for base in range(0, copies * m, m) for i, u in tuses.items()]
-        return never_throttled(jobs, active.capacity, _follows(plan, tops, queues))
-    worker_of = [0] * m
-    for w, queue in enumerate(queues.values()):
-        for i in queue:
-            worker_of[i] = w
+        return never_throttled(jobs, active.capacity, _follows(plan, tops))
+    # Each op's serial resource, numbered in order of first use (the order of ops_by_resource's queues).
+    # By the resource object's identity first: hashing a Resource runs Python code.
+    by_id: dict[int, int] = {}
+    number: dict[Resource, int] = {}
+    worker_of = []
+    for op in tops:
+        w = by_id.get(id(op.resource))
+        if w is None:
+            w = by_id[id(op.resource)] = number.setdefault(op.resource, len(number))
+        worker_of.append(w)
     template = np.fromiter(tuses.keys(), dtype=np.int64, count=len(tuses))
     ids = (np.arange(copies, dtype=np.int64)[:, None] * m + template[None, :]).ravel()
     per_k: dict[int, tuple[list[int], list[float]]] = {}
@@ -209,22 +226,27 @@ def _full_speed(plan: Plan, active: Contention, start: list[float], end: list[fl
     demand = {k: ((np.arange(copies, dtype=np.int64)[:, None] * n + np.array(at)[None, :]).ravel(),
                   np.tile(np.array(ds), copies)) for k, (at, ds) in per_k.items()}
     worker = np.tile(np.array([worker_of[i] for i in template.tolist()], dtype=np.int64), copies)
-    start_s, end_s = np.array(start), np.array(end)
+    if start_s is None or end_s is None:
+        start_s, end_s = np.array(start), np.array(end)
     if never_throttled_fast(start_s[ids], end_s[ids], demand, worker, active.capacity):
         return True
     uses = list(tuses.values()) * copies
     jobs = list(zip(ids.tolist(), start_s[ids].tolist(), end_s[ids].tolist(), uses, strict=True))
-    return never_throttled(jobs, active.capacity, _follows(plan, tops, queues))
+    return never_throttled(jobs, active.capacity, _follows(plan, tops))
 
 
-def _follows(plan: Plan, tops: list[Op], queues: dict[Resource, list[int]]) -> Callable[[int], tuple[int, ...]]:
+def _follows(plan: Plan, tops: list[Op]) -> Callable[[int], tuple[int, ...]]:
     """Op id -> the ops whose completion its start waits for: its dependencies and its resource's previous op
-    (asked only where two contended ops meet at one instant: a repeated plan's carried dependencies are
-    resolved then, not before)."""
+    (asked only where two contended ops meet at one instant: a repeated plan's carried dependencies and the
+    resources' queues are worked out then, not before)."""
     m = len(tops)
     repeated = _is_template(plan, tops)
+    made: list[dict[Resource, list[int]]] = []
 
     def follows(g: int) -> tuple[int, ...]:
+        if not made:
+            made.append(ops_by_resource(tops))
+        queues = made[0]
         k, i = divmod(g, m)
         base = k * m
         special = plan.copy_deps[k] if repeated else {}

@@ -14,8 +14,9 @@ What is serialized (every value an engine can read, exactly: floats by their 8 b
   category, phase, bytes, FLOPs, group), the template's iteration starts, carry lags and carry-outs, and the
   number of copies (the run is a function of these: ``Plan.repeat``); for any other plan (a node plan of
   several ranks), the same fields of every op plus ``iteration``, and the iteration starts;
-* the contention: resource names, capacities, every op's demands (sorted by op id), ``stands_for`` and
-  ``report_as``;
+* the contention: resource names, capacities, every op's demands (sorted by op id; those of a repeated
+  plan as its template's, with the period and the number of copies, which determine them), ``stands_for``
+  and ``report_as``;
 * the engine's name.
 
 Left out: op names. They are labels for humans (sosim/engine/plan.py: "never parsed"); an engine reads one
@@ -34,7 +35,7 @@ import hashlib
 import marshal
 from collections.abc import Iterable
 
-from sosim.engine.fluid import Contention
+from sosim.engine.fluid import Contention, RepeatedUses
 from sosim.engine.plan import Category, Op, Phase, Plan, ResourceKind
 
 # Small ints for the enums (marshal of a str depends on whether it is interned; an int does not).
@@ -47,10 +48,10 @@ MARSHAL_VERSION = 2  # no object references (version 3 adds them: identity would
 def _ops(ops: Iterable[Op], with_iteration: bool) -> tuple[tuple[object, ...], ...]:
     kind, category, phase = _KIND, _CATEGORY, _PHASE
     if with_iteration:
-        return tuple((kind[o.resource.kind], o.resource.instance, o.duration_s, o.deps, o.layer, o.iteration,
-                      category[o.category], phase[o.phase], o.n_bytes, o.flops, o.group) for o in ops)
-    return tuple((kind[o.resource.kind], o.resource.instance, o.duration_s, o.deps, o.layer,
-                  category[o.category], phase[o.phase], o.n_bytes, o.flops, o.group) for o in ops)
+        return tuple([(kind[o.resource.kind], o.resource.instance, o.duration_s, o.deps, o.layer, o.iteration,
+                       category[o.category], phase[o.phase], o.n_bytes, o.flops, o.group) for o in ops])
+    return tuple([(kind[o.resource.kind], o.resource.instance, o.duration_s, o.deps, o.layer,
+                   category[o.category], phase[o.phase], o.n_bytes, o.flops, o.group) for o in ops])
 
 
 def plan_data(plan: Plan) -> tuple[object, ...]:
@@ -66,9 +67,12 @@ def contention_data(contention: Contention | None) -> tuple[object, ...]:
     """The contention as nested tuples (None: nothing shared)."""
     if contention is None:
         return ("none",)
+    uses = contention.uses
+    # A repeated plan's demands by its template (they are the same for every copy, RepeatedUses), else by op id.
+    demands = ("repeated", uses.period, uses.copies, tuple(sorted(uses.template.items()))) \
+        if isinstance(uses, RepeatedUses) else ("by_op", tuple(sorted(uses.items())))
     return ("contention", tuple(n.encode() for n in contention.names), tuple(contention.capacity),
-            tuple(sorted(contention.uses.items())), contention.stands_for,
-            tuple(sorted(contention.report_as.items())))
+            demands, contention.stands_for, tuple(sorted(contention.report_as.items())))
 
 
 def engine_fingerprint(plan: Plan, contention: Contention | None, engine: str) -> bytes:

@@ -25,8 +25,9 @@ engines import it from here; neither imports the other.
 
 from __future__ import annotations
 
+import copy
 import math
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -61,20 +62,45 @@ class Clock(Protocol):
 UsesOf = tuple[tuple[int, float], ...]
 
 
-class RepeatedUses(dict[int, UsesOf]):
+class RepeatedUses(Mapping[int, UsesOf]):
     """What the ops of a repeated plan (:meth:`sosim.engine.plan.Plan.repeat`) draw on, built from its template:
     op ``k * period + i`` draws what template op ``i`` does (an op's demands depend on its resource,
     duration, bytes and category, which every copy shares). The demands are worked out once per template,
-    not once per copy; this is the plain mapping by global op id (what the SimPy engine reads), and
-    :attr:`template` is what the fast engine and :func:`effective_contention` read."""
+    not once per copy; this is the plain mapping by global op id (what the SimPy engine reads), answered from
+    the template on each lookup rather than stored per copy, and :attr:`template` is what the fast engine and
+    :func:`effective_contention` read."""
 
     __slots__ = ("copies", "period", "template")
 
     def __init__(self, template: dict[int, UsesOf], period: int, copies: int) -> None:
-        super().__init__({k * period + i: u for k in range(copies) for i, u in template.items()})
         self.template = template
         self.period = period
         self.copies = copies
+
+    def __getitem__(self, op_id: int) -> UsesOf:
+        k, i = divmod(op_id, self.period)
+        if not 0 <= k < self.copies:
+            raise KeyError(op_id)
+        return self.template[i]
+
+    def __contains__(self, op_id: object) -> bool:
+        if not isinstance(op_id, int):
+            return False
+        k, i = divmod(op_id, self.period)
+        return 0 <= k < self.copies and i in self.template
+
+    def __iter__(self) -> Iterator[int]:
+        # Copy by copy, each in the template's order (the order a dict built copy by copy would have).
+        for k in range(self.copies):
+            base = k * self.period
+            for i in self.template:
+                yield base + i
+
+    def __len__(self) -> int:
+        return len(self.template) * self.copies
+
+    def __repr__(self) -> str:
+        return f"RepeatedUses({self.copies} copies of {len(self.template)} of {self.period} template ops)"
 
 
 @dataclass(frozen=True)
@@ -103,9 +129,16 @@ class Contention:
             if not cap > 0 or math.isinf(cap):
                 raise ValueError(f"Contention: capacity of {self.names[k]} must be positive and finite, got {cap}")
         uses = self.uses.template if isinstance(self.uses, RepeatedUses) else self.uses
+        n = len(self.names)
+        # Each demand tuple once (ops of one size on one resource share theirs): the first op holding a bad one
+        # is still the one named.
+        checked: set[int] = set()
         for op_id, ks in uses.items():
+            if id(ks) in checked:
+                continue
+            checked.add(id(ks))
             for k, demand in ks:
-                if not 0 <= k < len(self.names) or not demand >= 0:
+                if not 0 <= k < n or not demand >= 0:
                     raise ValueError(f"Contention: op {op_id} uses resource {k} with demand {demand}")
 
 
@@ -146,6 +179,9 @@ def effective_contention(plan: Plan, contention: Contention | None) -> Contentio
     # Whether nothing would be dropped below even if every resource is contended: every op that draws lasts
     # and draws something on each resource it lists.
     clean = True
+    # (demands, serial resource) pairs already taken in, by identity: ops of one size on one resource share
+    # their demand tuple (sosim/engine/rules.py), and taking a pair in again changes no maximum and no order.
+    seen: set[tuple[int, int]] = set()
     for op_id, ks in all_uses.items():
         if op_id >= n:
             raise ValueError(f"Contention: op {op_id} is not in the plan")
@@ -153,6 +189,10 @@ def effective_contention(plan: Plan, contention: Contention | None) -> Contentio
         if not ks or not op.duration_s > 0:
             clean = False
         queue = op.resource
+        pair = (id(ks), id(queue))
+        if pair in seen:
+            continue
+        seen.add(pair)
         kind, instance = id(queue.kind), queue.instance
         for k, demand in ks:
             if not demand > 0:
@@ -179,7 +219,11 @@ def effective_contention(plan: Plan, contention: Contention | None) -> Contentio
     if not uses:
         return None
     out: Mapping[int, UsesOf] = uses if repeated is None else RepeatedUses(uses, repeated.period, repeated.copies)
-    return Contention(contention.names, contention.capacity, out, contention.stands_for, contention.report_as)
+    # A subset of ``contention``'s demands, which its __post_init__ has checked: copied with the kept ones in
+    # place of its own, without checking them again (a search builds this once per simulation).
+    subset = copy.copy(contention)
+    object.__setattr__(subset, "uses", out)
+    return subset
 
 
 # Stretch below this is float noise of repeated rate changes, not time lost to contention.

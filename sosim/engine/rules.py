@@ -95,6 +95,9 @@ class CopyRule(Rule):
         super().__init__(site)
         # By the resource object's identity: route indices, cores, staging DRAM, pinned rate, staging threshold.
         self._static: dict[int, tuple[list[int], int | None, int | None, float, float]] = {}
+        # Demands already worked out, by (resource identity, bytes, duration): all a copy's demand reads, and
+        # every layer's copies of one size ask the same (resources live as long as the plan this rule serves).
+        self._seen: dict[tuple[int, float, float], Demand] = {}
 
     def _prepare(self, resource: Resource) -> tuple[list[int], int | None, int | None, float, float]:
         site, m, rank = self.site, self.site.m, resource.instance
@@ -110,6 +113,13 @@ class CopyRule(Rule):
                 index.get(dram_id(staged_socket)), site.rate_Bps[direction], STAGED_FRACTION * site.rate_Bps[direction])
 
     def demand(self, op: Op, duration: float) -> Demand | None:
+        key = (id(op.resource), op.n_bytes, duration)
+        seen = self._seen.get(key)
+        if seen is None:
+            seen = self._seen[key] = self._demand(op, duration)
+        return seen
+
+    def _demand(self, op: Op, duration: float) -> Demand:
         static = self._static.get(id(op.resource))
         if static is None:
             static = self._static[id(op.resource)] = self._prepare(op.resource)

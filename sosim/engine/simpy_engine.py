@@ -38,7 +38,8 @@ def run_plan_detailed(plan: Plan, contention: Contention | None = None) -> Engin
     end = np.zeros(len(ops))
     active = effective_contention(plan, contention)
     fluid = Fluid(env, active) if active is not None else None
-    uses = active.uses if active is not None else {}
+    # By global op id, as a plain dict (a repeated plan's RepeatedUses answers each lookup from its template).
+    uses = dict(active.uses) if active is not None else {}
 
     def worker(op_ids: list[int]) -> Generator[simpy.Event, object, None]:
         for i in op_ids:

@@ -87,16 +87,17 @@ class Fsdp2OffloadKnobs(ScheduleKnobs):
         "(torchao/torchtune OffloadActivations)")
 
     def rank_threads_default(self, per_node: int, launched: int) -> int:
-        """Threads of each rank when the run does not state them: torchrun's OMP_NUM_THREADS=1 for more than
-        one process per node (torch/distributed/run.py), else what the launch gives (sosim.hardware.machine)."""
-        return 1 if self.launcher == "torchrun" and per_node > 1 else launched
+        return launcher_threads(self.launcher, per_node, launched)
 
     def check_scenario(self, sc: Scenario) -> str | None:
         """A contradiction between these knobs and the scenario (None: none)."""
-        if self.activation_offload and sc.training.activation_checkpointing:
-            return ("schedule.activation_offload: activations are offloaded instead of recomputed; set "
-                    "training.activation_checkpointing: false")
-        return None
+        return activation_offload.recompute_conflict(self.activation_offload, sc)
+
+
+def launcher_threads(launcher: Launcher, per_node: int, launched: int) -> int:
+    """Threads of each rank when the run does not state them: torchrun's OMP_NUM_THREADS=1 for more than one
+    process per node (torch/distributed/run.py), else what the launch gives (sosim.hardware.machine)."""
+    return 1 if launcher == "torchrun" and per_node > 1 else launched
 
 
 def _knobs(sc: Scenario) -> Fsdp2OffloadKnobs:

@@ -49,7 +49,8 @@ from sosim.schedules.blocks.driver import ActivationsOnGpu, Ctx, DoneCallback, R
 from sosim.schedules.blocks.layout import Group, Unit
 from sosim.schedules.blocks.steps import gpu_adam
 from sosim.schedules.blocks.tuning import OMP_THREADS, Knob, fmt_float, fmt_onoff
-from sosim.schedules.fsdp2_offload import Launcher, fsdp_layout
+from sosim.schedules.blocks.weights import Replicated
+from sosim.schedules.fsdp2_offload import Launcher, fsdp_layout, launcher_threads
 
 if TYPE_CHECKING:
     from sosim.costs.model import Costs
@@ -86,8 +87,7 @@ class MegatronOffloadKnobs(ScheduleKnobs):
         "cluster.cpu_threads_per_rank says otherwise; other: the launch's cores (torchrun or Ray, as fsdp2_offload's)")
 
     def rank_threads_default(self, per_node: int, launched: int) -> int:
-        """torchrun's (and Ray's) OMP_NUM_THREADS=1 for more than one process per node."""
-        return 1 if self.launcher == "torchrun" and per_node > 1 else launched
+        return launcher_threads(self.launcher, per_node, launched)
 
     @model_validator(mode="after")
     def _precision_aware(self) -> MegatronOffloadKnobs:
@@ -97,10 +97,7 @@ class MegatronOffloadKnobs(ScheduleKnobs):
         return self
 
     def check_scenario(self, sc: Scenario) -> str | None:
-        if self.activation_offload and sc.training.activation_checkpointing:
-            return ("schedule.activation_offload: activations are offloaded instead of recomputed; set "
-                    "training.activation_checkpointing: false")
-        return None
+        return activation_offload.recompute_conflict(self.activation_offload, sc)
 
 
 def _knobs(sc: Scenario) -> MegatronOffloadKnobs:
@@ -276,27 +273,11 @@ def mcore(sc: Scenario, costs: Costs, s: MegatronOffloadKnobs, machine: Machine)
     return Recipe(
         layout=hybrid_layout(sc, costs, s.offload_fraction),
         cpu=cpu.one_process(machine.threads_per_rank, "torch"),
-        weights=_Resident(),
+        weights=Replicated(),  # bf16 weights resident in HBM on every rank
         grads=BucketGrads(),
         step=HybridStep(s.overlap_d2h_h2d, s.pin_cpu_grads, s.cpu_adam_impl),
         activations=activation_offload.ActivationsOffloaded() if s.activation_offload else ActivationsOnGpu(),
     )
-
-
-@dataclass(frozen=True)
-class _Resident:
-    """bf16 weights resident in HBM on every rank (the distributed optimizer's all-gather after the step is
-    the step block's)."""
-
-    def before_use(self, ctx: Ctx, u: Unit, phase: Phase) -> list[int]:
-        del ctx, u, phase
-        return []
-
-    def adds_nothing(self, ctx: Ctx) -> bool:
-        del ctx
-        return True
-
-
 
 
 def build_plan(sc: Scenario, costs: Costs, machine: Machine) -> Plan:

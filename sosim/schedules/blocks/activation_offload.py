@@ -62,6 +62,15 @@ def head_activation_bytes(sc: Scenario) -> float:
     return 6.0 * tokens * sc.model.vocab
 
 
+def recompute_conflict(offload: bool, sc: Scenario) -> str | None:
+    """The contradiction of offloading activations while also recomputing them (None: none): offloading is the
+    alternative to activation checkpointing in every framework that has it, never an addition to it."""
+    if offload and sc.training.activation_checkpointing:
+        return ("schedule.activation_offload: activations are offloaded instead of recomputed; set "
+                "training.activation_checkpointing: false")
+    return None
+
+
 @dataclass
 class ActivationsOffloaded:
     """Each layer's saved activations to host memory after its forward, back before its backward.
