@@ -20,6 +20,10 @@ rank writes its own CPU-affinity report). Inside step() the ZeRO optimizer's own
 (sosim/calibrate/ds_timers.py): the t_<name>_s columns are medians of the per-step sums. Examples:
   python3 scripts/ds_train_step.py --config zero2 --size 1.1b --seq 2048 --micro-batch 4 --out calibration/x
   python3 -m deepspeed.launcher.runner --num_gpus 2 scripts/ds_train_step.py --config zero3 --size 1.1b ...
+
+Why this module is over 500 lines: it is copied to a GPU machine and run there as one standalone command per run
+(torch and DeepSpeed, no sosim install): the configurations, the model builder, the two timing modes and the CSV
+rows travel as one file.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """The DeepSpeed-version check on measured twins (issue 21): runs measured on 0.18.8 and 0.19.8 with the same
 shape and config (run ids ``X`` and ``X-ds0.18.8``, scripts/ds_run_all.py), each predicted with its own release's
-code path (sosim/schedules/ds_version.py; the run's deepspeed_version column), and the two ratios side by side.
+code path (sosim/schedules/blocks/ds_version.py; the run's deepspeed_version column), and the two ratios side by side.
 
     PYTHONPATH=. python scripts/ds_version_twins.py DEVICE_RESULTS_FOLDER [--profile h200-pcie-gen5-x86]
 

@@ -13,10 +13,10 @@ from sosim.costs.analytic import AnalyticCostModel
 from sosim.engine.plan import CPU_MAIN, CPU_OPT, Category, Phase, Plan, ResourceKind
 from sosim.engine.simpy_engine import run_plan
 from sosim.hardware.model import tokens_per_gpu
-from sosim.schedules import cpu
-from sosim.schedules.driver import Ctx, pass_op
-from sosim.schedules.gradients import Stage3Gradients
-from sosim.schedules.layout import (
+from sosim.schedules.blocks import cpu
+from sosim.schedules.blocks.driver import Ctx, pass_op
+from sosim.schedules.blocks.gradients import Stage3Gradients
+from sosim.schedules.blocks.layout import (
     Group,
     Tensor,
     Unit,
@@ -26,8 +26,8 @@ from sosim.schedules.layout import (
     make_layout,
     subgroups,
 )
-from sosim.schedules.steps import BlockingCopy
-from sosim.schedules.weights import Stage3Hooks
+from sosim.schedules.blocks.steps import BlockingCopy
+from sosim.schedules.blocks.weights import Stage3Hooks
 
 # Three units of 4, 3 and 5 elements: tensors (unit, elements) in registration order.
 TENSORS = [Tensor(0, 0, 4), Tensor(1, 1, 2), Tensor(2, 1, 1), Tensor(3, 2, 5)]

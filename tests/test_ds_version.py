@@ -1,5 +1,5 @@
 """DeepSpeed's version as an input (issue 21): the modelled releases, what each does differently on the paths
-sosim replays (sosim/schedules/ds_version.py), and that every output names the release."""
+sosim replays (sosim/schedules/blocks/ds_version.py), and that every output names the release."""
 
 from __future__ import annotations
 
@@ -12,8 +12,8 @@ from sosim import load_scenario, simulate
 from sosim.hardware.machine import Machine
 from sosim.inputs.ds_versions import NEWEST, check
 from sosim.inputs.errors import ConfigError
-from sosim.schedules import ds_version
-from sosim.schedules.ds_version import behaviour_of
+from sosim.schedules.blocks import ds_version
+from sosim.schedules.blocks.ds_version import behaviour_of
 
 ROOT = Path(__file__).resolve().parent.parent
 GPT8B = "scenarios/gh200_superoffload_deepspeed_8b.yaml"

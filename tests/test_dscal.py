@@ -15,10 +15,10 @@ from sosim.costs.table import STEP_FIXED_MEASURED_TENSORS, TableCostModel
 from sosim.engine.plan import Category, Phase, Plan, ResourceKind
 from sosim.engine.simpy_engine import run_plan
 from sosim.hardware.model import tokens_per_gpu
-from sosim.schedules import cpu
-from sosim.schedules.driver import Ctx
-from sosim.schedules.layout import Tensor, Unit, make_flushes, make_layout, subgroups
-from sosim.schedules.steps import Stage2Step, Stage3Step
+from sosim.schedules.blocks import cpu
+from sosim.schedules.blocks.driver import Ctx
+from sosim.schedules.blocks.layout import Tensor, Unit, make_flushes, make_layout, subgroups
+from sosim.schedules.blocks.steps import Stage2Step, Stage3Step
 from tests.test_whatif import H200, costs_of
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -140,8 +140,8 @@ def test_stage2_overflow_check_makes_the_backward_wait_for_each_flush(waits: boo
     beside the backward: the last layer ends at 3 s, the copies at 6 s. With it (0.19.8's per-parameter
     overflow check) layer 0 is issued only after f0's copy (4 s) and ends at 5 s; f1 runs 5-7 s and f2, queued
     by the host after f1's check, 7-9 s."""
-    from sosim.schedules.driver import pass_op
-    from sosim.schedules.gradients import Stage2Gradients
+    from sosim.schedules.blocks.driver import pass_op
+    from sosim.schedules.blocks.gradients import Stage2Gradients
     from tests.test_blocks import _UnitCopies
 
     ctx = _tiny({"system": "zero_offload"}, 3, 1)

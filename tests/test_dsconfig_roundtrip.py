@@ -19,7 +19,7 @@ from sosim.formats.jsonio import parse_json
 from sosim.inputs.config import Scenario
 from sosim.run.loader import load_profile, scenario_from_data
 from sosim.schedules import registry, superoffload
-from sosim.schedules.ds_schema import DS_KEYS, TOP_IGNORED, TOP_MAPPED
+from sosim.schedules.blocks.ds_schema import DS_KEYS, TOP_IGNORED, TOP_MAPPED
 from sosim.schedules.system_api import Unsaid
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -260,7 +260,7 @@ def test_schema_data_matches_the_installed_deepspeed() -> None:
     def names(model: Any) -> set[str]:
         return {n for n, f in model.model_fields.items()} | {f.alias for f in model.model_fields.values() if f.alias}
 
-    from sosim.schedules.ds_schema import DS_KEYS_ONE_VERSION
+    from sosim.schedules.blocks.ds_schema import DS_KEYS_ONE_VERSION
 
     zero = names(DeepSpeedZeroConfig)
     assert DS_KEYS["zero_optimization"] <= zero
@@ -334,7 +334,7 @@ def test_schema_data_matches_the_deepspeed_source() -> None:
     def names(model: Any) -> set[str]:
         return set(model.model_fields) | {f.alias for f in model.model_fields.values() if f.alias}
 
-    from sosim.schedules.ds_schema import DS_KEYS_ONE_VERSION
+    from sosim.schedules.blocks.ds_schema import DS_KEYS_ONE_VERSION
 
     zero = names(zc.DeepSpeedZeroConfig)
     assert DS_KEYS["zero_optimization"] <= zero

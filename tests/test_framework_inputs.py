@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from sosim.answers.tune_write import _comparable
-from sosim.answers.tune_write_frameworks import framework_path, read_back
+from sosim.answers.tune.write_deepspeed import _comparable
+from sosim.answers.tune.write_frameworks import framework_path, read_back
 from sosim.formats.megatron_args import load_megatron, megatron_args, read_megatron
 from sosim.formats.torchtitan import llama3_ffn, llama3_model, read_torchtitan, torchtitan_toml
 from sosim.inputs.errors import ConfigError
@@ -146,7 +146,7 @@ def test_megatron_args_as_a_string_or_a_file(tmp_path: Path) -> None:
 @pytest.mark.parametrize("system", ["fsdp2_offload", "megatron_offload"])
 def test_tune_writes_the_winner_in_its_framework_format(tmp_path: Path, system: str) -> None:
     from sosim.answers.tune import TuneOptions, tune
-    from sosim.answers.tune_write_frameworks import write_winner
+    from sosim.answers.tune.write_frameworks import write_winner
 
     base = _scenario({"system": system}, model={"name": "small", "layers": 4, "hidden": 1024, "heads": 8,
                                                 "kv_heads": 2, "ffn": 2816, "ffn_kind": "swiglu",

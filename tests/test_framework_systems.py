@@ -11,7 +11,8 @@ from sosim.hardware.machine import Machine
 from sosim.inputs.errors import ConfigError
 from sosim.run.loader import load_scenario
 from sosim.run.simulate import make_costs, simulate
-from sosim.schedules import activation_offload, fsdp2_offload, megatron_offload
+from sosim.schedules import fsdp2_offload, megatron_offload
+from sosim.schedules.blocks import activation_offload
 
 
 def _sc(schedule: dict, **training: object):

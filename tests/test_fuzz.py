@@ -20,6 +20,10 @@ is run by hand. Issue 26's classes (YAML tags, FIFOs and devices on every route,
 tests/test_fuzz_hostile.py; this one mixes them in too (tags in the text, FIFOs, links and the user's files as
 command-line paths) and checks that a feasible result is plausible (a step under a day, usable memory above
 zero) and that no input file changes. FUZZ_TALLY=FILE appends one JSON line per example (docs/limits.md).
+
+Why this module is over 500 lines: the mutators, the contract checks and the drivers of every input kind (scenario,
+profile, --set, sweep file, command options) share one corpus and one contract; the slow variants are the same cases
+at larger counts.
 """
 
 from __future__ import annotations

@@ -160,6 +160,7 @@ def test_importing_a_small_module_loads_only_it() -> None:
     117 modules before issue 25); the public API still resolves on first use."""
     face = {"sosim", "sosim.inputs", "sosim.inputs.version"}  # the package face and its one-constant version module
     assert _loaded_by("import sosim.inputs.units") == {*face, "sosim.inputs.units"}
-    assert _loaded_by("import sosim.schedules.ds_schema") == {*face, "sosim.schedules", "sosim.schedules.ds_schema"}
+    assert _loaded_by("import sosim.schedules.blocks.ds_schema") == {
+        *face, "sosim.schedules", "sosim.schedules.blocks", "sosim.schedules.blocks.ds_schema"}
     loaded = _loaded_by("from sosim import load_scenario, simulate, sweep, Result")
     assert {"sosim.run.loader", "sosim.run.simulate", "sosim.run.result", "sosim.answers.sweep"} <= loaded

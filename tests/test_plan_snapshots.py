@@ -55,7 +55,7 @@ def snapshot(system: str, base: str) -> str:
         machine = Machine.from_scenario(sc)
         plan = SYSTEMS[system].build_plan(sc, make_costs(sc, machine=machine), machine)
         template = plan.template
-        assert template is not None, "every system's plan repeats one iteration (sosim/schedules/driver.py)"
+        assert template is not None, "every system's plan repeats one iteration (sosim/schedules/blocks/driver.py)"
         out.append(f"## {impl or 'the one implementation'}: {len(template.ops)} ops, {plan.copies} copies; "
                    f"lag {dict(sorted(template.lag.items()))}; optimizer core share {plan.optimizer_core_share:g}")
         out += [_line(op) for op in template.ops]

@@ -1,5 +1,5 @@
 """A plan is one iteration built as a template with typed carries and repeated (``Plan.repeat``,
-sosim/schedules/driver.py ``build_template``): the repeated plan equals the plan built iteration by iteration
+sosim/schedules/blocks/driver.py ``build_template``): the repeated plan equals the plan built iteration by iteration
 through the same blocks, op for op, on every shipped scenario (3 and 5 iterations) and a hypothesis sample of
 others; and a hand-made template shows what the carries do."""
 
@@ -18,8 +18,8 @@ from sosim.hardware.machine import Machine
 from sosim.inputs.config import Scenario
 from sosim.inputs.errors import SosimError
 from sosim.run.simulate import make_cost_model
-from sosim.schedules import driver
-from sosim.schedules.driver import Ctx, Recipe
+from sosim.schedules.blocks import driver
+from sosim.schedules.blocks.driver import Ctx, Recipe
 from sosim.schedules.registry import SYSTEMS
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 from sosim import load_scenario, simulate
 from sosim.costs.analytic import AnalyticCostModel
 from sosim.hardware.model import tokens_per_gpu, total_params
-from sosim.schedules.layout import build_units
+from sosim.schedules.blocks.layout import build_units
 
 
 def _costs(sc):  # the same cost model simulate() builds for a profile without calibration

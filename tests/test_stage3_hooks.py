@@ -1,4 +1,4 @@
-"""DeepSpeed ZeRO-3's hooks interleave with a layer's kernels (sosim/schedules/stage3.py InterleavedHooks):
+"""DeepSpeed ZeRO-3's hooks interleave with a layer's kernels (sosim/schedules/blocks/stage3.py InterleavedHooks):
 hand-computed three-layer plans, GPU pass 1 s per layer."""
 
 from __future__ import annotations
@@ -11,10 +11,10 @@ from sosim.costs.analytic import AnalyticCostModel, parameter_modules_per_layer
 from sosim.engine.plan import GPU, Category, Phase, Plan
 from sosim.engine.simpy_engine import run_plan
 from sosim.hardware.model import tokens_per_gpu
-from sosim.schedules import cpu, stage3
-from sosim.schedules.driver import Ctx, pass_op
-from sosim.schedules.layout import Tensor, Unit, make_flushes, make_layout, subgroups
-from sosim.schedules.weights import Stage3Hooks
+from sosim.schedules.blocks import cpu, stage3
+from sosim.schedules.blocks.driver import Ctx, pass_op
+from sosim.schedules.blocks.layout import Tensor, Unit, make_flushes, make_layout, subgroups
+from sosim.schedules.blocks.weights import Stage3Hooks
 
 
 def _ctx() -> Ctx:

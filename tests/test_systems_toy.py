@@ -10,7 +10,7 @@ import pytest
 
 from sosim import load_scenario
 from sosim.answers.tune import TuneOptions, tune
-from sosim.answers.tune_space import search_space
+from sosim.answers.tune.space import search_space
 from sosim.formats.dsconfig import RunInputs, ds_config_from_scenario, map_ds_config
 from sosim.formats.hf_model import HfModel
 from sosim.formats.jsonio import parse_json
@@ -75,7 +75,7 @@ def test_the_tuner_searches_the_toys_knobs(toy: None) -> None:
 
 SYSTEM_FREE = ["sosim/formats/dsconfig/read.py", "sosim/formats/dsconfig/read_training.py",
                "sosim/formats/dsconfig/mapper.py", "sosim/formats/dsconfig/emit.py", "sosim/formats/dsconfig/cli.py",
-               "sosim/schedules/ds_schema.py", "sosim/answers/tune_space.py"]
+               "sosim/schedules/blocks/ds_schema.py", "sosim/answers/tune/space.py"]
 
 
 def test_dsconfig_and_the_tune_space_name_no_system() -> None:

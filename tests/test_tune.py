@@ -15,8 +15,8 @@ import pytest
 
 from sosim import load_scenario, simulate
 from sosim.answers.tune import SCORE_DIGITS, TuneOptions, Tuner, memory_check, tune
-from sosim.answers.tune_report import bottleneck, format_text, to_json, why_loses
-from sosim.answers.tune_space import Knob, refine_values, search_space
+from sosim.answers.tune.report import bottleneck, format_text, to_json, why_loses
+from sosim.answers.tune.space import Knob, refine_values, search_space
 from sosim.cli import main
 from sosim.formats import dsconfig
 from sosim.formats.hf_model import HfModel
@@ -301,7 +301,7 @@ def test_ctrl_c_keeps_the_best_so_far() -> None:
 
 def test_cli_ctrl_c_prints_best_so_far_and_exits_130(monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
                                                      capsys: pytest.CaptureFixture[str]) -> None:
-    import sosim.answers.tune_eval as tune_module
+    import sosim.answers.tune.candidate_eval as tune_module
 
     real = tune_module.simulate_metrics
     count = [0]

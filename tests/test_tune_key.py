@@ -1,4 +1,4 @@
-"""The tuner's reuse key (sosim/answers/tune_key.py): a search that reuses results by simulation key answers exactly as
+"""The tuner's reuse key (sosim/answers/tune/key.py): a search that reuses results by simulation key answers exactly as
 the same search simulating every candidate; the key is the resolved inputs (defaults resolved, types and
 float bits kept); the one input it replaces (the launcher's core binding) is read by nothing but the machine."""
 
@@ -15,8 +15,8 @@ import pytest
 
 from sosim import load_scenario, simulate
 from sosim.answers.tune import PARALLEL_MIN_BATCH, TuneOptions, Tuner, TuneResult, memory_check
-from sosim.answers.tune_key import RESOLVED_BY_MACHINE, Reuse, simulation_key
-from sosim.answers.tune_report import format_text, to_json
+from sosim.answers.tune.key import RESOLVED_BY_MACHINE, Reuse, simulation_key
+from sosim.answers.tune.report import format_text, to_json
 from sosim.run.loader import load_derived
 from tests.helpers import SRC, tiny_scenario
 
@@ -165,7 +165,7 @@ def test_key_is_the_resolved_inputs() -> None:
 
 
 def test_key_tells_types_and_zero_signs_apart() -> None:
-    from sosim.answers.tune_key import freeze
+    from sosim.answers.tune.key import freeze
 
     assert freeze(0.0) != freeze(-0.0)
     assert len({freeze(1), freeze(1.0), freeze(True)}) == 3
@@ -191,7 +191,7 @@ def test_launcher_flag_is_read_only_by_the_machine() -> None:
         for name in names:
             readers = sorted(str(p.relative_to(SOSIM)) for p in SOSIM.rglob("*.py")
                              if re.search(rf"\.{name}\b", p.read_text())
-                             and not p.name.startswith("tune") and p.parent.name != "dsconfig")
+                             and p.parent.name not in ("tune", "dsconfig"))
             assert readers == ["hardware/machine.py"], (section, name, readers)
 
 
@@ -206,7 +206,7 @@ def test_other_hardware_is_not_eligible() -> None:
 
 
 def test_section_keys_tell_types_and_zero_signs_apart() -> None:
-    from sosim.answers.tune_eval import section_keys
+    from sosim.answers.tune.candidate_eval import section_keys
 
     a = section_keys("zero_offload", {"schedule.bucket_mb": 0.0, "training.micro_batch": 1})
     b = section_keys("zero_offload", {"schedule.bucket_mb": -0.0, "training.micro_batch": True})

@@ -13,10 +13,10 @@ import pytest
 
 from sosim import load_scenario, simulate
 from sosim.answers.tune import TuneOptions, tune
-from sosim.answers.tune_write import outside_changes, read_back
-from sosim.answers.tune_write_frameworks import FORMATS as FRAMEWORK_FORMATS
-from sosim.answers.tune_write_frameworks import read_back as framework_read_back
-from sosim.answers.tune_write_frameworks import write_winner
+from sosim.answers.tune.write_deepspeed import outside_changes, read_back
+from sosim.answers.tune.write_frameworks import FORMATS as FRAMEWORK_FORMATS
+from sosim.answers.tune.write_frameworks import read_back as framework_read_back
+from sosim.answers.tune.write_frameworks import write_winner
 from sosim.cli import main
 from sosim.formats.dsconfig import ds_config_from_scenario
 from sosim.schedules.system_api import Unsaid

@@ -15,9 +15,10 @@ from typing import Any, Literal
 from pydantic import Field
 
 from sosim.inputs.config import Scenario
-from sosim.schedules import offload_ds, zero3_offload
+from sosim.schedules import zero3_offload
+from sosim.schedules.blocks import offload_ds
+from sosim.schedules.blocks.tuning import SUB_GROUP, Knob
 from sosim.schedules.system_api import PARAM, DeepSpeedForm, DsReader, Emitted, ZeroView
-from sosim.schedules.tuning import SUB_GROUP, Knob
 from sosim.schedules.zero3_offload_ds import emit_stage3
 
 

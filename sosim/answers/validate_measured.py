@@ -32,6 +32,12 @@ synchronize; ZeRO-1/2/3's Adam inside ``step()`` already waits for the last grad
 each step (both modes) is a barrier on every resource: the next iteration's first op on each resource waits
 for everything of the previous one. The barrier plan is re-ordered topologically (resource order kept) and
 run by the engine; a plan whose resource order contradicts the barriers is reported, not forced.
+
+Why this module is over 500 lines: one pipeline from a measured run to its compared row: reading the runs (the step
+CSV and each run's DeepSpeed config), the scenario of each, the replay of the harness's phase barriers on the
+simulated plan, and the step and per-phase comparison. Each section consumes the previous one's types (MeasuredRun,
+HarnessReplay); the barrier replay (with_barriers to harness_replay) is the part that could become a module of its
+own next.
 """
 
 from __future__ import annotations
@@ -146,7 +152,7 @@ class MeasuredRun:
     model_label: str
     session: str = ""  # the step script's output folder of the device session that measured it ("" unknown)
     # The DeepSpeed release the run imported (its deepspeed_version column; "" in old rows: the release of every
-    # earlier campaign, 0.19.8). The prediction runs that release's code (sosim/schedules/ds_version.py).
+    # earlier campaign, 0.19.8). The prediction runs that release's code (sosim/schedules/blocks/ds_version.py).
     deepspeed_version: str = NEWEST
 
     @property

@@ -4,6 +4,10 @@ so_worker). Each imitates one DeepSpeed 0.19.8 function; docs/calibration.md nam
 Every measurement that builds a DeepSpeed engine or changes CPU affinity runs in its own spawned child
 (isolate.run_isolated): rows come back as they are measured, a hung configuration is killed, and the
 parent's threads keep their affinity.
+
+Why this module is over 500 lines: sosim/calibrate/ runs from a copy of its folder on a GPU machine; its four
+sections (ds_refresh, layer_z3, ds_step_fixed, so_worker) each imitate one DeepSpeed function and share the
+isolated-child plumbing and the affinity split defined here.
 """
 
 from __future__ import annotations

@@ -19,6 +19,10 @@ ratio is exactly 1. The result's provenance lists, per cost kind, how many looku
 **Spread.** :meth:`TableCostModel.at_quantile` and :meth:`TableCostModel.sample` give the same model on a
 table whose timings are a measured quantile, or a seeded draw per component kind (see
 :mod:`sosim.costs.calibration_table`).
+
+Why this module is over 500 lines: TableCostModel (about 360 lines) overrides each AnalyticCostModel component with
+its measured counterpart and the what-if rescaling of it; one class, one override per cost, kept beside the ledger
+that records which was used.
 """
 
 from __future__ import annotations

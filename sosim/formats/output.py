@@ -123,7 +123,7 @@ def provenance_fields(sc: Any, engine: str | None = None) -> dict[str, Any]:
     paths = sc.hardware.calibration_paths
     out = {"implementation": getattr(sc.schedule, "implementation", None), "profile": sc.hardware.name,
            "calibration": ", ".join(paths) if paths else None,
-           # The DeepSpeed release the system runs (issue 21; sosim/schedules/ds_version.py).
+           # The DeepSpeed release the system runs (issue 21; sosim/schedules/blocks/ds_version.py).
            "deepspeed_version": getattr(sc.schedule, "deepspeed_version", None)}
     if engine is not None:
         out["engine"] = engine

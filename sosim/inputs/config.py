@@ -6,6 +6,10 @@ happens in the cost model through :mod:`sosim.inputs.units`.
 
 Every numeric field of a hardware section must name where it came from in that section's ``sources``
 mapping (spec sheet, paper, calibration file): a profile without provenance is rejected.
+
+Why this module is over 500 lines: it is the whole validated input schema: Scenario's discriminated unions and
+forward references resolve in one namespace, and the provenance rule (_Sourced) applies to every hardware section;
+each model is short.
 """
 
 from __future__ import annotations
@@ -55,7 +59,7 @@ UnitInterval = Annotated[float, Field(ge=0, le=1)]
 # A piecewise-linear curve: (x, y) points with strictly increasing x.
 Curve = list[tuple[float, float]]
 
-# cpu_adam_sve: DeepSpeedCPUAdam's SVE kernel (DeepSpeed PR 8365; sosim/schedules/ds_version.py).
+# cpu_adam_sve: DeepSpeedCPUAdam's SVE kernel (DeepSpeed PR 8365; sosim/schedules/blocks/ds_version.py).
 AdamImpl = Literal["torch", "cpu_adam", "cpu_adam_sve", "grace_adam"]
 # Sanity bounds of the inputs, and the check that numbers are numbers: sosim/inputs/bounds.py (docs/limits.md).
 BandwidthGBps = Annotated[float, Field(ge=MIN_GBPS, le=MAX_GBPS)]
@@ -588,8 +592,11 @@ class ScheduleKnobs(_Strict):
 
     system: str
     # Which DeepSpeed release runs the system (sosim/inputs/ds_versions.py lists the modelled ones; what each
-    # does differently: sosim/schedules/ds_version.py). Ignored by the paper's schedules (implementation: ideal).
-    deepspeed_version: DeepSpeedVersion = NEWEST
+    # does differently: sosim/schedules/blocks/ds_version.py). Ignored by the paper's schedules (implementation: ideal).
+    deepspeed_version: DeepSpeedVersion = Field(NEWEST, description=
+        "The DeepSpeed release that runs the system (sosim/inputs/ds_versions.py lists the modelled ones; what each "
+        "does differently: sosim/schedules/blocks/ds_version.py). Ignored by the paper's schedules (implementation: "
+        "ideal) and by the systems that are not DeepSpeed")
 
 
 class OffloadKnobs(ScheduleKnobs):
@@ -600,9 +607,13 @@ class OffloadKnobs(ScheduleKnobs):
     implementation, whether the knobs are built from YAML, through ``Scenario`` or directly (one source).
     """
 
-    implementation: Implementation = "deepspeed"
-    cpu_adam: AdamImpl = "cpu_adam"
-    pin_memory: bool = True
+    implementation: Implementation = Field("deepspeed", description=
+        "deepspeed: what DeepSpeed runs; ideal: the paper's schedule. The knobs' defaults follow it")
+    cpu_adam: AdamImpl = Field("cpu_adam", description=
+        "The CPU Adam kernel; it must have a curve in the profile. A DeepSpeed preset runs cpu_adam as its release "
+        "builds it: on a profile with a cpu_adam_sve curve (Grace) 0.19.8 runs the SVE kernel (PR 8365)")
+    pin_memory: bool = Field(True, description=
+        "Pinned host buffers (DeepSpeed offload_optimizer.pin_memory); false: pageable_factor of the bandwidth")
     DEFAULTS: ClassVar[Mapping[str, BaseModel]] = {}
 
     @model_validator(mode="before")

@@ -1,4 +1,4 @@
-"""Which DeepSpeed releases sosim models (the input side; what each one does: sosim/schedules/ds_version.py).
+"""Which DeepSpeed releases sosim models (the input side; what each one does: sosim/schedules/blocks/ds_version.py).
 
 A scenario says which DeepSpeed it runs with ``schedule.deepspeed_version`` (default: the newest modelled);
 ``sosim run --ds-config`` takes ``--ds-version``. The ranges below are the releases whose code was read for

@@ -11,6 +11,11 @@ and the plan the scenario asks for must be small enough to simulate in about ten
 
 It sits in sosim.run, above the systems and the costs, because loading resolves a scenario completely (issue 17):
 it asks the system registry for the knobs and reads the profile's calibration tables.
+
+Why this module is over 500 lines: every stage of loading (the hardened YAML pass, profiles, --set overrides,
+validation, the calibration baseline) reports through the same located-error machinery (Located, the key path ->
+line side table), which would otherwise cross module boundaries on every call; the profile search (profile_dirs to
+profile_notes) is the part that could move out next.
 """
 
 from __future__ import annotations
@@ -901,7 +906,7 @@ def load_derived(base: Scenario, sections: Mapping[str, Any], checked: Collectio
     data, validated exactly as :func:`load_scenario` validates ``{**base's data, **sections}`` (same checks,
     same messages, origin ``<dict>``), but the sections left as they are (the hardware profile above all, the
     largest) are reused as validated rather than copied, re-validated and re-scanned: a search derives
-    thousands of candidates from one base (sosim/answers/tune.py).
+    thousands of candidates from one base (sosim/answers/tune/api.py).
 
     Only valid for a ``base`` that :func:`load_scenario` produced (its sections are finite and validated).
     ``checked`` names sections given as instances that an earlier load validated (so finite): they are not

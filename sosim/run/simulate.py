@@ -18,7 +18,7 @@ from sosim.hardware.memory import check_fit
 from sosim.hardware.model import tokens_per_gpu
 from sosim.inputs.config import Scenario
 from sosim.run.result import Result, compute_metrics
-from sosim.schedules import ds_version
+from sosim.schedules.blocks import ds_version
 from sosim.schedules.registry import SYSTEMS
 
 # The engine's contract: a node plan and its contention in, every op's start and end (and stretch) out.

@@ -28,7 +28,7 @@ torchrun (``launcher: torchrun``), ``OMP_NUM_THREADS=1`` for every process when 
 node (torch/distributed/run.py sets it unless the environment does): FSDP2's CPU Adam on one thread per rank,
 the starvation users meet; one process per node keeps torch's default (the rank's cores).
 
-``activation_offload``: activations offloaded instead of recomputed (:mod:`sosim.schedules.activation_offload`).
+``activation_offload``: activations offloaded instead of recomputed (:mod:`sosim.schedules.blocks.activation_offload`).
 Not modelled: FSDP2's Python hooks on the host thread (tens of microseconds per unit), explicit prefetch
 counts beyond one, HSDP.
 """
@@ -38,16 +38,18 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Literal
 
+from pydantic import Field
+
 from sosim.costs.torch_adam import TorchAdamImpl, torch_adam_s, torch_adam_source
 from sosim.engine.plan import D2H, GPU, GPU_CAST, H2D, NET, Category, Phase, Plan
 from sosim.hardware import model as tm
 from sosim.hardware.memory import MemoryUsage
 from sosim.inputs.config import ScheduleKnobs
 from sosim.inputs.units import BF16_BYTES, FP32_BYTES
-from sosim.schedules import activation_offload, cpu, layout
-from sosim.schedules.driver import ActivationsOnGpu, Ctx, DoneCallback, Recipe, plan_for
-from sosim.schedules.layout import Flush, Group, Unit
-from sosim.schedules.tuning import OMP_THREADS, Knob, fmt_onoff
+from sosim.schedules.blocks import activation_offload, cpu, layout
+from sosim.schedules.blocks.driver import ActivationsOnGpu, Ctx, DoneCallback, Recipe, plan_for
+from sosim.schedules.blocks.layout import Flush, Group, Unit
+from sosim.schedules.blocks.tuning import OMP_THREADS, Knob, fmt_onoff
 
 if TYPE_CHECKING:
     from sosim.costs.model import Costs
@@ -63,14 +65,26 @@ class Fsdp2OffloadKnobs(ScheduleKnobs):
     system: Literal["fsdp2_offload"]
     # torch.optim.AdamW's implementation: torchtitan [optimizer] implementation (default "fused"); plain torch
     # on CPU tensors defaults to the for-loop.
-    adam_impl: TorchAdamImpl = "fused"
-    pin_memory: bool = True  # CPUOffloadPolicy(pin_memory=True), torch's default
-    reshard_after_forward: bool = True  # fully_shard's default for the layers (the root is never resharded)
-    launcher: Launcher = "torchrun"
-    activation_offload: bool = False
+    adam_impl: TorchAdamImpl = Field("fused", description=
+        "torch.optim.AdamW's implementation on the CPU shards (torchtitan [optimizer] implementation, default fused; "
+        "plain torch on CPU tensors defaults to the for-loop)")
+    # CPUOffloadPolicy(pin_memory=True), torch's default
+    pin_memory: bool = Field(True, description="CPUOffloadPolicy(pin_memory=...): pinned host shards, torch's default")
+    # fully_shard's default for the layers (the root is never resharded)
+    reshard_after_forward: bool = Field(True, description=
+        "Layers freed after forward and copied in again for backward (fully_shard's default; the root never is)")
+    launcher: Launcher = Field("torchrun", description=
+        "torchrun sets OMP_NUM_THREADS=1 with more than one process per node (CPU Adam on one thread per rank) unless "
+        "cluster.cpu_threads_per_rank says otherwise; other: the launch's cores")
+    activation_offload: bool = Field(False, description=
+        "Activations to host memory after forward and back before backward instead of recomputation (needs "
+        "training.activation_checkpointing: false) (torch save_on_cpu or side streams: activation_offload_streams)")
     # How: False = torch.autograd.graph.save_on_cpu(pin_memory=True) (PyTorch's own, serial with compute);
     # True = copies on side streams with a one-layer reload prefetch (torchao/torchtune OffloadActivations).
-    activation_offload_streams: bool = False
+    activation_offload_streams: bool = Field(False, description=
+        "How activations are offloaded: false = torch.autograd.graph.save_on_cpu(pin_memory=True) (blocking copies, "
+        "serial with compute, the head's logits too); true = side-stream copies with a one-layer reload prefetch "
+        "(torchao/torchtune OffloadActivations)")
 
     def rank_threads_default(self, per_node: int, launched: int) -> int:
         return launcher_threads(self.launcher, per_node, launched)
@@ -281,7 +295,7 @@ def build_plan(sc: Scenario, costs: Costs, machine: Machine) -> Plan:
     return plan_for(sc, costs, torch2(sc, costs, _knobs(sc), machine))
 
 
-# What ``sosim tune`` moves (sosim/schedules/tuning.py): the Adam implementation (torchtitan's one key for it),
+# What ``sosim tune`` moves (sosim/schedules/blocks/tuning.py): the Adam implementation (torchtitan's one key for it),
 # pinning, resharding (memory: all layers' bf16 weights stay when off), activation offload (structural: it
 # replaces checkpointing, and moves activations to host memory).
 TUNE_SPACE: tuple[Knob, ...] = (

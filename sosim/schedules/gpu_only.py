@@ -9,16 +9,18 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Literal
 
+from pydantic import Field
+
 from sosim.engine.plan import NET, Category, Phase, Plan
 from sosim.hardware import model as tm
 from sosim.hardware.machine import Machine
 from sosim.hardware.memory import MemoryUsage
 from sosim.inputs.config import PosFloat, ScheduleKnobs
 from sosim.inputs.units import BF16_BYTES
-from sosim.schedules import cpu, layout
-from sosim.schedules.driver import Ctx, DoneCallback, Recipe, plan_for
-from sosim.schedules.layout import Group, Unit
-from sosim.schedules.weights import Replicated
+from sosim.schedules.blocks import cpu, layout
+from sosim.schedules.blocks.driver import Ctx, DoneCallback, Recipe, plan_for
+from sosim.schedules.blocks.layout import Group, Unit
+from sosim.schedules.blocks.weights import Replicated
 
 if TYPE_CHECKING:
     from sosim.costs.model import Costs
@@ -33,7 +35,9 @@ class GpuOnlyKnobs(ScheduleKnobs):
 
     system: Literal["gpu_only"]
     # Bytes of model state per parameter: bf16 params+grads (4) + fp32 master, m, v (12) = 16.
-    state_bytes_per_param: PosFloat = 16.0
+    state_bytes_per_param: PosFloat = Field(16.0, description=
+        "Bytes of model state per parameter in HBM: bf16 params + grads (4) + fp32 master, m, v (12) = 16; the ZeRO "
+        "stage's model state per GPU for DeepSpeed configs of stage 0-2")
 
 
 @dataclass

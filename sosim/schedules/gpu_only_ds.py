@@ -13,9 +13,9 @@ import math
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from sosim.schedules import offload_ds
+from sosim.schedules.blocks import offload_ds
+from sosim.schedules.blocks.tuning import Knob, fmt_float
 from sosim.schedules.system_api import DELETE, OPT, PARAM, ZERO, DeepSpeedForm, DsReader, Emitted, ZeroView
-from sosim.schedules.tuning import Knob, fmt_float
 
 if TYPE_CHECKING:
     from sosim.inputs.config import Scenario

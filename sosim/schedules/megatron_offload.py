@@ -25,7 +25,8 @@ What Megatron-Core does (``megatron/core/optimizer/cpu_offloading/hybrid_optimiz
   copies back.
 
 ``offload_fraction`` 0 keeps the whole optimizer on the GPU (Megatron's distributed optimizer alone).
-``activation_offload``: Megatron's ``--fine-grained-activation-offloading`` (:mod:`sosim.schedules.activation_offload`).
+``activation_offload``: Megatron's ``--fine-grained-activation-offloading``
+(:mod:`sosim.schedules.blocks.activation_offload`).
 Not modelled: Megatron's per-call Python overhead of one optimizer per parameter (tens of microseconds each),
 tensor/pipeline parallelism, Transformer Engine's fused layers (the layer costs are the eager layers').
 """
@@ -35,7 +36,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 
-from pydantic import model_validator
+from pydantic import Field, model_validator
 
 from sosim.costs.torch_adam import TorchAdamImpl, torch_adam_s, torch_adam_source
 from sosim.engine.plan import D2H, H2D, NET, Category, Phase, Plan
@@ -43,13 +44,13 @@ from sosim.hardware import model as tm
 from sosim.hardware.memory import MemoryUsage
 from sosim.inputs.config import ScheduleKnobs, UnitInterval
 from sosim.inputs.units import BF16_BYTES, FP32_BYTES
-from sosim.schedules import activation_offload, cpu, layout
-from sosim.schedules.driver import ActivationsOnGpu, Ctx, DoneCallback, Recipe, plan_for
+from sosim.schedules.blocks import activation_offload, cpu, layout
+from sosim.schedules.blocks.driver import ActivationsOnGpu, Ctx, DoneCallback, Recipe, plan_for
+from sosim.schedules.blocks.layout import Group, Unit
+from sosim.schedules.blocks.steps import gpu_adam
+from sosim.schedules.blocks.tuning import OMP_THREADS, Knob, fmt_float, fmt_onoff
+from sosim.schedules.blocks.weights import Replicated
 from sosim.schedules.fsdp2_offload import Launcher, fsdp_layout, launcher_threads
-from sosim.schedules.layout import Group, Unit
-from sosim.schedules.steps import gpu_adam
-from sosim.schedules.tuning import OMP_THREADS, Knob, fmt_float, fmt_onoff
-from sosim.schedules.weights import Replicated
 
 if TYPE_CHECKING:
     from sosim.costs.model import Costs
@@ -61,15 +62,29 @@ class MegatronOffloadKnobs(ScheduleKnobs):
     """Megatron-LM's optimizer-offload arguments (defaults: megatron/training/arguments.py)."""
 
     system: Literal["megatron_offload"]
-    offload_fraction: UnitInterval = 1.0  # --optimizer-offload-fraction (default 1.0)
-    overlap_d2h_h2d: bool = False  # --overlap-cpu-optimizer-d2h-h2d (default off)
-    pin_cpu_grads: bool = True  # --no-pin-cpu-grads turns it off
-    use_precision_aware_optimizer: bool = True  # required with --optimizer-cpu-offload
-    cpu_adam_impl: TorchAdamImpl = "fused"  # optimizer/__init__.py passes fused=True to torch's AdamW
-    activation_offload: bool = False  # --fine-grained-activation-offloading
+    # --optimizer-offload-fraction (default 1.0)
+    offload_fraction: UnitInterval = Field(1.0, description=
+        "--optimizer-offload-fraction: share of the rank's optimizer on the CPU (the first parameters in order)")
+    # --overlap-cpu-optimizer-d2h-h2d (default off)
+    overlap_d2h_h2d: bool = Field(False, description=
+        "--overlap-cpu-optimizer-d2h-h2d: one CPU optimizer per parameter, its gradient copy on a side stream")
+    # --no-pin-cpu-grads turns it off
+    pin_cpu_grads: bool = Field(True, description="Pinned CPU gradient buffers (--no-pin-cpu-grads turns it off)")
+    # required with --optimizer-cpu-offload
+    use_precision_aware_optimizer: bool = Field(True, description=
+        "--use-precision-aware-optimizer, required by Megatron with --optimizer-cpu-offload")
+    # optimizer/__init__.py passes fused=True to torch's AdamW
+    cpu_adam_impl: TorchAdamImpl = Field("fused", description=
+        "torch AdamW implementation of the CPU part (megatron/core/optimizer/__init__.py passes fused=True)")
+    # --fine-grained-activation-offloading
+    activation_offload: bool = Field(False, description=
+        "Activations to host memory after forward and back before backward instead of recomputation (needs "
+        "training.activation_checkpointing: false) (--fine-grained-activation-offloading: side-stream copies)")
     # Megatron is launched by torchrun (pretrain_gpt.py) or Ray (NeMo-RL, verl), both of which set
     # OMP_NUM_THREADS=1 per process unless told otherwise: as fsdp2_offload's launcher knob.
-    launcher: Launcher = "torchrun"
+    launcher: Launcher = Field("torchrun", description=
+        "torchrun sets OMP_NUM_THREADS=1 with more than one process per node (CPU Adam on one thread per rank) unless "
+        "cluster.cpu_threads_per_rank says otherwise; other: the launch's cores (torchrun or Ray, as fsdp2_offload's)")
 
     def rank_threads_default(self, per_node: int, launched: int) -> int:
         return launcher_threads(self.launcher, per_node, launched)

@@ -5,7 +5,7 @@ A system is everything sosim knows about it, carried in its :class:`System` entr
 optionally ``choices(scenario, machine) -> dict[str, str]`` (what it decided, for the result's provenance) and
 ``PRESETS`` (implementation -> recipe), its DeepSpeed form (``DEEPSPEED``: how it reads from and writes to a
 DeepSpeed config, sosim/schedules/system_api.py; None for a system DeepSpeed cannot run) and its tuning space
-(``TUNE_SPACE``: the knobs ``sosim tune`` moves). sosim.formats.dsconfig and sosim.answers.tune_space ask this
+(``TUNE_SPACE``: the knobs ``sosim tune`` moves). sosim.formats.dsconfig and sosim.answers.tune.space ask this
 registry; they name no system.
 
 The shipped systems keep their DeepSpeed form and tuning space in a sibling module ``<system>_ds.py`` (the
@@ -46,8 +46,8 @@ if TYPE_CHECKING:
     from sosim.hardware.machine import Machine
     from sosim.hardware.memory import MemoryUsage
     from sosim.inputs.config import Scenario, ScheduleKnobs
+    from sosim.schedules.blocks.tuning import Knob
     from sosim.schedules.system_api import DeepSpeedForm
-    from sosim.schedules.tuning import Knob
 
 
 class System(NamedTuple):

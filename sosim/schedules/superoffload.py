@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, ClassVar, Literal
 
-from pydantic import BaseModel, model_validator
+from pydantic import BaseModel, Field, model_validator
 
 from sosim.engine.plan import Plan
 from sosim.hardware import model as tm
@@ -32,11 +32,12 @@ from sosim.hardware.memory import MemoryUsage, check_fit
 from sosim.inputs.config import AdamImpl, Fraction, OffloadKnobs, PosFloat, UnitInterval
 from sosim.inputs.errors import SosimError
 from sosim.inputs.units import BF16_BYTES, FP32_BYTES
-from sosim.schedules import cpu, ds_version, layout, stage3, superoffload_release
-from sosim.schedules.driver import ActivationsOnGpu, Recipe, plan_for
-from sosim.schedules.gradients import HostGradients, Stage3Gradients
-from sosim.schedules.steps import AfterBackward, BlockingCopy, CastAndCopy, HostCopyOnly, Speculative, Stage3Step
-from sosim.schedules.weights import CheckpointsOnHost, HostStreamed, Partitioned
+from sosim.schedules import superoffload_release
+from sosim.schedules.blocks import cpu, ds_version, layout, stage3
+from sosim.schedules.blocks.driver import ActivationsOnGpu, Recipe, plan_for
+from sosim.schedules.blocks.gradients import HostGradients, Stage3Gradients
+from sosim.schedules.blocks.steps import AfterBackward, BlockingCopy, CastAndCopy, HostCopyOnly, Speculative, Stage3Step
+from sosim.schedules.blocks.weights import CheckpointsOnHost, HostStreamed, Partitioned
 
 if TYPE_CHECKING:
     from sosim.costs.model import Costs
@@ -58,15 +59,27 @@ class SuperOffloadKnobs(OffloadKnobs):
     """SuperOffload's knobs; defaults follow ``implementation``."""
 
     system: Literal["superoffload"]
-    sub_group_elements: PosFloat
-    bucket_mb: PosFloat
-    overlap_comm: bool
-    weight_placement: Literal["stationary", "flow", "auto"]
+    sub_group_elements: PosFloat = Field(description="Optimizer sub-group, in elements (DeepSpeed sub_group_size)")
+    bucket_mb: PosFloat = Field(description=
+        "Gradient bucket, MB of bf16 gradients. deepspeed: reduce_bucket_size x 2 B, flushed when the next gradient "
+        "would overflow it (a bucket smaller than a layer splits its gradients); ideal: the paper's transfer bucket, "
+        "sent once full")
+    overlap_comm: bool = Field(description=
+        "Gradient copies on a side stream (DeepSpeed overlap_comm); false: on the compute stream")
+    weight_placement: Literal["stationary", "flow", "auto"] = Field(description=
+        "Where the bf16 weights live: stationary (HBM), flow (host, streamed per layer), auto; deepspeed flow = "
+        "offload_param: cpu")
     # Fraction of optimizer state kept in HBM and updated on the GPU = 1 - DeepSpeed ratio.
-    gpu_optimizer_fraction: UnitInterval
-    cast: Literal["gpu", "cpu"]
-    speculation: bool = True
-    cpu_adam_core_fraction: Fraction
+    gpu_optimizer_fraction: UnitInterval = Field(description=
+        "Share of the optimizer state kept in HBM and updated on the GPU = 1 - DeepSpeed ratio. deepspeed: the first "
+        "int((1 - ratio) n) sub-groups, by count; ideal: the first buckets within this share of the parameters")
+    cast: Literal["gpu", "cpu"] = Field(description="Where the fp32/bf16 casts run (deepspeed: cpu only)")
+    speculation: bool = Field(True, description=
+        "Speculation-then-validation (STV): the step starts before the gradient norm is known; DeepSpeed speculates "
+        "exactly when gradient_clipping is 0 (false is ideal only)")
+    cpu_adam_core_fraction: Fraction = Field(description=
+        "Share of the cores of the Adam worker (DeepSpeed cpuadam_cores_perc); the training process gets int((1 - f) "
+        "cores) whole cores, all cores when that is 0")
     DEFAULTS: ClassVar = {
         # DeepSpeed: sub_group_size 1e9, reduce_bucket_size 5e8, ratio 1.0, cpuadam_cores_perc 0.8,
         # DeepSpeed CPU-Adam, refresh cast on the CPU, weights in HBM (runtime/zero/offload_config.py).

@@ -17,10 +17,10 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from sosim.schedules import offload_ds
-from sosim.schedules.ds_schema import DS_DEFAULTS
+from sosim.schedules.blocks import offload_ds
+from sosim.schedules.blocks.ds_schema import DS_DEFAULTS
+from sosim.schedules.blocks.tuning import IDEAL_ONLY, OVERLAP, SUB_GROUP, Knob, fmt_float
 from sosim.schedules.system_api import DELETE, OPT, PARAM, ZERO, DeepSpeedForm, DsReader, Emitted, ZeroView
-from sosim.schedules.tuning import IDEAL_ONLY, OVERLAP, SUB_GROUP, Knob, fmt_float
 
 if TYPE_CHECKING:
     from sosim.inputs.config import Scenario

@@ -2,7 +2,7 @@
 
 What the release-era ``runtime/superoffload/superoffload_stage3.py`` does, read against 0.18.0 and 0.18.8 (the
 two are the same on this path: the diff is the constructor's ``**kwargs``, a deque and the master dtype), and
-how it differs from the 0.18.9+ path ``superoffload.deepspeed`` models (sosim/schedules/ds_version.py names
+how it differs from the 0.18.9+ path ``superoffload.deepspeed`` models (sosim/schedules/blocks/ds_version.py names
 each difference):
 
 * **Flushes are sub-groups.** ``reduce_independent_p_g_buckets_and_remove_grads`` is overridden: gradients of
@@ -42,16 +42,16 @@ from sosim.engine.plan import D2H, GPU_CAST, Category, Phase
 from sosim.hardware import model as tm
 from sosim.hardware.machine import Machine, zero_group
 from sosim.inputs.units import BF16_BYTES, FP32_BYTES, GB
-from sosim.schedules import cpu, layout, stage3
-from sosim.schedules.driver import Ctx, DoneCallback, Recipe, Stream
-from sosim.schedules.gradients import _PerFlush, _reduce_scatter, _split
-from sosim.schedules.steps import OPT, R, Stage3Step, _layer, _shard, cpu_adam
-from sosim.schedules.weights import Partitioned
+from sosim.schedules.blocks import cpu, layout, stage3
+from sosim.schedules.blocks.driver import Ctx, DoneCallback, Recipe, Stream
+from sosim.schedules.blocks.gradients import _PerFlush, _reduce_scatter, _split
+from sosim.schedules.blocks.steps import OPT, R, Stage3Step, _layer, _shard, cpu_adam
+from sosim.schedules.blocks.weights import Partitioned
 
 if TYPE_CHECKING:
     from sosim.costs.model import Costs
     from sosim.inputs.config import AdamImpl, Scenario
-    from sosim.schedules.layout import Flush, Group
+    from sosim.schedules.blocks.layout import Flush, Group
 
 G = Phase.GRADIENT
 # The 0.18.9+ worker's gradient copy_ out of shared memory: read 4 + write 4 B per element.

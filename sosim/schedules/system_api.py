@@ -20,7 +20,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
-from sosim.schedules.ds_schema import MISSING
+from sosim.schedules.blocks.ds_schema import MISSING
 
 if TYPE_CHECKING:
     from sosim.inputs.config import Scenario
@@ -76,7 +76,7 @@ class ZeroView:
     dp: int  # data-parallel ranks
     model: Mapping[str, Any]  # the scenario's model section
     # offload_*.pin_memory when a config leaves it out: False before PR 8207 (0.19.5), True from it
-    # (sosim/schedules/ds_version.py default_pin_memory).
+    # (sosim/schedules/blocks/ds_version.py default_pin_memory).
     default_pin: bool = True
 
     def key(self, *names: str) -> tuple[KeyPath, Any]:

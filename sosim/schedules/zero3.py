@@ -44,10 +44,10 @@ from sosim.hardware.machine import Machine, zero_group
 from sosim.hardware.memory import MemoryUsage
 from sosim.inputs.config import PosFloat, ScheduleKnobs
 from sosim.inputs.units import BF16_BYTES, FP32_BYTES
-from sosim.schedules import cpu, stage3
-from sosim.schedules.driver import Ctx, DoneCallback, Recipe, plan_for
-from sosim.schedules.layout import Flush, Group, Unit
-from sosim.schedules.steps import gpu_adam
+from sosim.schedules.blocks import cpu, stage3
+from sosim.schedules.blocks.driver import Ctx, DoneCallback, Recipe, plan_for
+from sosim.schedules.blocks.layout import Flush, Group, Unit
+from sosim.schedules.blocks.steps import gpu_adam
 
 if TYPE_CHECKING:
     from sosim.costs.analytic import QuantKernel
@@ -65,14 +65,22 @@ class Zero3Knobs(ScheduleKnobs):
     """ZeRO-3 with everything in HBM; ZeRO++'s three switches (DeepSpeed's defaults: off, 1, off)."""
 
     system: Literal["zero3"]
-    implementation: Literal["deepspeed"] = "deepspeed"
+    implementation: Literal["deepspeed"] = Field("deepspeed", description=
+        "deepspeed only: ZeRO-3 without offload has no paper schedule")
     # Gradient reduce bucket in MB of bf16 gradients (DeepSpeed reduce_bucket_size x 2 B).
-    bucket_mb: PosFloat = 1000.0
-    zero_quantized_weights: bool = False
-    zero_hpz_partition_size: int = Field(1, ge=1)
-    zero_quantized_gradients: bool = False
+    bucket_mb: PosFloat = Field(1000.0, description=
+        "The reduce-scatter bucket, MB of bf16 gradients (DeepSpeed reduce_bucket_size x 2 B)")
+    zero_quantized_weights: bool = Field(False, description=
+        "ZeRO++ qwZ: int8 weight all-gathers (one fp32 scale per 2,048 elements)")
+    zero_hpz_partition_size: int = Field(1, ge=1, description=
+        "ZeRO++ hpZ: a secondary bf16 weight partition over this many ranks of a node (2 B/param / h of HBM); the "
+        "backward all-gather stays inside them")
+    zero_quantized_gradients: bool = Field(False, description=
+        "ZeRO++ qgZ: int4 gradient all-to-alls in two hops; DeepSpeed uses it only across nodes")
     # How the quantization kernels are timed (see the module docstring).
-    quantize_kernels: Literal["fused", "torch"] = "fused"
+    quantize_kernels: Literal["fused", "torch"] = Field("fused", description=
+        "How ZeRO++'s quantization kernels are timed: fused (memory-bound estimate) or torch (the measured torch "
+        "implementation, an upper bound)")
     DEFAULTS: ClassVar[dict[str, BaseModel]] = {}
 
 

@@ -14,17 +14,17 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, ClassVar, Literal
 
-from pydantic import BaseModel, model_validator
+from pydantic import BaseModel, Field, model_validator
 
 from sosim.engine.plan import Plan
 from sosim.hardware.machine import Machine, zero_group
 from sosim.hardware.memory import MemoryUsage
 from sosim.inputs.config import AdamImpl, Fraction, OffloadKnobs, PosFloat
-from sosim.schedules import cpu, ds_version, layout, stage3
-from sosim.schedules.driver import Recipe, plan_for
-from sosim.schedules.gradients import HostGradients, Stage3Gradients
-from sosim.schedules.steps import AfterBackward, BlockingCopy, CastAndCopy, Stage3Step
-from sosim.schedules.weights import Partitioned
+from sosim.schedules.blocks import cpu, ds_version, layout, stage3
+from sosim.schedules.blocks.driver import Recipe, plan_for
+from sosim.schedules.blocks.gradients import HostGradients, Stage3Gradients
+from sosim.schedules.blocks.steps import AfterBackward, BlockingCopy, CastAndCopy, Stage3Step
+from sosim.schedules.blocks.weights import Partitioned
 
 if TYPE_CHECKING:
     from sosim.costs.model import Costs
@@ -50,13 +50,19 @@ class Stage3OffloadKnobs(OffloadKnobs):
     """Knobs of the ZeRO-3 offload systems; defaults follow ``implementation``."""
 
     # Optimizer sub-group size in elements (DeepSpeed sub_group_size).
-    sub_group_elements: PosFloat
+    sub_group_elements: PosFloat = Field(description="Optimizer sub-group, in elements (DeepSpeed sub_group_size)")
     # Gradient reduce bucket in MB of bf16 gradients (DeepSpeed reduce_bucket_size x 2 B).
-    bucket_mb: PosFloat
-    overlap_comm: bool
+    bucket_mb: PosFloat = Field(description=
+        "Gradient bucket, MB of bf16 gradients. deepspeed: reduce_bucket_size x 2 B, flushed when the next gradient "
+        "would overflow it (a bucket smaller than a layer splits its gradients); ideal: the paper's transfer bucket, "
+        "sent once full")
+    overlap_comm: bool = Field(description=
+        "Gradient copies on a side stream (DeepSpeed overlap_comm); false: on the compute stream")
     # Paper schedule only: cores given to CPU Adam, the rest convert. DeepSpeed's ZeRO-3 runs CPU Adam in the
     # training process on every core (cpuadam_cores_perc exists only with super_offload).
-    cpu_adam_core_fraction: Fraction = 1.0
+    cpu_adam_core_fraction: Fraction = Field(1.0, description=
+        "Share of the cores given to CPU Adam, the rest convert gradients (ideal only: DeepSpeed runs Adam in the "
+        "training process on every core, so deepspeed requires 1.0)")
     DEFAULTS: ClassVar = STAGE3_DEFAULTS
 
     @model_validator(mode="after")

@@ -8,9 +8,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from sosim.schedules import offload_ds
+from sosim.schedules.blocks import offload_ds
+from sosim.schedules.blocks.tuning import OVERLAP, SUB_GROUP, Knob
 from sosim.schedules.system_api import DELETE, PARAM, ZERO, DeepSpeedForm, DsReader, Emitted, ZeroView
-from sosim.schedules.tuning import OVERLAP, SUB_GROUP, Knob
 
 if TYPE_CHECKING:
     from sosim.inputs.config import Scenario

@@ -18,10 +18,10 @@ from sosim.costs.offload_mechanisms import fetched_tensors_per_layer, zinf_fetch
 from sosim.engine.plan import Plan
 from sosim.hardware.memory import MemoryUsage
 from sosim.inputs.units import BF16_BYTES
-from sosim.schedules import stage3
-from sosim.schedules.driver import Recipe, plan_for
-from sosim.schedules.steps import AfterBackward, HostCopyOnly, Stage3Step
-from sosim.schedules.weights import CpuParamsFetched, HostStreamed
+from sosim.schedules.blocks import stage3
+from sosim.schedules.blocks.driver import Recipe, plan_for
+from sosim.schedules.blocks.steps import AfterBackward, HostCopyOnly, Stage3Step
+from sosim.schedules.blocks.weights import CpuParamsFetched, HostStreamed
 from sosim.schedules.zero3_offload import Stage3OffloadKnobs
 from sosim.schedules.zero3_offload import deepspeed as zero3_deepspeed
 from sosim.schedules.zero3_offload import ideal as zero3_ideal
@@ -35,7 +35,8 @@ if TYPE_CHECKING:
 class ZeroInfinityKnobs(Stage3OffloadKnobs):
     system: Literal["zero_infinity"]
     # Layers of parameters fetched ahead of use (DeepSpeed prefetch_bucket_size, expressed in layers).
-    prefetch_layers: int = Field(1, ge=0)
+    prefetch_layers: int = Field(1, ge=0, description=
+        "Layers of parameters fetched ahead of use (DeepSpeed stage3_prefetch_bucket_size, in layers)")
 
 
 def _knobs(sc: Scenario) -> ZeroInfinityKnobs:

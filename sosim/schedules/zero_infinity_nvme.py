@@ -37,12 +37,12 @@ from sosim.engine.plan import H2D, NET, NVME_READ, NVME_WRITE, Category, Phase, 
 from sosim.hardware import model as tm
 from sosim.hardware.machine import Machine, nvme_throughput_Bps, zero_group
 from sosim.inputs.units import BF16_BYTES, FP32_BYTES
-from sosim.schedules import cpu, stage3
-from sosim.schedules.driver import Ctx, DoneCallback, Recipe, plan_for
-from sosim.schedules.gradients import Stage3Gradients
-from sosim.schedules.layout import Group, Unit
-from sosim.schedules.steps import BlockingCopy, cpu_adam, cpu_pass
-from sosim.schedules.weights import HostStreamed, Partitioned
+from sosim.schedules.blocks import cpu, stage3
+from sosim.schedules.blocks.driver import Ctx, DoneCallback, Recipe, plan_for
+from sosim.schedules.blocks.gradients import Stage3Gradients
+from sosim.schedules.blocks.layout import Group, Unit
+from sosim.schedules.blocks.steps import BlockingCopy, cpu_adam, cpu_pass
+from sosim.schedules.blocks.weights import HostStreamed, Partitioned
 from sosim.schedules.zero3_offload import STAGE3_DEFAULTS, Stage3OffloadKnobs
 
 if TYPE_CHECKING:
@@ -64,16 +64,25 @@ PARAM_BUFFER_BYTES = 5 * 1e8 * BF16_BYTES
 
 class ZeroInfinityNvmeKnobs(Stage3OffloadKnobs):
     system: Literal["zero_infinity_nvme"]
-    offload_param: Literal["none", "cpu", "nvme"] = "nvme"
+    offload_param: Literal["none", "cpu", "nvme"] = Field("nvme", description=
+        "Where the bf16 parameter partitions live (DeepSpeed offload_param.device)")
     # offload_optimizer.pipeline_read / pipeline_write (DeepSpeed default false).
-    pipeline_read: bool = False
-    pipeline_write: bool = False
+    pipeline_read: bool = Field(False, description=
+        "Read the next sub-group's optimizer state from NVMe while this one is updated "
+        "(offload_optimizer.pipeline_read)")
+    pipeline_write: bool = Field(False, description=
+        "Write the state back asynchronously; only the next write waits (offload_optimizer.pipeline_write)")
     # aio: block_size, queue_depth, intra_op_parallelism (DeepSpeed defaults 1 MiB, 8, 1).
-    aio_block_size: int = Field(1 << 20, gt=0)
-    aio_queue_depth: int = Field(8, gt=0)
-    aio_intra_op_parallelism: int = Field(1, gt=0)
+    aio_block_size: int = Field(1 << 20, gt=0, description=
+        "Bytes per asynchronous I/O request (aio.block_size; DeepSpeed default 1 MiB)")
+    aio_queue_depth: int = Field(8, gt=0, description=
+        "Requests in flight per handle (aio.queue_depth; DeepSpeed default 8)")
+    aio_intra_op_parallelism: int = Field(1, gt=0, description=
+        "I/O threads per handle (aio.intra_op_parallelism, formerly thread_count); with the block size and queue depth "
+        "it sets how many bytes a rank keeps in flight on the volume")
     # Layers of parameters fetched ahead of use (DeepSpeed prefetch_bucket_size, expressed in layers).
-    prefetch_layers: int = Field(1, ge=0)
+    prefetch_layers: int = Field(1, ge=0, description=
+        "Layers of parameters fetched ahead of use (DeepSpeed stage3_prefetch_bucket_size, in layers)")
     DEFAULTS = STAGE3_DEFAULTS
     NEEDS_NVME: ClassVar[bool] = True
 

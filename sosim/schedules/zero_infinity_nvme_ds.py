@@ -16,9 +16,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from sosim.schedules import offload_ds
+from sosim.schedules.blocks import offload_ds
+from sosim.schedules.blocks.tuning import OVERLAP, PREFETCH, SUB_GROUP, Knob, fmt_onoff
 from sosim.schedules.system_api import DELETE, OPT, PARAM, DeepSpeedForm, DsReader, Emitted, ZeroView
-from sosim.schedules.tuning import OVERLAP, PREFETCH, SUB_GROUP, Knob, fmt_onoff
 from sosim.schedules.zero3_offload_ds import emit_stage3
 
 if TYPE_CHECKING:

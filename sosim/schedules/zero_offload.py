@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, ClassVar, Literal
 
-from pydantic import BaseModel, model_validator
+from pydantic import BaseModel, Field, model_validator
 
 from sosim.costs.offload_mechanisms import Z2_ESTIMATE_TENSORS_PER_LAYER, Z2_SYNC_ESTIMATE_S_PER_TENSOR, z2_flush_costs
 from sosim.engine.plan import Plan
@@ -29,11 +29,11 @@ from sosim.hardware.machine import Machine
 from sosim.hardware.memory import MemoryUsage
 from sosim.inputs.config import AdamImpl, Fraction, OffloadKnobs, PosFloat
 from sosim.inputs.units import BF16_BYTES, FP32_BYTES, MB
-from sosim.schedules import cpu, ds_version, layout
-from sosim.schedules.driver import NoHooks, Recipe, plan_for
-from sosim.schedules.gradients import HostGradients, Stage2Gradients
-from sosim.schedules.steps import AfterBackward, CastAndCopy, CopyBf16, Stage2Step
-from sosim.schedules.weights import HostSyncsInBackward, Replicated
+from sosim.schedules.blocks import cpu, ds_version, layout
+from sosim.schedules.blocks.driver import NoHooks, Recipe, plan_for
+from sosim.schedules.blocks.gradients import HostGradients, Stage2Gradients
+from sosim.schedules.blocks.steps import AfterBackward, CastAndCopy, CopyBf16, Stage2Step
+from sosim.schedules.blocks.weights import HostSyncsInBackward, Replicated
 
 if TYPE_CHECKING:
     from sosim.costs.model import Costs
@@ -51,12 +51,22 @@ class ZeroOffloadKnobs(OffloadKnobs):
     """ZeRO-Offload knobs; defaults follow ``implementation``."""
 
     system: Literal["zero_offload"]
-    dpu: bool = False  # delayed parameter update: step i's CPU Adam overlaps step i+1's fwd/bwd
+    # delayed parameter update: step i's CPU Adam overlaps step i+1's fwd/bwd
+    dpu: bool = Field(False, description=
+        "Delayed parameter update (ideal only): step i's CPU Adam overlaps step i+1's forward and backward (one-step "
+        "staleness)")
     # Gradient bucket in MB of bf16 gradients (DeepSpeed reduce_bucket_size x 2 B; default 5e8 elements).
-    bucket_mb: PosFloat
-    overlap_comm: bool
+    bucket_mb: PosFloat = Field(description=
+        "Gradient bucket, MB of bf16 gradients. deepspeed: reduce_bucket_size x 2 B, flushed when the next gradient "
+        "would overflow it (a bucket smaller than a layer splits its gradients); ideal: the paper's transfer bucket, "
+        "sent once full")
+    overlap_comm: bool = Field(description=
+        "Gradient copies on a side stream (DeepSpeed overlap_comm); false: on the compute stream (DeepSpeed's default "
+        "for stages 1-2: false)")
     # Paper schedule: cores given to CPU Adam (the rest convert gradients); DeepSpeed runs Adam in-process.
-    cpu_adam_core_fraction: Fraction = 1.0
+    cpu_adam_core_fraction: Fraction = Field(1.0, description=
+        "Share of the cores given to CPU Adam, the rest convert gradients (ideal only: DeepSpeed runs Adam in the "
+        "training process on every core, so deepspeed requires 1.0)")
     DEFAULTS: ClassVar = {
         # DeepSpeed: overlap_comm defaults to false for stages 1-2 (runtime/zero/config.py overlap_comm_valid).
         "deepspeed": _Defaults(overlap_comm=False, bucket_mb=1000.0, cpu_adam="cpu_adam"),

@@ -10,9 +10,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from sosim.schedules import offload_ds
+from sosim.schedules.blocks import offload_ds
+from sosim.schedules.blocks.tuning import BUCKET, IDEAL_ONLY, OVERLAP, Knob, fmt_onoff
 from sosim.schedules.system_api import DELETE, PARAM, DeepSpeedForm, DsReader, Emitted, ZeroView
-from sosim.schedules.tuning import BUCKET, IDEAL_ONLY, OVERLAP, Knob, fmt_onoff
 
 if TYPE_CHECKING:
     from sosim.inputs.config import Scenario

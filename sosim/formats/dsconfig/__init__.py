@@ -25,10 +25,10 @@ report; its parts: :mod:`sosim.formats.dsconfig.mapper`, the reader's state and 
 :mod:`sosim.formats.dsconfig.read_training`, precision / batch / clipping / checkpointing),
 :mod:`sosim.formats.dsconfig.emit` (scenario -> DeepSpeed JSON) and :mod:`sosim.formats.dsconfig.cli` (the ``sosim
 run`` arguments and hooks); the reader's, emitter's and CLI's public names are re-exported here. DeepSpeed's key
-names, defaults and the reasons keys are ignored, as data, are :mod:`sosim.schedules.ds_schema`, beside the systems
-whose DeepSpeed forms read them. What is particular to one system (which configs run it, its keys, its writing) is
-that system's DeepSpeed form, asked through the registry (sosim/schedules/registry.py, system_api.py): this package
-names no system. """
+names, defaults and the reasons keys are ignored, as data, are :mod:`sosim.schedules.blocks.ds_schema`, beside the
+systems whose DeepSpeed forms read them. What is particular to one system (which configs run it, its keys, its
+writing) is that system's DeepSpeed form, asked through the registry (sosim/schedules/registry.py, system_api.py):
+this package names no system. """
 
 from __future__ import annotations
 

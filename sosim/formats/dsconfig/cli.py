@@ -11,7 +11,7 @@ from sosim.formats.dsconfig.read import DsMapping, RunInputs, load_ds_mapping
 from sosim.formats.jsonio import read_json
 from sosim.inputs.config import Scenario
 from sosim.inputs.errors import ConfigError
-from sosim.schedules.ds_schema import DEFAULT_SEQ_LEN
+from sosim.schedules.blocks.ds_schema import DEFAULT_SEQ_LEN
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -16,7 +16,7 @@ from sosim.inputs.ds_versions import NEWEST
 from sosim.inputs.errors import ConfigError
 from sosim.run.loader import KeyPath, Located
 from sosim.schedules import registry
-from sosim.schedules.ds_schema import MISSING
+from sosim.schedules.blocks.ds_schema import MISSING
 from sosim.schedules.system_api import DELETE, Emitted, Unsaid
 
 

@@ -12,7 +12,7 @@ from typing import Any
 
 from sosim.formats.jsonio import Note
 from sosim.run.loader import KeyPath, Located, parse_override
-from sosim.schedules.ds_schema import MISSING
+from sosim.schedules.blocks.ds_schema import MISSING
 
 
 @dataclass(frozen=True)

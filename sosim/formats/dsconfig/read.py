@@ -21,7 +21,7 @@ from sosim.inputs.ds_versions import parse as parse_version
 from sosim.inputs.errors import ConfigError
 from sosim.run.loader import KeyPath, Located
 from sosim.schedules import registry
-from sosim.schedules.ds_schema import (
+from sosim.schedules.blocks.ds_schema import (
     _ZERO_IGNORED,
     _ZERO_TYPES,
     DEFAULT_SEQ_LEN,
@@ -34,8 +34,8 @@ from sosim.schedules.ds_schema import (
     TOP_MAPPED,
     ZERO_ALIASES,
 )
-from sosim.schedules.ds_version import DsBehaviour, behaviour_of
-from sosim.schedules.offload_ds import prefetch_layers_for as prefetch_layers_for
+from sosim.schedules.blocks.ds_version import DsBehaviour, behaviour_of
+from sosim.schedules.blocks.offload_ds import prefetch_layers_for as prefetch_layers_for
 from sosim.schedules.system_api import DeepSpeedForm, ZeroView
 
 
@@ -376,7 +376,7 @@ def map_ds_config(ds: Located, model: HfModel, inputs: RunInputs, name: str = ""
         how = "command line" if inputs.deepspeed_version else "the newest modelled release"
         version_note = Note("mapped" if inputs.deepspeed_version else "defaulted", "--ds-version", how,
                                   inputs.deepspeed_version, "schedule.deepspeed_version", version,
-                                  "which DeepSpeed runs the config (sosim/schedules/ds_version.py)")
+                                  "which DeepSpeed runs the config (sosim/schedules/blocks/ds_version.py)")
         m.notes.append(version_note)
     if not m.problems:
         _unknown_keys(m)

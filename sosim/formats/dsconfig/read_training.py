@@ -7,7 +7,7 @@ from typing import Any
 
 from sosim.formats.dsconfig.mapper import _Decided, _enabled, _Mapper
 from sosim.formats.jsonio import Note
-from sosim.schedules.ds_schema import ACT_CKPT_KEYS, DS_DEFAULTS, DS_KEYS, MISSING
+from sosim.schedules.blocks.ds_schema import ACT_CKPT_KEYS, DS_DEFAULTS, DS_KEYS, MISSING
 
 
 def _ignore_precision_keys(m: _Mapper, section: str, sec: dict[str, Any]) -> None:
@@ -244,7 +244,7 @@ def _read_batch(m: _Mapper, out: _Decided) -> None:
 
 def _read_clipping(m: _Mapper, out: _Decided, default: float) -> None:
     """``default``: the release's GRADIENT_CLIPPING_DEFAULT (runtime/constants.py): 0.0 before 0.19.3, 1.0 from
-    PR 8068 (sosim/schedules/ds_version.py)."""
+    PR 8068 (sosim/schedules/blocks/ds_version.py)."""
     path = ("gradient_clipping",)
     if m.get(path) is MISSING:
         out.training["gradient_clipping"] = default

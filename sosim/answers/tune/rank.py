@@ -1,6 +1,6 @@
 """How the tuner scores, compares and reports candidates: a simulation's metrics recorded on its candidate,
 the ranking order (ties broken deterministically), the diverse starting points of descent, and the
-:class:`~sosim.answers.tune_result.TuneResult` of a search."""
+:class:`~sosim.answers.tune.result.TuneResult` of a search."""
 
 from __future__ import annotations
 
@@ -9,13 +9,13 @@ import math
 from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
-from sosim.answers.tune_candidates import Candidates, SystemSpace
-from sosim.answers.tune_eval import reason_class
-from sosim.answers.tune_result import Evaluation, SystemMemory, TuneOptions, TuneResult
-from sosim.answers.tune_space import PARALLEL_KEYS
+from sosim.answers.tune.candidate_eval import reason_class
+from sosim.answers.tune.candidates import Candidates, SystemSpace
+from sosim.answers.tune.result import Evaluation, SystemMemory, TuneOptions, TuneResult
+from sosim.answers.tune.space import PARALLEL_KEYS
 
 if TYPE_CHECKING:
-    from sosim.answers.tune_exec import Evaluator
+    from sosim.answers.tune.execute import Evaluator
 
 # Scores are compared to this many significant digits: differences below ~0.05% are noise next to the model's
 # error (docs/validation.md) and should not pull a knob away from its default.

@@ -1,5 +1,5 @@
 """Evaluation of the tuner's candidates: which fitting candidates are simulated (within the budget), each
-distinct simulation once (its key: sosim/answers/tune_key.py), here or on worker processes.
+distinct simulation once (its key: sosim/answers/tune/key.py), here or on worker processes.
 
 A batch (:class:`Batch`) takes candidates in generation order. A candidate whose simulation key has a result
 takes it; one whose key is already waiting or running joins that simulation; the others are queued. Queued
@@ -18,9 +18,9 @@ from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import Executor, Future
 from typing import Any
 
-from sosim.answers import tune_eval
-from sosim.answers.tune_key import Key, Reuse
-from sosim.answers.tune_result import Evaluation, TuneOptions
+from sosim.answers.tune import candidate_eval
+from sosim.answers.tune.key import Key, Reuse
+from sosim.answers.tune.result import Evaluation, TuneOptions
 from sosim.inputs.errors import SosimError
 from sosim.run.simulate import EngineRuns
 
@@ -55,7 +55,7 @@ class Evaluator:
         self.own_executor = False
         self.reuse = reuse if evaluate is None else None  # only simulate() itself is known to be pure
         # With reuse, candidates whose node plans are equal also share one engine run (here; each worker
-        # process keeps its own: tune_eval.WORKER_RUNS).
+        # process keeps its own: candidate_eval.WORKER_RUNS).
         self.runs: EngineRuns | None = EngineRuns() if self.reuse is not None else None
         self.simulated = 0
         self.budget_exhausted = False
@@ -69,8 +69,8 @@ class Evaluator:
         if self.evaluate is not None:
             return self.evaluate(sc)
         if self.runs is None:
-            return tune_eval.simulate_metrics(sc)
-        return tune_eval.simulate_metrics(sc, self.runs)
+            return candidate_eval.simulate_metrics(sc)
+        return candidate_eval.simulate_metrics(sc, self.runs)
 
     def _select(self, evs: Iterable[Evaluation], seen: set[str], room: int) -> list[Evaluation]:
         """The fitting, not yet simulated candidates of ``evs``, first of their settings, within ``room``."""
@@ -221,7 +221,7 @@ class Batch:
         assert self.executor is not None
         while self.todo and len(self.flight) < self.limit:
             chunk = [self.todo.popleft() for _ in range(min(CHUNK, len(self.todo)))]
-            fut = self.executor.submit(tune_eval.simulate_batch, [ev.scenario for _, ev in chunk],
+            fut = self.executor.submit(candidate_eval.simulate_batch, [ev.scenario for _, ev in chunk],
                                        self.reuse is not None)
             self.flight[fut] = chunk
 

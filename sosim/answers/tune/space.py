@@ -13,7 +13,7 @@ from __future__ import annotations
 from typing import Any
 
 from sosim.schedules import registry
-from sosim.schedules.tuning import Knob, fmt_onoff
+from sosim.schedules.blocks.tuning import Knob, fmt_onoff
 
 
 def search_space(system: str) -> tuple[Knob, ...]:

@@ -12,8 +12,8 @@ from typing import Protocol
 
 from sosim.engine.plan import H2D, NET, Category, Phase, Resource, ResourceKind
 from sosim.inputs.units import BF16_BYTES, FP32_BYTES
-from sosim.schedules.driver import Ctx
-from sosim.schedules.layout import Group
+from sosim.schedules.blocks.driver import Ctx
+from sosim.schedules.blocks.layout import Group
 
 OPT, R = Phase.OPTIMIZER, Phase.REFRESH
 CAST, OPTIMIZER, TRANSFER = Category.CAST, Category.OPTIMIZER, Category.TRANSFER
@@ -240,7 +240,7 @@ class Stage2Step:
 
     refresh: Refresh
     # DeepSpeed 0.18.0-0.19.5: unscale_and_clip_grads has no early return, the pass always runs
-    # (sosim/schedules/ds_version.py zero2_unscale_always).
+    # (sosim/schedules/blocks/ds_version.py zero2_unscale_always).
     unscale_always: bool = False
 
     def on_done(self, ctx: Ctx, group: Group, arrival: int) -> None:

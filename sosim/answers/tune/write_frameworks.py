@@ -1,6 +1,6 @@
 """The tuner's answer in the winner's own framework's format, checked by reading it back.
 
-A DeepSpeed winner goes to a DeepSpeed config (sosim/answers/tune_write.py). An ``fsdp2_offload`` winner is
+A DeepSpeed winner goes to a DeepSpeed config (sosim/answers/tune/write_deepspeed.py). An ``fsdp2_offload`` winner is
 written as a torchtitan TOML and a ``megatron_offload`` winner as Megatron-LM arguments
 (sosim/formats/frameworks_cli.py), next to ``--out`` with the framework's suffix (``ds_config.tuned.json`` ->
 ``ds_config.tuned.toml`` / ``ds_config.tuned.megatron_args.txt``). The written file is read back as
@@ -14,13 +14,13 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from sosim.answers.tune_write import OutsideChange, _comparable, _reason, _set_text, write_ds_config
+from sosim.answers.tune.write_deepspeed import OutsideChange, _comparable, _reason, _set_text, write_ds_config
 from sosim.inputs.config import Scenario
 from sosim.inputs.errors import ConfigError, SosimError
 from sosim.schedules.system_api import Unsaid
 
 if TYPE_CHECKING:
-    from sosim.answers.tune_result import TuneResult
+    from sosim.answers.tune.result import TuneResult
 
 FORMATS = {"fsdp2_offload": ("torchtitan TOML", ".toml", "--torchtitan"),
            "megatron_offload": ("Megatron-LM arguments", ".megatron_args.txt", "--megatron-args")}

@@ -10,9 +10,9 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-from sosim.answers.tune_result import TuneOptions
-from sosim.answers.tune_search import Tuner
-from sosim.answers.tune_write_frameworks import write_winner
+from sosim.answers.tune.result import TuneOptions
+from sosim.answers.tune.search import Tuner
+from sosim.answers.tune.write_frameworks import write_winner
 from sosim.inputs.config import Scenario
 from sosim.inputs.errors import ConfigError
 from sosim.run.loader import load_scenario
@@ -168,7 +168,7 @@ def run_tune(args: Any) -> int:
     """``sosim tune``: 0 when a configuration was found, 1 when none fits, 130 when interrupted."""
     import time
 
-    from sosim.answers.tune_report import format_text, to_json
+    from sosim.answers.tune.report import format_text, to_json
     from sosim.formats.output import print_json
 
     force = getattr(args, "force", False)

@@ -26,8 +26,8 @@ from dataclasses import dataclass, field
 from sosim.engine.plan import D2H, H2D, Category, Phase
 from sosim.hardware import model as tm
 from sosim.inputs.config import ModelSpec, Scenario, TrainingSpec
-from sosim.schedules.driver import Ctx
-from sosim.schedules.layout import Unit
+from sosim.schedules.blocks.driver import Ctx
+from sosim.schedules.blocks.layout import Unit
 
 # Layers whose activations are on the GPU at once besides the one computing: the one being copied out (or
 # reloaded ahead) and the one being computed (the frameworks' double buffering).

@@ -10,8 +10,8 @@
    points of each system (all values of one knob at a time, repeated until nothing changes).
 3. *Refine.* Numeric knobs are refined between the neighbours of their best coarse value.
 
-Candidates are built and memory-checked by :mod:`sosim.answers.tune_candidates`, evaluated by
-:mod:`sosim.answers.tune_exec`, and ranked by :mod:`sosim.answers.tune_rank`. Order is deterministic: candidates are
+Candidates are built and memory-checked by :mod:`sosim.answers.tune.candidates`, evaluated by
+:mod:`sosim.answers.tune.execute`, and ranked by :mod:`sosim.answers.tune.rank`. Order is deterministic: candidates are
 generated in table order, ties are broken by the candidate's settings, and parallel results are recorded in
 generation order.
 """
@@ -27,13 +27,13 @@ from concurrent.futures import Executor
 from dataclasses import dataclass, field
 from typing import Any
 
-from sosim.answers.tune_candidates import Candidates, SystemSpace
-from sosim.answers.tune_eval import canonical_key, divisors, get_dotted, memory_check
-from sosim.answers.tune_exec import BudgetExhausted, Evaluator, Interrupted, Metrics
-from sosim.answers.tune_key import Reuse
-from sosim.answers.tune_rank import Ranking
-from sosim.answers.tune_result import Evaluation, Settings, TuneOptions, TuneResult
-from sosim.answers.tune_space import BATCH_KEYS, PARALLEL_KEYS, Knob, refine_values
+from sosim.answers.tune.candidate_eval import canonical_key, divisors, get_dotted, memory_check
+from sosim.answers.tune.candidates import Candidates, SystemSpace
+from sosim.answers.tune.execute import BudgetExhausted, Evaluator, Interrupted, Metrics
+from sosim.answers.tune.key import Reuse
+from sosim.answers.tune.rank import Ranking
+from sosim.answers.tune.result import Evaluation, Settings, TuneOptions, TuneResult
+from sosim.answers.tune.space import BATCH_KEYS, PARALLEL_KEYS, Knob, refine_values
 from sosim.inputs.config import Scenario
 from sosim.inputs.errors import ConfigError
 from sosim.run.loader import load_scenario

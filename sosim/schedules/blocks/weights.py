@@ -10,8 +10,8 @@ from dataclasses import dataclass
 
 from sosim.engine.plan import D2H, H2D, NET, Category, Phase
 from sosim.inputs.units import BF16_BYTES
-from sosim.schedules.driver import Ctx
-from sosim.schedules.layout import Unit
+from sosim.schedules.blocks.driver import Ctx
+from sosim.schedules.blocks.layout import Unit
 
 
 def _gather(ctx: Ctx, u: Unit, phase: Phase, deps: list[int]) -> list[int]:

@@ -2,13 +2,13 @@
 
 A system is a :class:`Recipe`: a layout (what is moved and updated as one piece) and one block per job:
 
-* ``weights`` (:mod:`sosim.schedules.weights`): where the bf16 weights live and what a unit's compute waits
+* ``weights`` (:mod:`sosim.schedules.blocks.weights`): where the bf16 weights live and what a unit's compute waits
   for before it can run (resident in HBM, streamed from host memory; an all-gather across ranks);
 * ``hooks``: host-side framework work around each layer that the GPU waits for when it is longer than the
   layer (DeepSpeed's ZeRO-3 hooks), or none;
-* ``grads`` (:mod:`sosim.schedules.gradients`): how gradients leave the GPU during backward, flush by flush,
+* ``grads`` (:mod:`sosim.schedules.blocks.gradients`): how gradients leave the GPU during backward, flush by flush,
   and when each optimizer group's gradients are complete on the host;
-* ``step`` (:mod:`sosim.schedules.steps`): when and where each group is updated, and how the updated
+* ``step`` (:mod:`sosim.schedules.blocks.steps`): when and where each group is updated, and how the updated
   parameters return (the parameter refresh is a block the step is built with);
 * ``activations``: activation checkpoints kept in host memory (weight-flow), or on the GPU.
 
@@ -32,8 +32,8 @@ from sosim.hardware.machine import zero_group
 if TYPE_CHECKING:
     from sosim.costs.model import Costs
     from sosim.inputs.config import Scenario
-    from sosim.schedules.cpu import CpuPlan
-    from sosim.schedules.layout import Group, Layout, Unit
+    from sosim.schedules.blocks.cpu import CpuPlan
+    from sosim.schedules.blocks.layout import Group, Layout, Unit
 
 
 @dataclass

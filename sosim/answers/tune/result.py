@@ -1,6 +1,6 @@
 """What ``sosim tune`` is asked and what it answers, as data: :class:`TuneOptions`, :class:`Evaluation` (one
-candidate), :class:`SystemMemory` and :class:`TuneResult`. The search (sosim/answers/tune_search.py) fills them;
-the report (sosim/answers/tune_report.py) and the writer (sosim/answers/tune_write.py) read them, without
+candidate), :class:`SystemMemory` and :class:`TuneResult`. The search (sosim/answers/tune/search.py) fills them;
+the report (sosim/answers/tune/report.py) and the writer (sosim/answers/tune/write_deepspeed.py) read them, without
 importing the search."""
 
 from __future__ import annotations
@@ -120,7 +120,7 @@ class TuneResult:
     interrupted: bool = False
     budget_exhausted: bool = False
     # Of ``simulated``: candidates whose metrics were an earlier candidate's identical simulation, reused (by
-    # simulation key: sosim/answers/tune_key.py); they count against the budget like the others, so the searched set
+    # simulation key: sosim/answers/tune/key.py); they count against the budget like the others, so the searched set
     # is the same.
     reused: int = 0
     search_space: dict[str, list[str]] = field(default_factory=dict)  # system -> searched knob keys

@@ -1,7 +1,7 @@
 """What ``sosim tune`` may move, as data each system carries: :class:`Knob`, and the knobs systems share.
 
 A knob is a scenario key path with a coarse grid of values. Each system lists its own knobs as its
-``TUNE_SPACE`` (registered with the system in sosim/schedules/registry.py); sosim.answers.tune_space adds the knobs
+``TUNE_SPACE`` (registered with the system in sosim/schedules/registry.py); sosim.answers.tune.space adds the knobs
 every system has (checkpointing, core binding) and the batch and parallel splits the tuner decides itself.
 
 The grids are search ranges, not physical constants. Why each shared range:

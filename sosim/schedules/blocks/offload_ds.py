@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from sosim.hardware import model as tm
 from sosim.inputs.config import ModelSpec
-from sosim.schedules.ds_schema import ADAM_TYPES, BF16_BYTES_PER_ELEMENT, DS_DEFAULTS, OFFLOAD_NVME_ONLY
+from sosim.schedules.blocks.ds_schema import ADAM_TYPES, BF16_BYTES_PER_ELEMENT, DS_DEFAULTS, OFFLOAD_NVME_ONLY
 from sosim.schedules.system_api import DELETE, OPT, PARAM, ZERO, DsReader, Emitted, ZeroView
 
 if TYPE_CHECKING:

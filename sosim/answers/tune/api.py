@@ -2,20 +2,20 @@
 
 Given a scenario (or the user's DeepSpeed config + model config + hardware profile), the tuner searches the
 system (gpu_only, zero_offload, the ZeRO-3 family, SuperOffload...), the implementation knobs of each system
-(:mod:`sosim.answers.tune_space`, from the systems), activation checkpointing, the micro-batch / gradient accumulation
+(:mod:`sosim.answers.tune.space`, from the systems), activation checkpointing, the micro-batch / gradient accumulation
 split at a fixed global batch, and the data / sequence parallel split where there are several GPUs. Only
 configurations that fit in memory on every side are ranked. docs/tuner.md describes the design.
 
 This module is the public entry point (:func:`tune`, and the names below); each part has its own module:
 
-- the search strategy, its stages and order: sosim/answers/tune_search.py (:class:`Tuner`);
-- candidates, their validated scenarios and memory verdicts: sosim/answers/tune_candidates.py;
-- what defines a simulation (the reuse key): sosim/answers/tune_key.py;
-- evaluation, batches and worker processes: sosim/answers/tune_exec.py;
-- scores, ranking and the result: sosim/answers/tune_rank.py;
-- options and answers as data: sosim/answers/tune_result.py;
-- the command line: sosim/answers/tune_cli.py; the report: sosim/answers/tune_report.py;
-- the written config: sosim/answers/tune_write.py.
+- the search strategy, its stages and order: sosim/answers/tune/search.py (:class:`Tuner`);
+- candidates, their validated scenarios and memory verdicts: sosim/answers/tune/candidates.py;
+- what defines a simulation (the reuse key): sosim/answers/tune/key.py;
+- evaluation, batches and worker processes: sosim/answers/tune/execute.py;
+- scores, ranking and the result: sosim/answers/tune/rank.py;
+- options and answers as data: sosim/answers/tune/result.py;
+- the command line: sosim/answers/tune/cli.py; the report: sosim/answers/tune/report.py;
+- the written config: sosim/answers/tune/write_deepspeed.py.
 """
 
 from __future__ import annotations
@@ -25,13 +25,13 @@ from concurrent.futures import Executor
 from pathlib import Path
 from typing import Any
 
-from sosim.answers.tune_cli import EXIT_INTERRUPTED, add_tune_parser, register_cli, run_tune
-from sosim.answers.tune_eval import memory_check
-from sosim.answers.tune_exec import PARALLEL_MIN_BATCH
-from sosim.answers.tune_rank import SCORE_DIGITS
-from sosim.answers.tune_result import Evaluation, SystemMemory, TuneOptions, TuneResult
-from sosim.answers.tune_search import Tuner
-from sosim.answers.tune_write import write_ds_config
+from sosim.answers.tune.candidate_eval import memory_check
+from sosim.answers.tune.cli import EXIT_INTERRUPTED, add_tune_parser, register_cli, run_tune
+from sosim.answers.tune.execute import PARALLEL_MIN_BATCH
+from sosim.answers.tune.rank import SCORE_DIGITS
+from sosim.answers.tune.result import Evaluation, SystemMemory, TuneOptions, TuneResult
+from sosim.answers.tune.search import Tuner
+from sosim.answers.tune.write_deepspeed import write_ds_config
 from sosim.inputs.config import Scenario
 from sosim.run.loader import load_scenario
 
@@ -44,7 +44,7 @@ def tune(base: Scenario | str | Path | Mapping[str, Any], options: TuneOptions |
     ``base`` is a Scenario, a scenario YAML path or dict (``overrides`` apply as with ``load_scenario``).
     ``executor`` (any ``concurrent.futures.Executor``) evaluates large batches in parallel; by default
     ``options.jobs`` worker processes are started when ``jobs > 1``. ``memo=False`` simulates every candidate
-    rather than reusing an identical earlier simulation (sosim/answers/tune_key.py; the same result, slower).
+    rather than reusing an identical earlier simulation (sosim/answers/tune/key.py; the same result, slower).
     """
     sc = base if isinstance(base, Scenario) else load_scenario(base, list(overrides or []))
     if isinstance(base, Scenario) and overrides:

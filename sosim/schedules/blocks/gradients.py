@@ -12,8 +12,8 @@ from dataclasses import dataclass, field
 from sosim.costs.offload_mechanisms import Z2FlushCosts
 from sosim.engine.plan import D2H, GPU_CAST, H2D, NET, Category, Phase
 from sosim.inputs.units import BF16_BYTES, FP32_BYTES
-from sosim.schedules.driver import Ctx, DoneCallback, Stream
-from sosim.schedules.layout import Flush, Unit
+from sosim.schedules.blocks.driver import Ctx, DoneCallback, Stream
+from sosim.schedules.blocks.layout import Flush, Unit
 
 G = Phase.GRADIENT
 CAST, TRANSFER = Category.CAST, Category.TRANSFER
@@ -178,7 +178,7 @@ class Stage3Gradients(_PerFlush):
     pinned: bool
     superoffload: bool
     # DeepSpeed 0.18.0-0.19.4 (before PR 8207): ``fp32_grad_tensor.copy_(...)`` without non_blocking, so the
-    # host waits for every flush's fp32 copy (sosim/schedules/ds_version.py zero3_blocking_grad_copy).
+    # host waits for every flush's fp32 copy (sosim/schedules/blocks/ds_version.py zero3_blocking_grad_copy).
     blocking_fp32_copy: bool = False
     max_in_flight: int = 2
     _stream: Stream = field(default_factory=Stream)

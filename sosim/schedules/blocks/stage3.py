@@ -13,13 +13,13 @@ from sosim.hardware import model as tm
 from sosim.hardware.machine import zero_group
 from sosim.hardware.memory import MemoryUsage
 from sosim.inputs.units import BF16_BYTES, FP32_BYTES
-from sosim.schedules import layout
+from sosim.schedules.blocks import layout
 
 if TYPE_CHECKING:
     from sosim.costs.model import Costs
     from sosim.inputs.config import Scenario
-    from sosim.schedules.driver import Ctx
-    from sosim.schedules.layout import Unit
+    from sosim.schedules.blocks.driver import Ctx
+    from sosim.schedules.blocks.layout import Unit
 
 # fp32 master + Adam m, v + fp32 gradient: bytes of optimizer state per parameter wherever it lives.
 OPT_STATE_BYTES = 16.0
@@ -55,7 +55,7 @@ class InterleavedHooks:
     layer before the host has issued it: when the hooks are longer than the layer's GPU pass, the GPU waits for
     the difference. So each layer's hook time is split into a lead (the part the layer's compute waits for:
     one module's share, or the host's excess over the GPU pass if larger) and a remainder the host thread runs
-    alongside the compute. (sosim.schedules.weights.Stage3Hooks, which this replaces for DeepSpeed's stage-3
+    alongside the compute. (sosim.schedules.blocks.weights.Stage3Hooks, which this replaces for DeepSpeed's stage-3
     systems, made the layer's compute wait for all of its hooks: after a sync the whole block was GPU idle.)
     """
 

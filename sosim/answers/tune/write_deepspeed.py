@@ -22,7 +22,7 @@ from sosim.inputs.config import Scenario
 from sosim.inputs.errors import ConfigError, SosimError
 
 if TYPE_CHECKING:
-    from sosim.answers.tune_result import TuneResult
+    from sosim.answers.tune.result import TuneResult
     from sosim.schedules.system_api import Unsaid
 
 # Scenario keys a DeepSpeed config never holds, and what decides them in a real run.

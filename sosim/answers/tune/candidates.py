@@ -8,9 +8,9 @@ A candidate is the base scenario with some dotted settings written in (``trainin
   the model are the base's validated objects (``sosim.run.loader.load_derived``), and a section whose data an
   earlier candidate validated is that earlier object (validation of a section is a function of its data
   alone; the scenario-wide checks still run on every candidate);
-- the memory verdict (``tune_eval.memory_check``: the schedule's own ``memory_usage`` and ``check_fit``, as
+- the memory verdict (``candidate_eval.memory_check``: the schedule's own ``memory_usage`` and ``check_fit``, as
   ``simulate`` decides ``feasible``) comes before any simulation, and is computed once per simulation key
-  (sosim/answers/tune_key.py): two candidates that are one simulation are one memory check;
+  (sosim/answers/tune/key.py): two candidates that are one simulation are one memory check;
 - every candidate is checked once (by its canonical settings).
 """
 
@@ -22,10 +22,10 @@ from collections.abc import Hashable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from sosim.answers.tune_eval import SCALARS, canonical_key, get_dotted, memory_check, section_keys, set_dotted
-from sosim.answers.tune_key import Reuse
-from sosim.answers.tune_result import Evaluation, Settings, TuneOptions
-from sosim.answers.tune_space import TRAINING_KNOBS, Knob, search_space
+from sosim.answers.tune.candidate_eval import SCALARS, canonical_key, get_dotted, memory_check, section_keys, set_dotted
+from sosim.answers.tune.key import Reuse
+from sosim.answers.tune.result import Evaluation, Settings, TuneOptions
+from sosim.answers.tune.space import TRAINING_KNOBS, Knob, search_space
 from sosim.inputs.config import Scenario
 from sosim.inputs.errors import ConfigError, SosimError
 from sosim.run.loader import load_derived, load_scenario
@@ -216,7 +216,7 @@ class Candidates:
         self.order.append(ev.key)
 
     def memory_check(self, sc: Scenario) -> MemoryVerdict:
-        """:func:`memory_check`, once per simulation key (sosim/answers/tune_key.py; the check is a pure function)."""
+        """:func:`memory_check`, once per simulation key (sosim/answers/tune/key.py; the check is a pure function)."""
         memo = self.memory
         if memo is None or not memo.eligible(sc):
             return memory_check(sc)

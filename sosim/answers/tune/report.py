@@ -7,8 +7,8 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from sosim.answers.tune_result import Evaluation, SystemMemory, TuneResult
-from sosim.answers.tune_space import LABELS, TRAINING_KNOBS, Knob, all_system_knobs
+from sosim.answers.tune.result import Evaluation, SystemMemory, TuneResult
+from sosim.answers.tune.space import LABELS, TRAINING_KNOBS, Knob, all_system_knobs
 
 # Words for the breakdown buckets of a result (sosim.run.result.BREAKDOWN_KEYS); a bucket a later build adds
 # is named from its key ("exposed_nvme_s" -> "nvme exposed").
@@ -319,7 +319,7 @@ def _memory_lines(result: TuneResult) -> list[str]:
 
 
 def _written_lines(written: Mapping[str, Any]) -> list[str]:
-    """Where the winner's DeepSpeed config went, and what the run needs besides it (sosim/answers/tune_write.py)."""
+    """Where the winner's DeepSpeed config went, and what the run needs besides it (tune/write_deepspeed.py)."""
     if not written.get("path"):
         return ["", f"no DeepSpeed config written: {written['skipped']}"] if written.get("skipped") else [""]
     lines = ["", f"wrote {written['path']}: {written.get('format', 'DeepSpeed config')} of #1"
