@@ -4,7 +4,7 @@ An engine (:data:`sosim.run.simulate.ENGINES`) is a pure function of the node pl
 is handed: two runs whose inputs serialize alike return the same starts, ends and stretch, bit for bit. Many
 of a search's candidates build the same plan (a knob that changes nothing on that structural point: ZeRO's
 ``overlap_comm`` where nothing overlaps, a ``sub_group_elements`` above the parameter count), so a search
-keyed on this fingerprint runs each distinct plan once (``sosim.answers.tune_eval``).
+keyed on this fingerprint runs each distinct plan once (``sosim.answers.tune.candidate_eval``).
 
 What is serialized (every value an engine can read, exactly: floats by their 8 bytes, so ``0.0`` and
 ``-0.0`` differ):

@@ -21,6 +21,11 @@ no contended resource take the plain path: without contention the result is bit 
 event's ``callbacks`` and ``succeed()``): the SimPy engine (:mod:`sosim.engine.simpy_engine`) hands it a
 ``simpy.Environment``, the fast engine (:mod:`sosim.engine.fast`) its own loop ordered like SimPy's. Both
 engines import it from here; neither imports the other.
+
+Why this module is over 500 lines: the contention data (:class:`Contention`, its repeated-plan uses) and the
+progressive-filling loop that reads it are one model with one set of invariants, and both engines must run
+exactly this code (the SimPy property test holds them equal); the part that could move out next is
+:func:`effective_contention` and its never-oversubscribed check, which only prepares a plan before a run.
 """
 
 from __future__ import annotations

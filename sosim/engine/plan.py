@@ -146,7 +146,7 @@ class Plan:
         self._copy_deps: list[dict[int, tuple[int, ...]]] | None = None
         # The share of a rank's CPU threads its optimizer worker (CPU_OPT) is pinned to, the rest being the
         # training process's (CPU_MAIN); 1: no split, both take turns on every thread. Set by the system that
-        # splits the cores (sosim/schedules/cpu.py split_cores); the engine's contention reads it here.
+        # splits the cores (sosim/schedules/blocks/cpu.py split_cores); the engine's contention reads it here.
         self.optimizer_core_share = 1.0
 
     @property
@@ -283,7 +283,7 @@ class Template:
     ``k`` holds what ``carry_out[s]`` names in copy ``k - lag[s]`` (op ids of that copy, or its own slots,
     passed on); before the first copies (``k < lag[s]``) it holds nothing, and a dependency on it is dropped.
     The driver's slots are the host thread's last blocking call and the compute stream's pending work (lag 1)
-    and each optimizer group's gate (lag = the plan's staleness); :data:`sosim.schedules.driver.HOST_SLOT`.
+    and each optimizer group's gate (lag = the plan's staleness); :data:`sosim.schedules.blocks.driver.HOST_SLOT`.
     """
 
     ops: list[Op] = field(default_factory=list)
