@@ -59,13 +59,9 @@ class SuperOffloadKnobs(OffloadKnobs):
     """SuperOffload's knobs; defaults follow ``implementation``."""
 
     system: Literal["superoffload"]
-    sub_group_elements: PosFloat = Field(description="Optimizer sub-group, in elements (DeepSpeed sub_group_size)")
-    bucket_mb: PosFloat = Field(description=
-        "Gradient bucket, MB of bf16 gradients. deepspeed: reduce_bucket_size x 2 B, flushed when the next gradient "
-        "would overflow it (a bucket smaller than a layer splits its gradients); ideal: the paper's transfer bucket, "
-        "sent once full")
-    overlap_comm: bool = Field(description=
-        "Gradient copies on a side stream (DeepSpeed overlap_comm); false: on the compute stream")
+    sub_group_elements: PosFloat = Field(description=stage3.SUB_GROUP_DOC)
+    bucket_mb: PosFloat = Field(description=stage3.BUCKET_DOC)
+    overlap_comm: bool = Field(description=stage3.OVERLAP_DOC)
     weight_placement: Literal["stationary", "flow", "auto"] = Field(description=
         "Where the bf16 weights live: stationary (HBM), flow (host, streamed per layer), auto; deepspeed flow = "
         "offload_param: cpu")

@@ -50,14 +50,10 @@ class Stage3OffloadKnobs(OffloadKnobs):
     """Knobs of the ZeRO-3 offload systems; defaults follow ``implementation``."""
 
     # Optimizer sub-group size in elements (DeepSpeed sub_group_size).
-    sub_group_elements: PosFloat = Field(description="Optimizer sub-group, in elements (DeepSpeed sub_group_size)")
+    sub_group_elements: PosFloat = Field(description=stage3.SUB_GROUP_DOC)
     # Gradient reduce bucket in MB of bf16 gradients (DeepSpeed reduce_bucket_size x 2 B).
-    bucket_mb: PosFloat = Field(description=
-        "Gradient bucket, MB of bf16 gradients. deepspeed: reduce_bucket_size x 2 B, flushed when the next gradient "
-        "would overflow it (a bucket smaller than a layer splits its gradients); ideal: the paper's transfer bucket, "
-        "sent once full")
-    overlap_comm: bool = Field(description=
-        "Gradient copies on a side stream (DeepSpeed overlap_comm); false: on the compute stream")
+    bucket_mb: PosFloat = Field(description=stage3.BUCKET_DOC)
+    overlap_comm: bool = Field(description=stage3.OVERLAP_DOC)
     # Paper schedule only: cores given to CPU Adam, the rest convert. DeepSpeed's ZeRO-3 runs CPU Adam in the
     # training process on every core (cpuadam_cores_perc exists only with super_offload).
     cpu_adam_core_fraction: Fraction = Field(1.0, description=

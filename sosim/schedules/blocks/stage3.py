@@ -15,6 +15,15 @@ from sosim.hardware.memory import MemoryUsage
 from sosim.inputs.units import BF16_BYTES, FP32_BYTES
 from sosim.schedules.blocks import layout
 
+# The stage-3 systems' shared knob meanings (ZeRO-3 offload, ZeRO-Infinity, SuperOffload): one text for the
+# knob classes' field descriptions and so for docs/knobs.md.
+SUB_GROUP_DOC = "Optimizer sub-group, in elements (DeepSpeed sub_group_size)"
+BUCKET_DOC = (
+    "Gradient bucket, MB of bf16 gradients. deepspeed: reduce_bucket_size x 2 B, flushed when the next gradient "
+    "would overflow it (a bucket smaller than a layer splits its gradients); ideal: the paper's transfer bucket, "
+    "sent once full")
+OVERLAP_DOC = "Gradient copies on a side stream (DeepSpeed overlap_comm); false: on the compute stream"
+
 if TYPE_CHECKING:
     from sosim.costs.model import Costs
     from sosim.inputs.config import Scenario
